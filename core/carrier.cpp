@@ -1,0 +1,597 @@
+#include "core/internal/carrier.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <sys/eventfd.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+#include "base/log.h"
+#include "core/internal/context.h"
+#include "core/internal/runtime_impl.h"
+#include "core/internal/sanitizer.h"
+
+namespace spindle::detail {
+namespace {
+
+thread_local Carrier* tlsCarrier = nullptr;
+
+constexpr size_t kAltStackSize = 64 * 1024;
+
+// ---- stack-overflow reporting ------------------------------------------------
+// A fault inside the running fiber's guard page is a stack overflow: say so, with
+// the fiber's name and id, from the alternate signal stack, then abort. Any other
+// fault goes to the handler that was installed before ours.
+
+struct sigaction gPreviousSegv;
+struct sigaction gPreviousBus;
+
+void putStr(char*& out, char* end, const char* s) noexcept {
+    while (*s != '\0' && out < end) { *out++ = *s++; }
+}
+void putNum(char*& out, char* end, uint64_t v, unsigned base) noexcept {
+    char tmp[24];
+    int n = 0;
+    do {
+        unsigned d = static_cast<unsigned>(v % base);
+        tmp[n++] = static_cast<char>(d < 10 ? '0' + d : 'a' + d - 10);
+        v /= base;
+    } while (v != 0 && n < 24);
+    if (base == 16) { putStr(out, end, "0x"); }
+    while (n > 0 && out < end) { *out++ = tmp[--n]; }
+}
+
+void chain(const struct sigaction& prev, int sig, siginfo_t* info, void* uctx) noexcept {
+    if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
+        prev.sa_sigaction(sig, info, uctx);
+        return;
+    }
+    if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN && prev.sa_handler != nullptr) {
+        prev.sa_handler(sig);
+        return;
+    }
+    // Default action: restore it and return; the faulting instruction faults again.
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    ::sigaction(sig, &dfl, nullptr);
+}
+
+void onFault(int sig, siginfo_t* info, void* uctx) noexcept {
+    Carrier* c = tlsCarrier;
+    Fiber* f = c != nullptr ? c->running() : nullptr;
+    char* addr = static_cast<char*>(info->si_addr);
+    if (f != nullptr && addr >= f->stack_.base && addr < f->stack_.usableBottom()) {
+        char buf[512];
+        char* out = buf;
+        char* end = buf + sizeof(buf) - 1;
+        putStr(out, end, "spindle: stack overflow in fiber '");
+        putStr(out, end, f->name_[0] != '\0' ? f->name_ : "(unnamed)");
+        putStr(out, end, "' (id ");
+        putNum(out, end, f->id_, 10);
+        putStr(out, end, ") on carrier ");
+        putNum(out, end, c->index(), 10);
+        putStr(out, end, ": fault at ");
+        putNum(out, end, reinterpret_cast<uintptr_t>(addr), 16);
+        putStr(out, end, " in the guard page below its ");
+        putNum(out, end, f->stack_.usableSize(), 10);
+        putStr(out, end, "-byte stack; raise SpawnOptions::stackSize\n");
+        *out = '\0';
+        ssize_t ignored = ::write(STDERR_FILENO, buf, static_cast<size_t>(out - buf));
+        (void)ignored;
+        ::abort();
+    }
+    chain(sig == SIGBUS ? gPreviousBus : gPreviousSegv, sig, info, uctx);
+}
+
+void installFaultHandler() noexcept {
+    static std::once_flag once;
+    std::call_once(once, [] {
+        struct sigaction sa {};
+        sa.sa_sigaction = &onFault;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&sa.sa_mask);
+        ::sigaction(SIGSEGV, &sa, &gPreviousSegv);
+        ::sigaction(SIGBUS, &sa, &gPreviousBus);
+    });
+}
+
+}  // namespace
+
+// Deliberately out of line: a fiber can resume on another thread, and an inlined
+// TLS address computed before a switch would still point at the old thread's slot.
+__attribute__((noinline)) Carrier* Carrier::current() noexcept {
+    Carrier* c = tlsCarrier;
+    asm volatile("" ::: "memory");
+    return c;
+}
+
+Carrier::Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept
+    : deque_(8), pool_(config.stackSize), runtime_(runtime), config_(config) {
+    eventCompletion_.fn = nullptr;
+}
+
+Carrier::~Carrier() { joinThread(); }
+
+bool Carrier::stopping() const noexcept { return runtime_->stopping(); }
+
+Result<void> Carrier::start() noexcept {
+    installFaultHandler();
+    try {
+        thread_ = std::thread([this] { threadMain(); });
+    } catch (const std::system_error& e) {
+        log::error("carrier {}: cannot create its thread: {}", config_.index, e.what());
+        return Error{e.code().value() != 0 ? e.code().value() : EAGAIN};
+    }
+    int s;
+    while ((s = startState_.load(std::memory_order_acquire)) == 0) { startState_.wait(0, std::memory_order_acquire); }
+    if (s < 0) {
+        joinThread();
+        return Error{-s};
+    }
+    return {};
+}
+
+void Carrier::joinThread() noexcept {
+    if (thread_.joinable()) { thread_.join(); }
+}
+
+void Carrier::threadMain() noexcept {
+    tlsCarrier = this;
+    auto ok = setUp();
+    startState_.store(ok ? 1 : -ok.errorCode(), std::memory_order_release);
+    startState_.notify_all();
+    if (ok) {
+        loop();
+    }
+    tearDown();
+    tlsCarrier = nullptr;
+}
+
+Result<void> Carrier::setUp() noexcept {
+    pool_.claimForThisThread();
+    char name[16];
+    std::snprintf(name, sizeof(name), "spindle-c%u", config_.index);
+    ::pthread_setname_np(::pthread_self(), name);
+
+    if (config_.pu >= 0 && runtime_->topology() != nullptr) {
+        if (runtime_->topology()->bindCurrentThread(static_cast<unsigned>(config_.pu))) {
+            boundPu_ = config_.pu;
+        } else {
+            log::warn("carrier {} runs unbound (binding to PU {} failed)", config_.index, config_.pu);
+        }
+    }
+
+    // The alternate stack on which a stack overflow is reported.
+    altStack_ = ::mmap(nullptr, kAltStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (altStack_ == MAP_FAILED) {
+        altStack_ = nullptr;
+        log::warn("carrier {}: no alternate signal stack; stack overflows will be reported as a bare SIGSEGV",
+                  config_.index);
+    } else {
+        stack_t ss{};
+        ss.ss_sp = altStack_;
+        ss.ss_size = kAltStackSize;
+        ::sigaltstack(&ss, nullptr);
+    }
+
+    pthread_attr_t attr;
+    if (::pthread_getattr_np(::pthread_self(), &attr) == 0) {
+        void* addr = nullptr;
+        size_t size = 0;
+        ::pthread_attr_getstack(&attr, &addr, &size);
+        schedStackBottom_ = addr;
+        schedStackSize_ = size;
+        ::pthread_attr_destroy(&attr);
+    }
+    tsanSched_ = san::tsanCurrent();
+
+    if (auto r = ring_.init(config_.ring, &Carrier::onOverflowReap, this); !r) {
+        log::error("carrier {}: io_uring set-up failed: {}", config_.index, r.error().message());
+        return r;
+    }
+    log::info("carrier {}: PU {} ring {}", config_.index, boundPu_, ring_.features().describe());
+
+    eventFd_ = ::eventfd(0, EFD_CLOEXEC);
+    if (eventFd_ < 0) {
+        int err = errno;
+        log::error("carrier {}: eventfd failed: {}", config_.index, std::strerror(err));
+        return Error{err};
+    }
+    eventCompletion_.fn = [](Completion* self, int32_t, uint32_t) {
+        Carrier* c = Carrier::current();
+        (void)self;
+        c->eventFdArmed_ = false;
+        if (!c->exiting_) { c->armEventFd(); }
+    };
+    armEventFd();
+    ring_.submit(false);
+    return {};
+}
+
+void Carrier::tearDown() noexcept {
+    ring_.close();
+    if (eventFd_ >= 0) {
+        ::close(eventFd_);
+        eventFd_ = -1;
+    }
+    if (altStack_ != nullptr) {
+        stack_t ss{};
+        ss.ss_flags = SS_DISABLE;
+        ::sigaltstack(&ss, nullptr);
+        ::munmap(altStack_, kAltStackSize);
+        altStack_ = nullptr;
+    }
+}
+
+void Carrier::armEventFd() noexcept {
+    io_uring_sqe* sqe = acquireUntrackedSqe();
+    io_uring_prep_read(sqe, eventFd_, &eventBuf_, sizeof(eventBuf_), 0);
+    io_uring_sqe_set_data64(sqe, uring::encodeUserData(&eventCompletion_, uring::Tag::kCompletion));
+    eventFdArmed_ = true;
+}
+
+// ---- the loop ------------------------------------------------------------------
+
+void Carrier::loop() noexcept {
+    for (;;) {
+        if (Fiber* f = nextLocal()) {
+            runFiber(f);
+            if (++sinceMaintenance_ >= kMaintenanceInterval) { maintenance(); }
+            continue;
+        }
+        maintenance();
+        if (!deque_.emptyApprox() || fifoHead_ != nullptr) { continue; }
+        if (Fiber* f = trySteal()) {
+            runFiber(f);
+            continue;
+        }
+        if (readyToExit()) { break; }
+        park();
+    }
+    // Exit: take the eventfd read back so no completion can outlive the ring.
+    exiting_ = true;
+    if (eventFdArmed_) {
+        io_uring_sqe* sqe = acquireUntrackedSqe();
+        io_uring_prep_cancel64(sqe, uring::encodeUserData(&eventCompletion_, uring::Tag::kCompletion), 0);
+        io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
+    }
+    while (eventFdArmed_ || inflight_ > 0) {
+        int r = ring_.submitAndWait(nullptr);
+        if (r < 0 && r != -EINTR && r != -ETIME) {
+            log::error("carrier {}: io_uring wait failed at exit: {}", config_.index, std::strerror(-r));
+            break;
+        }
+        ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+    }
+}
+
+Fiber* Carrier::nextLocal() noexcept {
+    // Alternate between the deque and the FIFO so that neither starves the other.
+    preferFifo_ = !preferFifo_;
+    if (preferFifo_ && fifoHead_ != nullptr) { return popFifo(); }
+    if (!deque_.emptyApprox()) {
+        if (auto f = deque_.pop()) { return *f; }
+    }
+    return popFifo();
+}
+
+Fiber* Carrier::popFifo() noexcept {
+    Fiber* f = fifoHead_;
+    if (f != nullptr) {
+        fifoHead_ = f->nextLocal_;
+        if (fifoHead_ == nullptr) { fifoTail_ = nullptr; }
+        f->nextLocal_ = nullptr;
+    }
+    return f;
+}
+
+void Carrier::pushFifo(Fiber* fiber) noexcept {
+    fiber->nextLocal_ = nullptr;
+    if (fifoTail_ != nullptr) {
+        fifoTail_->nextLocal_ = fiber;
+    } else {
+        fifoHead_ = fiber;
+    }
+    fifoTail_ = fiber;
+}
+
+void Carrier::pushReady(Fiber* fiber) noexcept {
+    SPINDLE_ASSERT(tlsCarrier == this);
+    fiber->state_.store(FiberState::kRunnable, std::memory_order_relaxed);
+    if (fiber->pinCount_ > 0) {
+        pushFifo(fiber);
+    } else {
+        deque_.push(fiber);
+    }
+}
+
+void Carrier::pushYielded(Fiber* fiber) noexcept {
+    fiber->state_.store(FiberState::kRunnable, std::memory_order_relaxed);
+    pushFifo(fiber);
+}
+
+void Carrier::runFiber(Fiber* fiber) noexcept {
+    current_ = fiber;
+    fiber->carrier_ = this;
+    fiber->waitReason_ = nullptr;
+    fiber->state_.store(FiberState::kRunning, std::memory_order_relaxed);
+    stats_.fibersRun.store(stats_.fibersRun.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    san::startSwitch(&schedFakeStack_, fiber->stack_.usableBottom(), fiber->stack_.usableSize());
+#if defined(SPINDLE_TSAN)
+    san::tsanSwitchTo(fiber->tsanFiber_);
+#endif
+    spindle_context_switch(&schedSp_, fiber->sp_);
+    san::finishSwitch(schedFakeStack_, nullptr, nullptr);
+    current_ = nullptr;
+    if (action_.fn != nullptr) {
+        SuspendAction a = action_;
+        action_ = SuspendAction{};
+        a.fn(fiber, a.arg);
+    }
+}
+
+void Carrier::suspendRunning(SuspendAction action) noexcept {
+    Carrier* c = current();
+    Fiber* f = c->current_;
+    SPINDLE_ASSERT(f != nullptr);
+    f->state_.store(FiberState::kSuspended, std::memory_order_relaxed);
+    c->action_ = action;
+#if defined(SPINDLE_ASAN)
+    san::startSwitch(&f->asanFakeStack_, c->schedStackBottom_, c->schedStackSize_);
+#endif
+#if defined(SPINDLE_TSAN)
+    san::tsanSwitchTo(c->tsanSched_);
+#endif
+    spindle_context_switch(&f->sp_, c->schedSp_);
+    // Resumed, possibly by another carrier: `c` is stale from here on.
+#if defined(SPINDLE_ASAN)
+    san::finishSwitch(f->asanFakeStack_, nullptr, nullptr);
+#endif
+}
+
+void Carrier::exitRunning() noexcept {
+    Carrier* c = current();
+    Fiber* f = c->current_;
+    f->state_.store(FiberState::kDead, std::memory_order_relaxed);
+    c->action_ = SuspendAction{&Carrier::onFiberExit, nullptr};
+    san::startSwitch(nullptr, c->schedStackBottom_, c->schedStackSize_);
+#if defined(SPINDLE_TSAN)
+    san::tsanSwitchTo(c->tsanSched_);
+#endif
+    void* unused = nullptr;
+    spindle_context_switch(&unused, c->schedSp_);
+    __builtin_unreachable();
+}
+
+void Carrier::onFiberExit(Fiber* fiber, void*) {
+    RuntimeImpl* rt = fiber->runtime_;
+    fiber->done_.set(0);
+    releaseFiber(fiber);
+    rt->retireFiber();
+}
+
+// ---- maintenance -----------------------------------------------------------------
+
+void Carrier::maintenance() noexcept {
+    sinceMaintenance_ = 0;
+    if (!shutdownSeen_ && stopping()) { beginShutdown(); }
+    drainInbox();
+    pollRing(true);
+    if (!timers_.empty()) { expireTimers(); }
+    if (runtime_->parkedCount_.load(std::memory_order_relaxed) > 0) {
+        // Idle carriers can only steal from the deque: hand them the yielded fibers too.
+        Fiber* keep = nullptr;
+        Fiber* keepTail = nullptr;
+        while (Fiber* f = popFifo()) {
+            if (f->pinCount_ > 0) {
+                f->nextLocal_ = nullptr;
+                if (keepTail != nullptr) { keepTail->nextLocal_ = f; } else { keep = f; }
+                keepTail = f;
+            } else {
+                deque_.push(f);
+            }
+        }
+        fifoHead_ = keep;
+        fifoTail_ = keepTail;
+        if (deque_.sizeApprox() >= 2) { runtime_->wakeIdle(this); }
+    }
+}
+
+void Carrier::drainInbox() noexcept {
+    MpscNode* n = inbox_.popAll();
+    while (n != nullptr) {
+        // Read the link first: once handled, the node may be reused by another thread.
+        MpscNode* next = n->next;
+        auto* m = static_cast<Message*>(n);
+        switch (m->kind) {
+            case Message::Kind::kRunFiber:
+                pushReady(static_cast<Fiber*>(m->target));
+                break;
+            case Message::Kind::kCancelTimer: {
+                auto* e = static_cast<TimerEntry*>(m->target);
+                if (e->inHeap()) {
+                    timers_.remove(e);
+                    e->fired->set(-ECANCELED);
+                }
+                e->cancelAck.set(0);  // the last touch of e
+                break;
+            }
+        }
+        n = next;
+    }
+}
+
+void Carrier::pollRing(bool getEvents) noexcept {
+    if (ring_.pending() == 0 && inflight_ == 0 && !ring_.overflowed()) {
+        // Nothing of ours in flight; only the eventfd read, whose CQE a wait would show.
+        if (!ring_.features().deferTaskrun) {
+            ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+        }
+        return;
+    }
+    int r = ring_.submit(getEvents && inflight_ > 0);
+    if (r < 0) { log::warn("carrier {}: io_uring submit failed: {}", config_.index, std::strerror(-r)); }
+    ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+}
+
+void Carrier::onOverflowReap(void* self, const io_uring_cqe* cqe) { static_cast<Carrier*>(self)->dispatch(cqe); }
+
+void Carrier::dispatch(const io_uring_cqe* cqe) noexcept {
+    const uint64_t ud = cqe->user_data;
+    switch (uring::tagOf(ud)) {
+        case uring::Tag::kFuture:
+            SPINDLE_ASSERT(inflight_ > 0);
+            --inflight_;
+            uring::pointerOf<FiberFuture>(ud)->set(cqe->res);
+            break;
+        case uring::Tag::kCompletion: {
+            auto* c = uring::pointerOf<Completion>(ud);
+            c->fn(c, cqe->res, cqe->flags);
+            break;
+        }
+        case uring::Tag::kWake:
+        case uring::Tag::kIgnore:
+            break;
+    }
+}
+
+void Carrier::expireTimers() noexcept {
+    const uint64_t now = nowNs();
+    while (HeapNode* n = timers_.top()) {
+        if (n->deadline > now) { break; }
+        timers_.pop();
+        static_cast<TimerEntry*>(n)->fired->set(0);
+    }
+}
+
+bool Carrier::addTimer(TimerEntry* entry, uint64_t deadlineNs) noexcept {
+    SPINDLE_ASSERT(tlsCarrier == this);
+    if (stopping()) { return false; }
+    entry->owner = this;
+    timers_.push(entry, deadlineNs);
+    return true;
+}
+
+void Carrier::cancelTimer(TimerEntry* entry) noexcept {
+    Carrier* self = current();
+    if (self == entry->owner) {
+        if (entry->inHeap()) {
+            self->timers_.remove(entry);
+            entry->fired->set(-ECANCELED);
+        }
+        return;
+    }
+    entry->cancelMsg.kind = Message::Kind::kCancelTimer;
+    entry->cancelMsg.target = entry;
+    entry->cancelAck.reset();
+    entry->owner->post(&entry->cancelMsg);
+    (void)entry->cancelAck.wait();
+}
+
+void Carrier::beginShutdown() noexcept {
+    shutdownSeen_ = true;
+    // Every blocking call made from now on fails at once; cancel what is in flight.
+    if (inflight_ > 0) {
+        if (ring_.features().cancelAny) {
+            io_uring_sqe* sqe = acquireUntrackedSqe();
+            io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+            io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
+        } else {
+            log::warn("carrier {}: this kernel cannot cancel all I/O at once (IORING_ASYNC_CANCEL_ANY, 5.19); "
+                      "shutdown waits for {} operations to finish", config_.index, inflight_);
+        }
+    }
+    while (HeapNode* n = timers_.pop()) { static_cast<TimerEntry*>(n)->fired->set(-ECANCELED); }
+    (void)ring_.submit(false);
+}
+
+bool Carrier::readyToExit() const noexcept {
+    return shutdownSeen_ && inflight_ == 0 && runtime_->live() == 0 && inbox_.empty();
+}
+
+// ---- stealing, parking, waking ------------------------------------------------------
+
+Fiber* Carrier::stealOne() noexcept {
+    for (int attempt = 0; attempt < 4 && !deque_.emptyApprox(); ++attempt) {
+        if (auto f = deque_.steal()) { return *f; }
+    }
+    return nullptr;
+}
+
+Fiber* Carrier::trySteal() noexcept {
+    for (Carrier* victim : victims_) {
+        if (Fiber* f = victim->stealOne()) {
+            stats_.steals.store(stats_.steals.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            return f;
+        }
+    }
+    return nullptr;
+}
+
+void Carrier::park() noexcept {
+    parked_.store(true, std::memory_order_seq_cst);
+    runtime_->parkedCount_.fetch_add(1, std::memory_order_seq_cst);
+    // Look again now that wakers can see us parked (each side of the handshake
+    // stores, then loads, with seq_cst; one of the two sees the other).
+    const bool work = !inbox_.empty() || runtime_->anyStealable(this) || (!shutdownSeen_ && stopping()) ||
+                      readyToExit();
+    if (!work) {
+        __kernel_timespec ts{};
+        __kernel_timespec* timeout = nullptr;
+        if (!timers_.empty()) {
+            const uint64_t now = nowNs();
+            const uint64_t next = timers_.nextDeadline();
+            const uint64_t delta = next > now ? next - now : 0;
+            ts.tv_sec = static_cast<int64_t>(delta / 1000000000u);
+            ts.tv_nsec = static_cast<long long>(delta % 1000000000u);
+            timeout = &ts;
+        }
+        if (timeout == nullptr || ts.tv_sec != 0 || ts.tv_nsec != 0) {
+            stats_.parks.store(stats_.parks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            int r = ring_.submitAndWait(timeout);
+            if (r < 0 && r != -ETIME && r != -EINTR) {
+                log::warn("carrier {}: io_uring wait failed: {}", config_.index, std::strerror(-r));
+            }
+        }
+    }
+    parked_.store(false, std::memory_order_seq_cst);
+    runtime_->parkedCount_.fetch_sub(1, std::memory_order_relaxed);
+    ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+}
+
+void Carrier::post(Message* message) noexcept {
+    inbox_.push(message);
+    wake();
+}
+
+void Carrier::wake() noexcept {
+    if (!claimWake()) { return; }
+    Carrier* self = current();
+    if (self != nullptr && self != this && self->ring_.initialized() && self->ring_.features().msgRing &&
+        !self->exiting_) {
+        // Carrier to carrier: a message CQE on the target's ring, sent from our own
+        // ring (SINGLE_ISSUER: only the owner submits to a ring).
+        io_uring_sqe* sqe = self->acquireUntrackedSqe();
+        io_uring_prep_msg_ring(sqe, ring_.fd(), 0, uring::encodeUserData(nullptr, uring::Tag::kWake), 0);
+        sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;
+        io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
+        (void)self->ring_.submit(false);
+        self->stats_.wakesSent.store(self->stats_.wakesSent.load(std::memory_order_relaxed) + 1,
+                                     std::memory_order_relaxed);
+        return;
+    }
+    // A plain thread: the eventfd whose read is always armed on the target's ring.
+    const uint64_t one = 1;
+    ssize_t w;
+    do {
+        w = ::write(eventFd_, &one, sizeof(one));
+    } while (w < 0 && errno == EINTR);
+    SPINDLE_CHECK_MSG(w == sizeof(one), "eventfd write to wake a carrier failed");
+}
+
+}  // namespace spindle::detail

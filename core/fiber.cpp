@@ -1,0 +1,291 @@
+#include "core/fiber.h"
+
+#include <time.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "base/log.h"
+#include "core/internal/carrier.h"
+#include "core/internal/context.h"
+#include "core/internal/proxy_fiber.h"
+#include "core/internal/runtime_impl.h"
+#include "core/internal/sanitizer.h"
+#include "core/runtime.h"
+
+namespace spindle::detail {
+namespace {
+
+std::atomic<uint64_t> gNextFiberId{1};
+
+constexpr size_t kMinStackSize = 16 * 1024;  // below this, a payload plus a frame or two do not fit
+constexpr size_t kMinFreeStack = 8 * 1024;   // what must remain under the payload
+
+char* alignDown(char* p, size_t align) noexcept {
+    return reinterpret_cast<char*>(reinterpret_cast<uintptr_t>(p) & ~(static_cast<uintptr_t>(align) - 1));
+}
+
+// The first code a new fiber runs, on its own stack.
+void fiberEntry(void* arg) {
+    auto* f = static_cast<Fiber*>(arg);
+    san::finishSwitch(nullptr, nullptr, nullptr);
+    f->entry_(f);
+    Carrier::exitRunning();
+}
+
+}  // namespace
+
+const char* toString(FiberState state) noexcept {
+    switch (state) {
+        case FiberState::kCreated: return "created";
+        case FiberState::kRunnable: return "runnable";
+        case FiberState::kRunning: return "running";
+        case FiberState::kSuspended: return "suspended";
+        case FiberState::kDead: return "dead";
+    }
+    return "?";
+}
+
+void Fiber::setName(const char* name) noexcept {
+    if (name == nullptr) {
+        name_[0] = '\0';
+        return;
+    }
+    std::strncpy(name_, name, sizeof(name_) - 1);
+    name_[sizeof(name_) - 1] = '\0';
+}
+
+// ---- proxy fibers -------------------------------------------------------------
+
+ProxyFiber::ProxyFiber() noexcept {
+    proxy_ = true;
+    id_ = gNextFiberId.fetch_add(1, std::memory_order_relaxed);
+    setName("thread");
+    state_.store(FiberState::kRunning, std::memory_order_relaxed);
+    ::sem_init(&sem_, 0, 0);
+}
+
+ProxyFiber::~ProxyFiber() { ::sem_destroy(&sem_); }
+
+void ProxyFiber::block() noexcept {
+    state_.store(FiberState::kSuspended, std::memory_order_relaxed);
+    while (::sem_wait(&sem_) != 0) { SPINDLE_CHECK(errno == EINTR); }
+    state_.store(FiberState::kRunning, std::memory_order_relaxed);
+}
+
+bool ProxyFiber::blockUntil(const timespec& deadline) noexcept {
+    state_.store(FiberState::kSuspended, std::memory_order_relaxed);
+    int r;
+    while ((r = ::sem_clockwait(&sem_, CLOCK_MONOTONIC, &deadline)) != 0 && errno == EINTR) {}
+    state_.store(FiberState::kRunning, std::memory_order_relaxed);
+    if (r != 0) {
+        SPINDLE_CHECK(errno == ETIMEDOUT);
+        return false;
+    }
+    return true;
+}
+
+void ProxyFiber::post() noexcept { ::sem_post(&sem_); }
+
+ProxyFiber& threadProxy() noexcept {
+    thread_local ProxyFiber proxy;
+    return proxy;
+}
+
+// ---- the scheduler entry points --------------------------------------------------
+
+Fiber* runningFiber() noexcept {
+    Carrier* c = Carrier::current();
+    return c != nullptr ? c->running() : nullptr;
+}
+
+Fiber* currentFiber() noexcept {
+    if (Fiber* f = runningFiber()) { return f; }
+    // Waiting from a carrier's scheduler context would block the carrier: a bug.
+    SPINDLE_ASSERT(Carrier::current() == nullptr);
+    return &threadProxy();
+}
+
+void makeRunnable(Fiber* fiber) noexcept {
+    if (fiber->proxy_) {
+        static_cast<ProxyFiber*>(fiber)->post();
+        return;
+    }
+    Carrier* target = fiber->carrier_;
+    if (Carrier::current() == target) {
+        target->pushReady(fiber);
+    } else {
+        fiber->state_.store(FiberState::kRunnable, std::memory_order_relaxed);
+        target->post(&fiber->msg_);
+    }
+}
+
+void suspend(Fiber* self, SuspendAction action) noexcept {
+    if (self->proxy_) {
+        action.fn(self, action.arg);
+        static_cast<ProxyFiber*>(self)->block();
+        return;
+    }
+    Carrier::suspendRunning(action);
+}
+
+void releaseFiber(Fiber* fiber) noexcept {
+    if (fiber->refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) { return; }
+    if (fiber->exception_ && !fiber->joined_) {
+        std::string what = "unknown exception";
+        try {
+            std::rethrow_exception(fiber->exception_);
+        } catch (const std::exception& e) {
+            what = e.what();
+        } catch (...) {
+        }
+        log::error("fiber '{}' (id {}) ended with an exception nobody joined to receive: {}", fiber->name_,
+                   fiber->id_, what);
+        std::abort();
+    }
+    Stack stack = fiber->stack_;
+    if (fiber->destroyPayload_ != nullptr) { fiber->destroyPayload_(fiber); }
+#if defined(SPINDLE_TSAN)
+    san::tsanDestroy(fiber->tsanFiber_);
+#endif
+    fiber->~Fiber();
+    if (stack.pool != nullptr) {
+        stack.pool->release(stack);
+    } else {
+        StackPool::unmap(stack);
+    }
+}
+
+RuntimeImpl* currentRuntime() noexcept {
+    Carrier* c = Carrier::current();
+    return c != nullptr && c->running() != nullptr ? c->runtime() : nullptr;
+}
+
+Result<Fiber*> createFiber(RuntimeImpl* rt, const SpawnOptions& options, size_t payloadSize,
+                           size_t payloadAlign) noexcept {
+    const auto& carriers = rt->carriers();
+    if (options.carrier < SpawnOptions::kAnyCarrier || options.carrier >= static_cast<int>(carriers.size())) {
+        return Error{EINVAL};
+    }
+    const size_t stackSize = options.stackSize != 0 ? options.stackSize : rt->options().stackSize;
+    if (stackSize < kMinStackSize) { return Error{EINVAL}; }
+
+    Carrier* self = Carrier::current();
+    const bool fromOwnFiber = self != nullptr && self->runtime() == rt && self->running() != nullptr;
+    if (!rt->admitFiber(fromOwnFiber)) { return Error{ECANCELED}; }
+
+    Carrier* target = options.carrier >= 0 ? carriers[static_cast<size_t>(options.carrier)].get()
+                      : fromOwnFiber       ? self
+                                           : rt->pickCarrier();
+    StackPool& pool = target->stackPool();
+    Result<Stack> stack = Error{ENOMEM};
+    const size_t page = StackPool::pageSize();
+    if (((stackSize + page - 1) & ~(page - 1)) == pool.usableSize()) {
+        if (pool.ownedByThisThread()) {
+            stack = pool.acquire();
+        } else {
+            // Only the owner touches the pool's free list; a stranger maps a fresh
+            // stack that joins the pool when it is released.
+            stack = StackPool::map(stackSize);
+            if (stack) { stack->pool = &pool; }
+        }
+    } else {
+        stack = StackPool::map(stackSize);
+    }
+    if (!stack) {
+        rt->retireFiber();
+        return Error{stack.errorCode()};
+    }
+
+    // Layout, from the top down: the Fiber, the payload, then the stack proper.
+    char* fiberAt = alignDown(stack->top() - sizeof(Fiber), alignof(Fiber));
+    char* payloadAt = alignDown(fiberAt - payloadSize, payloadAlign < 16 ? 16 : payloadAlign);
+    if (payloadAt < stack->usableBottom() || static_cast<size_t>(payloadAt - stack->usableBottom()) < kMinFreeStack) {
+        log::warn("fiber '{}': its captures ({} bytes) leave too little of a {}-byte stack",
+                  options.name != nullptr ? options.name : "", payloadSize, stack->usableSize());
+        if (stack->pool != nullptr) { stack->pool->release(*stack); } else { StackPool::unmap(*stack); }
+        rt->retireFiber();
+        return Error{EINVAL};
+    }
+    san::unpoison(stack->usableBottom(), stack->usableSize());
+
+    auto* f = new (fiberAt) Fiber();
+    f->stack_ = *stack;
+    f->carrier_ = target;
+    f->runtime_ = rt;
+    f->payload_ = payloadAt;
+    f->id_ = gNextFiberId.fetch_add(1, std::memory_order_relaxed);
+    f->setName(options.name);
+    f->pinCount_ = options.pinned ? 1 : 0;
+    f->msg_.kind = Message::Kind::kRunFiber;
+    f->msg_.target = f;
+    f->sp_ = makeContext(payloadAt, &fiberEntry, f);
+#if defined(SPINDLE_TSAN)
+    f->tsanFiber_ = san::tsanCreate();
+    san::tsanSetName(f->tsanFiber_, f->name_);
+#endif
+    return f;
+}
+
+void launchFiber(Fiber* fiber) noexcept {
+    Carrier* target = fiber->carrier_;
+    if (Carrier::current() == target) {
+        target->pushReady(fiber);
+        if (target->queuedApprox() >= 2) { fiber->runtime_->wakeIdle(target); }
+    } else {
+        fiber->state_.store(FiberState::kRunnable, std::memory_order_relaxed);
+        target->post(&fiber->msg_);
+    }
+}
+
+}  // namespace spindle::detail
+
+namespace spindle::this_fiber {
+
+using detail::Carrier;
+
+void yield() noexcept {
+    if (detail::runningFiber() == nullptr) {
+        std::this_thread::yield();
+        return;
+    }
+    Carrier::suspendRunning(
+        detail::SuspendAction{[](detail::Fiber* f, void*) { Carrier::current()->pushYielded(f); }, nullptr});
+}
+
+Result<void> sleep_until(std::chrono::steady_clock::time_point deadline) noexcept {
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(deadline.time_since_epoch()).count();
+    const uint64_t deadlineNs = ns < 0 ? 0 : static_cast<uint64_t>(ns);
+    Carrier* c = Carrier::current();
+    if (c == nullptr || c->running() == nullptr) {
+        timespec ts{static_cast<time_t>(deadlineNs / 1000000000u), static_cast<long>(deadlineNs % 1000000000u)};
+        while (::clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {}
+        return {};
+    }
+    FiberFuture fired;
+    detail::TimerEntry entry;
+    entry.fired = &fired;
+    if (!c->addTimer(&entry, deadlineNs)) { return Error{ECANCELED}; }
+    c->running()->waitReason_ = "sleep";
+    const int32_t r = fired.wait();
+    if (r < 0) { return Error{-r}; }
+    return {};
+}
+
+Result<void> sleep_for(std::chrono::nanoseconds duration) noexcept {
+    return sleep_until(std::chrono::steady_clock::now() + duration);
+}
+
+FiberId id() noexcept { return detail::currentFiber()->id(); }
+
+std::string_view name() noexcept { return detail::currentFiber()->name(); }
+
+bool inFiber() noexcept { return detail::runningFiber() != nullptr; }
+
+int carrierIndex() noexcept {
+    Carrier* c = Carrier::current();
+    return c != nullptr ? static_cast<int>(c->index()) : -1;
+}
+
+}  // namespace spindle::this_fiber

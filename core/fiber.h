@@ -1,0 +1,152 @@
+#pragma once
+/// Fibers: spawn options, the join handle, and what a fiber can ask about itself.
+///
+/// A fiber is a stackful coroutine run by a carrier. It is created by
+/// Runtime::spawn() (from any thread) or spindle::spawn() (from inside a
+/// fiber), and may move between carriers when an idle one steals it, unless it
+/// is pinned.
+///
+/// Errors: spawning returns Result (ENOMEM: no stack; EINVAL: bad options;
+/// ECANCELED: the runtime is shutting down). An exception thrown by the fiber's
+/// function is caught, kept, and rethrown by join(); if nobody joins (the
+/// handle was dropped or detached) it is logged and the process aborts.
+/// Limitations: thread_local variables belong to the carrier thread, not the
+/// fiber, and a fiber may resume on another thread after any blocking call;
+/// do not block inside a catch block (the C++ runtime keeps the caught
+/// exception per thread).
+
+#include <chrono>
+#include <cstdint>
+#include <exception>
+#include <functional>
+#include <optional>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "base/result.h"
+#include "core/internal/fiber.h"
+
+namespace spindle {
+
+using FiberId = uint64_t;
+
+struct SpawnOptions {
+    static constexpr int kAnyCarrier = -1;
+
+    const char* name = nullptr;  // copied; at most 31 characters are kept
+    size_t stackSize = 0;        // usable bytes; 0: the runtime's default (64 KiB)
+    int carrier = kAnyCarrier;   // start on this carrier index; default: the caller's, or round robin
+    bool pinned = false;         // never stolen: stays on the carrier it starts on
+};
+
+namespace detail {
+template <class T>
+struct ResultSlot {
+    std::optional<T> value;
+};
+template <>
+struct ResultSlot<void> {};
+
+/// The callable and its result slot, placed just under the Fiber on its stack.
+template <class F, class T>
+struct FiberPayload : ResultSlot<T> {
+    explicit FiberPayload(F&& f) : fn(std::move(f)) {}
+    explicit FiberPayload(const F& f) : fn(f) {}
+    std::optional<F> fn;
+
+    static FiberPayload* of(Fiber* f) noexcept {
+        return static_cast<FiberPayload*>(static_cast<ResultSlot<T>*>(f->payload_));
+    }
+    static void run(Fiber* f) {
+        FiberPayload* p = of(f);
+        try {
+            if constexpr (std::is_void_v<T>) {
+                std::invoke(std::move(*p->fn));
+            } else {
+                p->value.emplace(std::invoke(std::move(*p->fn)));
+            }
+        } catch (...) {
+            f->exception_ = std::current_exception();
+        }
+        p->fn.reset();  // captures die with the fiber, not with the handle
+    }
+    static void destroy(Fiber* f) noexcept { of(f)->~FiberPayload(); }
+};
+}  // namespace detail
+
+/// Owns the right to join one fiber. Move-only; dropping it detaches the fiber.
+template <class T>
+class FiberHandle {
+public:
+    FiberHandle() noexcept = default;
+    explicit FiberHandle(detail::Fiber* fiber) noexcept : fiber_(fiber) {}
+    FiberHandle(FiberHandle&& o) noexcept : fiber_(std::exchange(o.fiber_, nullptr)) {}
+    FiberHandle& operator=(FiberHandle&& o) noexcept {
+        if (this != &o) {
+            detach();
+            fiber_ = std::exchange(o.fiber_, nullptr);
+        }
+        return *this;
+    }
+    FiberHandle(const FiberHandle&) = delete;
+    FiberHandle& operator=(const FiberHandle&) = delete;
+    ~FiberHandle() { detach(); }
+
+    [[nodiscard]] bool joinable() const noexcept { return fiber_ != nullptr; }
+    [[nodiscard]] FiberId id() const noexcept { return fiber_ != nullptr ? fiber_->id() : 0; }
+    /// Whether the fiber has finished (join() would not wait).
+    [[nodiscard]] bool done() const noexcept { return fiber_ != nullptr && fiber_->done_.isSet(); }
+
+    /// Waits for the fiber (parks a fiber, blocks a thread), then returns its
+    /// value or rethrows its exception. Precondition: joinable(), and not the
+    /// fiber itself.
+    T join() {
+        SPINDLE_CHECK_MSG(fiber_ != nullptr, "join() on an empty FiberHandle");
+        SPINDLE_CHECK_MSG(fiber_ != detail::runningFiber(), "a fiber cannot join itself");
+        detail::Fiber* f = std::exchange(fiber_, nullptr);
+        (void)f->done_.wait();
+        f->joined_ = true;
+        if (f->exception_) {
+            std::exception_ptr e = f->exception_;
+            detail::releaseFiber(f);
+            std::rethrow_exception(e);
+        }
+        if constexpr (std::is_void_v<T>) {
+            detail::releaseFiber(f);
+        } else {
+            auto* slot = static_cast<detail::ResultSlot<T>*>(f->payload_);
+            T v = std::move(*slot->value);
+            detail::releaseFiber(f);
+            return v;
+        }
+    }
+
+    /// Lets the fiber run on unobserved; an exception it throws then aborts the process.
+    void detach() noexcept {
+        if (fiber_ != nullptr) { detail::releaseFiber(std::exchange(fiber_, nullptr)); }
+    }
+
+private:
+    detail::Fiber* fiber_ = nullptr;
+};
+
+namespace this_fiber {
+/// Lets the other runnable fibers of this carrier run first; on a plain thread, std::this_thread::yield().
+void yield() noexcept;
+/// Parks the fiber until `deadline` (CLOCK_MONOTONIC); a plain thread sleeps.
+/// Errors: ECANCELED when the runtime shuts down first.
+Result<void> sleep_until(std::chrono::steady_clock::time_point deadline) noexcept;
+/// Parks the fiber for `duration`. Errors: as sleep_until.
+Result<void> sleep_for(std::chrono::nanoseconds duration) noexcept;
+/// The running fiber's id; a plain thread gets the id of its proxy fiber.
+FiberId id() noexcept;
+/// The running fiber's name ("" when unnamed; "thread" for a plain thread).
+std::string_view name() noexcept;
+/// Whether the caller runs on a fiber (not a plain thread or a scheduler).
+bool inFiber() noexcept;
+/// The index of the carrier running the caller, or -1 off-carrier.
+int carrierIndex() noexcept;
+}  // namespace this_fiber
+
+}  // namespace spindle

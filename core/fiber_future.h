@@ -1,0 +1,86 @@
+#pragma once
+/// FiberFuture: a one-shot result slot for a single waiter, living in the waiter's frame.
+///
+/// It is the leaf of every blocking call in spindle: an I/O call puts the
+/// address of a FiberFuture on its own stack into the SQE's user_data, and the
+/// CQE sets it. The whole state is one packed 64-bit word plus the result
+/// (16 bytes); there is no shared heap state and no reference count, which is
+/// what the single-producer/single-consumer contract buys.
+///
+/// The result is an int32_t in the kernel's convention: `>= 0` is a value,
+/// `< 0` is `-errno`.
+///
+/// Thread-safety: set() may run on any carrier or thread, once per reset();
+/// wait(), isSet() and reset() belong to the one consumer. The consumer may be a
+/// fiber (it parks) or a plain thread (it sleeps on its proxy's semaphore).
+/// Memory ordering: everything written before set() is visible after wait()
+/// or a true isSet() returns.
+/// Cost: set() is one atomic exchange, plus a wake-up when a waiter is parked;
+/// wait() on a set future is one acquire load.
+/// Lifetime: the future must outlive the set() call that targets it; for I/O
+/// that means until the CQE arrived, which every spindle call waits for.
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+
+namespace spindle {
+
+namespace detail {
+class Fiber;
+struct MultiWaitState;
+}  // namespace detail
+
+class FiberFuture {
+public:
+    FiberFuture() noexcept = default;
+    FiberFuture(const FiberFuture&) = delete;
+    FiberFuture& operator=(const FiberFuture&) = delete;
+
+    /// Publishes `res` and wakes the waiter if one is parked.
+    /// Precondition: not set since construction or the last reset().
+    void set(int32_t res) noexcept;
+
+    /// Returns the result, parking the calling fiber (or blocking the calling
+    /// thread) until set() has run.
+    [[nodiscard]] int32_t wait() noexcept;
+
+    [[nodiscard]] bool isSet() const noexcept { return (state_.load(std::memory_order_acquire) & kSet) != 0; }
+
+    /// The result of a set future. Precondition: isSet().
+    [[nodiscard]] int32_t result() const noexcept { return res_; }
+
+    /// Makes the future reusable. Precondition: no waiter and no set() in flight.
+    void reset() noexcept { state_.store(0, std::memory_order_relaxed); }
+
+    /// Waits until at least one of `futures[0..count)` is set and returns the
+    /// index of the first set one. Every future is detached again before this
+    /// returns, so the caller may destroy or reuse the unset ones.
+    /// Precondition: the caller is the consumer of every future; count > 0.
+    static size_t waitForMultiple(FiberFuture* const* futures, size_t count) noexcept;
+
+    /// wait() with a limit: returns the result, or -ETIMEDOUT when `timeout`
+    /// passes first. The future stays armed after a timeout: a later set() is
+    /// legal and a later wait() returns it.
+    static int32_t waitWithTimeout(FiberFuture* future, std::chrono::nanoseconds timeout) noexcept;
+
+private:
+    friend struct detail::MultiWaitState;
+    friend class FiberFutureAccess;
+
+    // Invariant: state_ is 0 (empty, no waiter), kSet (set; res_ is valid), a
+    // Fiber* (its waiter, parked or about to park), or a MultiWaitState* | kMulti
+    // (attached to a waitForMultiple). Fiber and MultiWaitState are at least
+    // 8-byte aligned, so the low three bits are free for the tags.
+    static constexpr uint64_t kSet = 1;
+    static constexpr uint64_t kMulti = 2;
+    static constexpr uint64_t kTagBits = 7;
+
+    std::atomic<uint64_t> state_{0};
+    int32_t res_ = 0;
+};
+
+static_assert(sizeof(FiberFuture) == 16, "FiberFuture is one word plus the result");
+
+}  // namespace spindle

@@ -1,0 +1,187 @@
+#pragma once
+/// Carrier: one OS thread, bound to one PU, that runs fibers and owns one ring.
+///
+/// It owns a Chase-Lev deque of runnable fibers (owner LIFO, thieves FIFO), an
+/// owner-only FIFO for fibers that yielded or are pinned, an MPSC inbox for
+/// work sent by other threads, a deadline heap, a stack pool and its ring.
+///
+/// The loop: run local work; every kMaintenanceInterval fibers, or when out of
+/// work, do maintenance (drain the inbox, submit the batch of SQEs and reap
+/// CQEs, expire timers); then steal; then park in io_uring_enter with the
+/// nearest deadline as the timeout.
+///
+/// Thread-safety: everything is owner-only except post() (any thread), the
+/// deque's steal side, parked_, and the stats (read racily).
+
+#include <atomic>
+#include <cstdint>
+#include <thread>
+#include <vector>
+
+#include "base/result.h"
+#include "core/internal/chase_lev_deque.h"
+#include "core/internal/deadline_heap.h"
+#include "core/internal/fiber.h"
+#include "core/internal/mpsc_queue.h"
+#include "core/internal/stack_pool.h"
+#include "uring/ring.h"
+
+namespace spindle::detail {
+
+class RuntimeImpl;
+
+/// A sleep or a waitWithTimeout's deadline, in the owner carrier's heap.
+struct TimerEntry : HeapNode {
+    FiberFuture* fired = nullptr;  // set(0) on expiry, set(-ECANCELED) on cancel/shutdown
+    class Carrier* owner = nullptr;
+    Message cancelMsg;             // kCancelTimer, for a cancel from another thread
+    FiberFuture cancelAck;         // set by the owner once it no longer touches this entry
+};
+
+/// Something a CQE tagged kCompletion calls back on the owner carrier.
+struct Completion {
+    void (*fn)(Completion* self, int32_t res, uint32_t flags) = nullptr;
+};
+
+struct CarrierConfig {
+    unsigned index = 0;
+    int pu = -1;                  // OS index to bind to; -1: do not bind
+    uring::RingOptions ring;
+    size_t stackSize = 64 * 1024;
+};
+
+class alignas(64) Carrier {
+public:
+    static constexpr unsigned kMaintenanceInterval = 64;
+
+    Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept;
+    ~Carrier();
+    Carrier(const Carrier&) = delete;
+    Carrier& operator=(const Carrier&) = delete;
+
+    /// The carrier of the calling thread, or nullptr. Never inlined, so that a
+    /// fiber that moved to another thread reads its new thread's value.
+    static Carrier* current() noexcept;
+
+    /// Starts the thread; returns once it is running its loop, or its set-up error.
+    Result<void> start() noexcept;
+    void joinThread() noexcept;
+
+    [[nodiscard]] unsigned index() const noexcept { return config_.index; }
+    [[nodiscard]] RuntimeImpl* runtime() const noexcept { return runtime_; }
+    [[nodiscard]] Fiber* running() const noexcept { return current_; }
+    [[nodiscard]] StackPool& stackPool() noexcept { return pool_; }
+    [[nodiscard]] uring::Ring& ring() noexcept { return ring_; }
+    [[nodiscard]] bool stopping() const noexcept;
+
+    // --- scheduling ---
+    /// Makes a fiber runnable here. Precondition: on this carrier's thread.
+    void pushReady(Fiber* fiber) noexcept;
+    /// Queues a fiber that yielded behind the other runnable ones (owner thread).
+    void pushYielded(Fiber* fiber) noexcept;
+    /// Hands a message to this carrier from any thread and wakes it if parked.
+    void post(Message* message) noexcept;
+    /// Wakes this carrier if it is parked (any thread).
+    void wake() noexcept;
+    /// Switches the running fiber out and runs `action` on the scheduler.
+    /// Call only through detail::suspend(); `this` is stale after it returns.
+    static void suspendRunning(SuspendAction action) noexcept;
+    /// The last switch of a finished fiber.
+    [[noreturn]] static void exitRunning() noexcept;
+
+    // --- I/O ---
+    /// An SQE whose CQE the caller awaits (counted as in flight).
+    io_uring_sqe* acquireSqe() noexcept {
+        ++inflight_;
+        return ring_.acquireSqe();
+    }
+    /// An SQE that produces no CQE to wait for (tag kIgnore, skip-success).
+    io_uring_sqe* acquireUntrackedSqe() noexcept { return ring_.acquireSqe(); }
+
+    // --- timers ---
+    /// Arms `entry` to fire at `deadlineNs`. Returns false (nothing armed) during shutdown.
+    bool addTimer(TimerEntry* entry, uint64_t deadlineNs) noexcept;
+    /// Disarms `entry` from any thread; returns once the owner no longer touches it.
+    /// Afterwards entry->fired is set (0 if it had fired, -ECANCELED if disarmed).
+    static void cancelTimer(TimerEntry* entry) noexcept;
+
+    // --- stealing and parking (called by other carriers) ---
+    Fiber* stealOne() noexcept;
+    [[nodiscard]] bool hasStealable() const noexcept { return !deque_.emptyApprox(); }
+    /// Runnable fibers queued here (owner's view; approximate for others).
+    [[nodiscard]] size_t queuedApprox() const noexcept { return deque_.sizeApprox(); }
+    [[nodiscard]] bool isParked() const noexcept { return parked_.load(std::memory_order_seq_cst); }
+    /// Claims the right to wake this parked carrier (one waker wins).
+    bool claimWake() noexcept { return parked_.load(std::memory_order_seq_cst) && parked_.exchange(false); }
+    void setVictims(std::vector<Carrier*> victims) noexcept { victims_ = std::move(victims); }
+
+    struct Stats {
+        std::atomic<uint64_t> fibersRun{0};
+        std::atomic<uint64_t> steals{0};
+        std::atomic<uint64_t> parks{0};
+        std::atomic<uint64_t> wakesSent{0};
+    };
+    [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
+    [[nodiscard]] int boundPu() const noexcept { return boundPu_; }
+
+private:
+    void threadMain() noexcept;
+    Result<void> setUp() noexcept;
+    void tearDown() noexcept;
+    void loop() noexcept;
+    Fiber* nextLocal() noexcept;
+    void runFiber(Fiber* fiber) noexcept;
+    void maintenance() noexcept;
+    void drainInbox() noexcept;
+    void pollRing(bool getEvents) noexcept;
+    void dispatch(const io_uring_cqe* cqe) noexcept;
+    static void onOverflowReap(void* self, const io_uring_cqe* cqe);
+    void expireTimers() noexcept;
+    void park() noexcept;
+    Fiber* trySteal() noexcept;
+    void beginShutdown() noexcept;
+    bool readyToExit() const noexcept;
+    void armEventFd() noexcept;
+    void pushFifo(Fiber* fiber) noexcept;
+    Fiber* popFifo() noexcept;
+    static void onFiberExit(Fiber* fiber, void* unused);
+
+    // Owner-only hot state.
+    Fiber* current_ = nullptr;
+    void* schedSp_ = nullptr;
+    SuspendAction action_;
+    unsigned sinceMaintenance_ = 0;
+    uint32_t inflight_ = 0;             // SQEs whose CQE we still expect
+    bool preferFifo_ = false;           // alternate between deque and FIFO so neither starves
+    bool shutdownSeen_ = false;
+    bool exiting_ = false;              // the loop ended; do not re-arm the eventfd read
+    bool eventFdArmed_ = false;
+    void* schedFakeStack_ = nullptr;    // ASan's fake stack of the scheduler context
+    Fiber* fifoHead_ = nullptr;         // yielded and pinned fibers, FIFO
+    Fiber* fifoTail_ = nullptr;
+    ChaseLevDeque<Fiber*> deque_;
+    DeadlineHeap timers_;
+    uring::Ring ring_;
+    StackPool pool_;
+    std::vector<Carrier*> victims_;
+
+    // Shared with other threads.
+    alignas(64) IntrusiveMpscQueue inbox_;
+    alignas(64) std::atomic<bool> parked_{false};
+    Stats stats_;
+
+    RuntimeImpl* runtime_;
+    CarrierConfig config_;
+    int boundPu_ = -1;
+    int eventFd_ = -1;
+    uint64_t eventBuf_ = 0;
+    Completion eventCompletion_;
+    std::thread thread_;
+    std::atomic<int> startState_{0};    // 0 starting, 1 running, -errno failed
+    const void* schedStackBottom_ = nullptr;  // for ASan's switch annotations
+    size_t schedStackSize_ = 0;
+    void* tsanSched_ = nullptr;
+    void* altStack_ = nullptr;
+};
+
+}  // namespace spindle::detail

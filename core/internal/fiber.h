@@ -1,0 +1,121 @@
+#pragma once
+/// The fiber control block and the scheduler entry points every primitive uses.
+///
+/// A Fiber lives at the top of its own stack mapping, followed (downwards) by
+/// its payload (the callable and the slot for its result), so spawning takes
+/// no heap allocation: a stack from the carrier's pool is all it needs.
+///
+/// Lifetime: two references, one held by the FiberHandle and one by the
+/// running fiber; whoever drops the last one destroys the payload and gives
+/// the stack back to its pool.
+/// Thread-safety: fields are owned by whoever runs the fiber, except state_
+/// and refs_ (atomics) and done_ (a FiberFuture: SPSC).
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <exception>
+
+#include "core/fiber_future.h"
+#include "core/internal/mpsc_queue.h"
+
+namespace spindle::detail {
+
+class Carrier;
+class RuntimeImpl;
+class StackPool;
+
+enum class FiberState : uint8_t { kCreated, kRunnable, kRunning, kSuspended, kDead };
+const char* toString(FiberState state) noexcept;
+
+/// One mmap'd stack: [base, base+guardSize) is PROT_NONE, the rest is usable.
+struct Stack {
+    char* base = nullptr;
+    size_t mapSize = 0;
+    size_t guardSize = 0;
+    StackPool* pool = nullptr;  // where it returns; nullptr: unmapped on release
+
+    [[nodiscard]] char* top() const noexcept { return base + mapSize; }
+    [[nodiscard]] char* usableBottom() const noexcept { return base + guardSize; }
+    [[nodiscard]] size_t usableSize() const noexcept { return mapSize - guardSize; }
+};
+
+/// Work handed to a carrier by another thread through its inbox.
+struct Message : MpscNode {
+    enum class Kind : uint8_t { kRunFiber, kCancelTimer };
+    Kind kind = Kind::kRunFiber;
+    void* target = nullptr;  // the Fiber* or TimerEntry* it concerns
+};
+
+/// A callback the scheduler runs right after a fiber has switched out, on the
+/// scheduler's stack: the fiber's context is saved, so the callback may hand
+/// the fiber to another thread (publish it as a waiter) without a race.
+struct SuspendAction {
+    void (*fn)(class Fiber* fiber, void* arg) = nullptr;
+    void* arg = nullptr;
+};
+
+class alignas(64) Fiber {
+public:
+    Fiber() noexcept = default;
+    Fiber(const Fiber&) = delete;
+    Fiber& operator=(const Fiber&) = delete;
+
+    [[nodiscard]] uint64_t id() const noexcept { return id_; }
+    [[nodiscard]] const char* name() const noexcept { return name_; }
+    [[nodiscard]] FiberState state() const noexcept { return state_.load(std::memory_order_relaxed); }
+    void setName(const char* name) noexcept;
+
+    // --- scheduling (hot) ---
+    void* sp_ = nullptr;                 // saved stack pointer while switched out
+    Carrier* carrier_ = nullptr;         // the carrier it last ran on; wakes go there
+    std::atomic<FiberState> state_{FiberState::kCreated};
+    bool proxy_ = false;                 // a plain thread's stand-in (ProxyFiber)
+    bool joined_ = false;                // join() took the result (set before the last release)
+    uint16_t pinCount_ = 0;              // > 0: never stolen, never moved
+    Fiber* nextLocal_ = nullptr;         // hook for the carrier's owner-only FIFO
+    Message msg_;                        // hook for the carrier's inbox (kind kRunFiber)
+
+    // --- life cycle ---
+    RuntimeImpl* runtime_ = nullptr;
+    void (*entry_)(Fiber*) = nullptr;           // runs the payload; catches into exception_
+    void (*destroyPayload_)(Fiber*) = nullptr;  // destroys the payload (result slot)
+    void* payload_ = nullptr;
+    std::atomic<uint32_t> refs_{2};
+    FiberFuture done_;                   // set when the fiber is dead; the joiner waits on it
+    std::exception_ptr exception_;
+    Stack stack_;
+    uint64_t id_ = 0;
+    const char* waitReason_ = nullptr;   // introspection: what a suspended fiber waits for
+    char name_[32] = {};
+
+#if defined(SPINDLE_ASAN)
+    void* asanFakeStack_ = nullptr;
+#endif
+#if defined(SPINDLE_TSAN)
+    void* tsanFiber_ = nullptr;
+#endif
+};
+
+/// The running fiber, or this thread's proxy fiber when called off-fiber.
+Fiber* currentFiber() noexcept;
+/// The fiber running on this thread's carrier, or nullptr (plain thread, scheduler).
+Fiber* runningFiber() noexcept;
+/// Makes a suspended fiber runnable on the carrier it last ran on (a proxy: wakes its thread).
+/// Thread-safety: any thread; exactly once per suspension.
+void makeRunnable(Fiber* fiber) noexcept;
+/// Switches the calling fiber out and runs `action` on the scheduler; returns once someone made it runnable.
+/// On a plain thread: runs `action` at once, then sleeps until made runnable.
+void suspend(Fiber* self, SuspendAction action) noexcept;
+
+/// Lambda form of suspend(): fn(Fiber*) runs after the switch, on the scheduler.
+template <class Fn>
+void suspendWith(Fiber* self, Fn& fn) noexcept {
+    suspend(self, SuspendAction{[](Fiber* f, void* arg) { (*static_cast<Fn*>(arg))(f); }, &fn});
+}
+
+/// Drops one reference; the last one destroys the payload and frees the stack.
+/// An exception that escaped a fiber nobody joined is logged, then the process aborts.
+void releaseFiber(Fiber* fiber) noexcept;
+
+}  // namespace spindle::detail

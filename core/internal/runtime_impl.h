@@ -1,0 +1,65 @@
+#pragma once
+/// The shared state of one Runtime: its carriers, the live-fiber count, and the
+/// idle-carrier bookkeeping used to wake a parked carrier when work piles up.
+///
+/// Thread-safety: the carrier list is fixed after start(); the counters are atomics.
+
+#include <atomic>
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "base/result.h"
+#include "core/internal/carrier.h"
+#include "core/runtime.h"
+#include "numa/topology.h"
+
+namespace spindle::detail {
+
+class RuntimeImpl {
+public:
+    explicit RuntimeImpl(const RuntimeOptions& options) noexcept;
+    ~RuntimeImpl();
+
+    Result<void> start() noexcept;
+    void shutdown() noexcept;
+    void join() noexcept;
+    void waitIdle() noexcept;
+
+    [[nodiscard]] bool stopping() const noexcept { return stopping_.load(std::memory_order_relaxed); }
+    [[nodiscard]] uint64_t live() const noexcept { return live_.load(std::memory_order_seq_cst); }
+    [[nodiscard]] const RuntimeOptions& options() const noexcept { return options_; }
+    [[nodiscard]] const std::vector<std::unique_ptr<Carrier>>& carriers() const noexcept { return carriers_; }
+    [[nodiscard]] const numa::Topology* topology() const noexcept { return topology_ ? &*topology_ : nullptr; }
+
+    /// Counts a new fiber; false (nothing counted) if a stranger spawns during shutdown.
+    bool admitFiber(bool fromOwnFiber) noexcept;
+    /// Uncounts a fiber that died or never started.
+    void retireFiber() noexcept;
+    Carrier* pickCarrier() noexcept;
+
+    /// Wakes one parked carrier other than `from`, if any is parked: called when
+    /// `from` has more runnable fibers than it can run at once.
+    void wakeIdle(const Carrier* from) noexcept;
+    void wakeAll() noexcept;
+    /// Whether any carrier but `self` has fibers to steal.
+    bool anyStealable(const Carrier* self) const noexcept;
+
+    std::atomic<uint32_t> parkedCount_{0};
+
+private:
+    Result<void> loadTopology() noexcept;
+
+    RuntimeOptions options_;
+    std::optional<numa::Topology> topology_;
+    std::vector<std::unique_ptr<Carrier>> carriers_;
+    alignas(64) std::atomic<uint64_t> live_{0};
+    std::atomic<bool> stopping_{false};
+    std::atomic<uint32_t> roundRobin_{0};
+    bool joined_ = false;
+};
+
+/// Monotonic clock in nanoseconds (CLOCK_MONOTONIC, the steady_clock epoch).
+uint64_t nowNs() noexcept;
+
+}  // namespace spindle::detail

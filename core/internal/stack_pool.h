@@ -1,0 +1,73 @@
+#pragma once
+/// Per-carrier pool of fiber stacks of one size, each with a PROT_NONE guard page.
+///
+/// acquire() and release() on the owner thread touch only a free list threaded
+/// through the cached stacks themselves: no system call and no allocation on
+/// a warm pool. The first `hotCount` cached stacks are kept as they are; the
+/// rest are handed back to the kernel with MADV_DONTNEED (the mapping and its
+/// guard stay, the pages go), so a burst of fibers does not pin memory for
+/// ever. Past `maxCached` a released stack is unmapped.
+///
+/// Thread-safety: acquire() on the owner thread only. release() from any
+/// thread: a stranger's release goes through a lock-free list the owner drains.
+/// Errors: acquire() returns ENOMEM when mmap or mprotect fail.
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+
+#include "base/result.h"
+#include "core/internal/fiber.h"
+#include "core/internal/mpsc_queue.h"
+
+namespace spindle::detail {
+
+class StackPool {
+public:
+    static constexpr size_t kDefaultHotCount = 16;
+    static constexpr size_t kDefaultMaxCached = 1024;
+
+    explicit StackPool(size_t usableSize, size_t hotCount = kDefaultHotCount,
+                       size_t maxCached = kDefaultMaxCached) noexcept;
+    ~StackPool();
+    StackPool(const StackPool&) = delete;
+    StackPool& operator=(const StackPool&) = delete;
+
+    /// Binds the pool to the calling thread (the carrier's).
+    void claimForThisThread() noexcept;
+    [[nodiscard]] bool ownedByThisThread() const noexcept;
+
+    /// A stack of usableSize() bytes. Precondition: on the owner thread.
+    Result<Stack> acquire() noexcept;
+    /// Takes a stack back (any thread).
+    void release(Stack stack) noexcept;
+
+    [[nodiscard]] size_t usableSize() const noexcept { return usableSize_; }
+    [[nodiscard]] size_t cached() const noexcept { return cachedCount_; }
+    [[nodiscard]] uint64_t mapped() const noexcept { return mappedCount_.load(std::memory_order_relaxed); }
+
+    /// Maps a stack of `usableSize` bytes (rounded up to pages) plus a guard page.
+    static Result<Stack> map(size_t usableSize) noexcept;
+    static void unmap(const Stack& stack) noexcept;
+    static size_t pageSize() noexcept;
+
+private:
+    struct FreeNode : MpscNode {
+        Stack stack;
+        FreeNode* nextFree = nullptr;
+    };
+    static FreeNode* nodeOf(const Stack& stack) noexcept;
+    void pushLocal(Stack stack) noexcept;
+    void drainRemote() noexcept;
+
+    size_t usableSize_;
+    size_t hotCount_;
+    size_t maxCached_;
+    const void* ownerToken_ = nullptr;
+    FreeNode* freeList_ = nullptr;
+    size_t cachedCount_ = 0;
+    std::atomic<uint64_t> mappedCount_{0};  // written by the owner, read by anyone
+    IntrusiveMpscQueue remote_;
+};
+
+}  // namespace spindle::detail

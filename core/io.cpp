@@ -1,0 +1,190 @@
+#include "core/io.h"
+
+#include <cerrno>
+
+#include "base/log.h"
+#include "core/fiber.h"
+#include "core/internal/carrier.h"
+#include "core/internal/io_submit.h"
+#include "uring/ring.h"
+
+namespace spindle {
+namespace detail {
+namespace {
+
+// A ring for plain threads that call fiber-blocking functions: one operation at
+// a time, waited for synchronously.
+struct ThreadRing {
+    uring::Ring ring;
+    int setupError = 0;
+};
+
+int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx) noexcept {
+    thread_local ThreadRing tr;
+    if (!tr.ring.initialized()) {
+        if (tr.setupError != 0) { return -tr.setupError; }
+        uring::RingOptions opts;
+        opts.entries = 8;
+        auto r = tr.ring.init(opts, [](void*, const io_uring_cqe*) {}, nullptr);
+        if (!r) {
+            tr.setupError = r.errorCode();
+            return -tr.setupError;
+        }
+    }
+    io_uring_sqe* sqe = tr.ring.acquireSqe();
+    prepare(sqe, ctx);
+    io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kFuture));
+    bool done = false;
+    int32_t res = 0;
+    while (!done) {
+        int w = tr.ring.submitAndWait(nullptr);
+        if (w < 0 && w != -EINTR && w != -ETIME) { return w; }
+        tr.ring.reap([&](const io_uring_cqe* cqe) {
+            res = cqe->res;
+            done = true;
+        });
+    }
+    return res;
+}
+
+constexpr size_t kMaxRw = 0x7ffff000;  // what read(2)/write(2) transfer at most
+
+}  // namespace
+
+int32_t submitAndWait(PrepareSqe prepare, const void* ctx) noexcept {
+    Carrier* c = Carrier::current();
+    if (c == nullptr || c->running() == nullptr) { return threadSubmitAndWait(prepare, ctx); }
+    if (c->stopping()) { return -ECANCELED; }
+    FiberFuture done;
+    io_uring_sqe* sqe = c->acquireSqe();
+    prepare(sqe, ctx);
+    io_uring_sqe_set_data64(sqe, uring::encodeUserData(&done, uring::Tag::kFuture));
+    c->running()->waitReason_ = "io";
+    return done.wait();
+}
+
+}  // namespace detail
+
+namespace {
+Result<size_t> sizeFromRes(int32_t res) noexcept {
+    if (res < 0) { return Error{-res}; }
+    return static_cast<size_t>(res);
+}
+
+struct RwArgs {
+    int fd;
+    void* buf;
+    unsigned len;
+    uint64_t offset;
+};
+struct VecArgs {
+    int fd;
+    const iovec* iov;
+    int iovcnt;
+    uint64_t offset;
+};
+}  // namespace
+
+Result<void> nop() noexcept {
+    return voidFromRes(detail::submitAndWait([](io_uring_sqe* sqe, const void*) { io_uring_prep_nop(sqe); }, nullptr));
+}
+
+Result<size_t> read(int fd, void* buf, size_t len, uint64_t offset) noexcept {
+    const RwArgs a{fd, buf, static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw), offset};
+    return sizeFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const RwArgs*>(p);
+            io_uring_prep_read(sqe, x->fd, x->buf, x->len, x->offset);
+        },
+        &a));
+}
+
+Result<size_t> write(int fd, const void* buf, size_t len, uint64_t offset) noexcept {
+    const RwArgs a{fd, const_cast<void*>(buf), static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw),
+                   offset};
+    return sizeFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const RwArgs*>(p);
+            io_uring_prep_write(sqe, x->fd, x->buf, x->len, x->offset);
+        },
+        &a));
+}
+
+Result<size_t> readv(int fd, const iovec* iov, int iovcnt, uint64_t offset) noexcept {
+    if (iovcnt < 0) { return Error{EINVAL}; }
+    const VecArgs a{fd, iov, iovcnt, offset};
+    return sizeFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const VecArgs*>(p);
+            io_uring_prep_readv(sqe, x->fd, x->iov, static_cast<unsigned>(x->iovcnt), x->offset);
+        },
+        &a));
+}
+
+Result<size_t> writev(int fd, const iovec* iov, int iovcnt, uint64_t offset) noexcept {
+    if (iovcnt < 0) { return Error{EINVAL}; }
+    const VecArgs a{fd, iov, iovcnt, offset};
+    return sizeFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const VecArgs*>(p);
+            io_uring_prep_writev(sqe, x->fd, x->iov, static_cast<unsigned>(x->iovcnt), x->offset);
+        },
+        &a));
+}
+
+Result<void> fsync(int fd) noexcept {
+    return voidFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) { io_uring_prep_fsync(sqe, *static_cast<const int*>(p), 0); }, &fd));
+}
+
+Result<void> fdatasync(int fd) noexcept {
+    return voidFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            io_uring_prep_fsync(sqe, *static_cast<const int*>(p), IORING_FSYNC_DATASYNC);
+        },
+        &fd));
+}
+
+Result<int> openat(int dirfd, const char* path, int flags, mode_t mode) noexcept {
+    if (path == nullptr) { return Error{EFAULT}; }
+    struct Args {
+        int dirfd;
+        const char* path;
+        int flags;
+        mode_t mode;
+    } a{dirfd, path, flags | O_CLOEXEC, mode};
+    const int32_t res = detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const Args*>(p);
+            io_uring_prep_openat(sqe, x->dirfd, x->path, x->flags, x->mode);
+        },
+        &a);
+    if (res < 0) { return Error{-res}; }
+    return static_cast<int>(res);
+}
+
+Result<void> close(int fd) noexcept {
+    return voidFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) { io_uring_prep_close(sqe, *static_cast<const int*>(p)); }, &fd));
+}
+
+Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct statx* out) noexcept {
+    if (path == nullptr || out == nullptr) { return Error{EFAULT}; }
+    struct Args {
+        int dirfd;
+        const char* path;
+        int flags;
+        unsigned mask;
+        struct statx* out;
+    } a{dirfd, path, flags, mask, out};
+    return voidFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const Args*>(p);
+            io_uring_prep_statx(sqe, x->dirfd, x->path, x->flags, x->mask, x->out);
+        },
+        &a));
+}
+
+Result<void> sleep(std::chrono::nanoseconds duration) noexcept { return this_fiber::sleep_for(duration); }
+
+}  // namespace spindle

@@ -1,0 +1,233 @@
+#include "core/runtime.h"
+
+#include <time.h>
+
+#include <algorithm>
+#include <thread>
+
+#include "base/log.h"
+#include "core/internal/carrier.h"
+#include "core/internal/runtime_impl.h"
+
+namespace spindle {
+namespace detail {
+
+uint64_t nowNs() noexcept {
+    timespec ts;
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) noexcept : options_(options) {}
+
+RuntimeImpl::~RuntimeImpl() {
+    shutdown();
+    join();
+}
+
+Result<void> RuntimeImpl::loadTopology() noexcept {
+    const std::string& t = options_.topology;
+    Result<numa::Topology> topo = Error{EINVAL};
+    if (t.empty()) {
+        topo = numa::Topology::machine();
+        if (!topo) {
+            log::warn("hwloc could not read this machine's topology ({}); carriers run unbound",
+                      topo.error().message());
+            return {};
+        }
+    } else if (t.rfind("synthetic:", 0) == 0) {
+        topo = numa::Topology::fromSynthetic(t.substr(10));
+    } else if (t.rfind("xml:", 0) == 0) {
+        topo = numa::Topology::fromXml(t.substr(4));
+    } else {
+        log::error("RuntimeOptions::topology must be empty, 'synthetic:<hwloc string>' or 'xml:<path>', not '{}'", t);
+        return Error{EINVAL};
+    }
+    if (!topo) { return Error{topo.errorCode()}; }
+    topology_.emplace(std::move(*topo));
+    return {};
+}
+
+Result<void> RuntimeImpl::start() noexcept {
+    if (options_.stackSize < 16 * 1024 || options_.ringEntries == 0 || options_.ringEntries > 32768) {
+        log::error("invalid runtime options: stackSize {} (>= 16 KiB), ringEntries {} (1..32768)", options_.stackSize,
+                   options_.ringEntries);
+        return Error{EINVAL};
+    }
+    if (auto r = loadTopology(); !r) { return r; }
+
+    unsigned count = options_.carriers;
+    if (count == 0) {
+        count = topology_ ? topology_->coreCount() : std::max(1u, std::thread::hardware_concurrency());
+    }
+    const bool canBind = options_.bindCarriers && topology_ && !topology_->isSynthetic();
+    try {
+        carriers_.reserve(count);
+        for (unsigned i = 0; i < count; ++i) {
+            CarrierConfig cfg;
+            cfg.index = i;
+            cfg.pu = canBind ? static_cast<int>(topology_->pus()[i % topology_->pus().size()].os) : -1;
+            cfg.ring.entries = options_.ringEntries;
+            cfg.ring.deferTaskrun = options_.deferTaskrun;
+            cfg.stackSize = options_.stackSize;
+            carriers_.push_back(std::make_unique<Carrier>(this, cfg));
+        }
+    } catch (const std::bad_alloc&) {
+        carriers_.clear();
+        return Error{ENOMEM};
+    }
+    // Victims nearest first where the topology says who is near; index order otherwise.
+    for (auto& c : carriers_) {
+        std::vector<Carrier*> victims;
+        for (unsigned k = 1; k < count; ++k) { victims.push_back(carriers_[(c->index() + k) % count].get()); }
+        if (canBind) {
+            std::stable_sort(victims.begin(), victims.end(), [&](Carrier* a, Carrier* b) {
+                const unsigned self = static_cast<unsigned>(topology_->pus()[c->index() % topology_->pus().size()].os);
+                const unsigned pa = static_cast<unsigned>(topology_->pus()[a->index() % topology_->pus().size()].os);
+                const unsigned pb = static_cast<unsigned>(topology_->pus()[b->index() % topology_->pus().size()].os);
+                return topology_->distance(self, pa) < topology_->distance(self, pb);
+            });
+        }
+        c->setVictims(std::move(victims));
+    }
+    for (auto& c : carriers_) {
+        if (auto r = c->start(); !r) {
+            log::error("carrier {} failed to start: {}", c->index(), r.error().message());
+            shutdown();
+            join();
+            carriers_.clear();
+            return r;
+        }
+    }
+    return {};
+}
+
+bool RuntimeImpl::admitFiber(bool fromOwnFiber) noexcept {
+    live_.fetch_add(1, std::memory_order_seq_cst);
+    if (!fromOwnFiber && stopping_.load(std::memory_order_seq_cst)) {
+        retireFiber();
+        return false;
+    }
+    return true;
+}
+
+void RuntimeImpl::retireFiber() noexcept {
+    if (live_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+        live_.notify_all();
+        if (stopping_.load(std::memory_order_seq_cst)) { wakeAll(); }
+    }
+}
+
+Carrier* RuntimeImpl::pickCarrier() noexcept {
+    const uint32_t i = roundRobin_.fetch_add(1, std::memory_order_relaxed);
+    return carriers_[i % carriers_.size()].get();
+}
+
+void RuntimeImpl::wakeIdle(const Carrier* from) noexcept {
+    // Pairs with the seq_cst increment in Carrier::park(): either we see the
+    // parked carrier, or it sees the work we just queued.
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (parkedCount_.load(std::memory_order_relaxed) == 0) { return; }
+    const size_t n = carriers_.size();
+    for (size_t k = 1; k < n; ++k) {
+        Carrier* c = carriers_[(from->index() + k) % n].get();
+        if (c->isParked()) {
+            c->wake();
+            return;
+        }
+    }
+}
+
+void RuntimeImpl::wakeAll() noexcept {
+    for (auto& c : carriers_) { c->wake(); }
+}
+
+bool RuntimeImpl::anyStealable(const Carrier* self) const noexcept {
+    for (auto& c : carriers_) {
+        if (c.get() != self && c->hasStealable()) { return true; }
+    }
+    return false;
+}
+
+void RuntimeImpl::shutdown() noexcept {
+    if (!stopping_.exchange(true, std::memory_order_seq_cst)) { wakeAll(); }
+}
+
+void RuntimeImpl::join() noexcept {
+    if (joined_) { return; }
+    SPINDLE_CHECK_MSG(Carrier::current() == nullptr || Carrier::current()->runtime() != this,
+                      "Runtime::join() called on one of its own carriers");
+    for (auto& c : carriers_) { c->joinThread(); }
+    joined_ = true;
+}
+
+void RuntimeImpl::waitIdle() noexcept {
+    SPINDLE_CHECK_MSG(Carrier::current() == nullptr || Carrier::current()->runtime() != this,
+                      "Runtime::waitIdle() called on one of its own carriers");
+    uint64_t v;
+    while ((v = live_.load(std::memory_order_seq_cst)) != 0) { live_.wait(v, std::memory_order_seq_cst); }
+}
+
+}  // namespace detail
+
+Result<Runtime> Runtime::start(const RuntimeOptions& options) noexcept {
+    std::unique_ptr<detail::RuntimeImpl> impl;
+    try {
+        impl = std::make_unique<detail::RuntimeImpl>(options);
+    } catch (const std::bad_alloc&) {
+        return Error{ENOMEM};
+    }
+    if (auto r = impl->start(); !r) { return Error{r.errorCode()}; }
+    return Runtime(std::move(impl));
+}
+
+Runtime::Runtime(std::unique_ptr<detail::RuntimeImpl> impl) noexcept : impl_(std::move(impl)) {}
+Runtime::Runtime(Runtime&&) noexcept = default;
+Runtime& Runtime::operator=(Runtime&& o) noexcept {
+    if (this != &o) {
+        impl_.reset();
+        impl_ = std::move(o.impl_);
+    }
+    return *this;
+}
+Runtime::~Runtime() = default;
+
+void Runtime::waitIdle() noexcept { impl_->waitIdle(); }
+void Runtime::shutdown() noexcept { impl_->shutdown(); }
+void Runtime::join() noexcept { impl_->join(); }
+unsigned Runtime::carrierCount() const noexcept { return static_cast<unsigned>(impl_->carriers().size()); }
+uint64_t Runtime::liveFibers() const noexcept { return impl_->live(); }
+
+std::vector<CarrierStats> Runtime::stats() const {
+    std::vector<CarrierStats> out;
+    for (const auto& c : impl_->carriers()) {
+        CarrierStats s;
+        s.index = c->index();
+        s.pu = c->boundPu();
+        s.fibersRun = c->stats().fibersRun.load(std::memory_order_relaxed);
+        s.steals = c->stats().steals.load(std::memory_order_relaxed);
+        s.parks = c->stats().parks.load(std::memory_order_relaxed);
+        s.wakesSent = c->stats().wakesSent.load(std::memory_order_relaxed);
+        const uring::RingStats& rs = c->ring().stats();
+        s.enters = rs.enters.load(std::memory_order_relaxed);
+        s.sqesSubmitted = rs.sqesSubmitted.load(std::memory_order_relaxed);
+        s.cqesReaped = rs.cqesReaped.load(std::memory_order_relaxed);
+        s.sqFull = rs.sqFull.load(std::memory_order_relaxed);
+        s.stacksMapped = c->stackPool().mapped();
+        s.ring = c->ring().features().describe();
+        out.push_back(std::move(s));
+    }
+    return out;
+}
+
+std::string Runtime::describe() const {
+    std::string pus;
+    for (const auto& c : impl_->carriers()) {
+        pus += fmt::format("{}{}", pus.empty() ? "" : ",", c->boundPu() >= 0 ? std::to_string(c->boundPu()) : "-");
+    }
+    const numa::Topology* t = impl_->topology();
+    return fmt::format("{} carriers on PUs [{}]; {}", impl_->carriers().size(), pus,
+                       t != nullptr ? t->describe() : std::string("topology unknown"));
+}
+
+}  // namespace spindle

@@ -1,0 +1,153 @@
+#pragma once
+/// Runtime: a group of carriers, one pinned thread and one io_uring ring each.
+///
+/// Two ways to use it:
+///   - Runtime::run(fn): starts the carriers, runs fn as the first fiber, waits
+///     until every fiber is done, shuts down, and returns fn's value.
+///   - Runtime::start(options) for daemons, then spawn()/shutdown()/join().
+///
+/// Shutdown: shutdown() makes every fiber-blocking call return ECANCELED from
+/// then on, cancels the I/O in flight on every ring (the cancelled calls
+/// return ECANCELED once their CQE arrives) and wakes every sleeper with
+/// ECANCELED. The carriers exit when no fiber is left; join() waits for that.
+/// A fiber that never returns keeps the runtime alive: check the results.
+/// Thread-safety: every member may be called from any thread, except join()
+/// and the destructor, which must not run on one of this runtime's fibers.
+/// Errors: start() returns the errno of the first carrier that failed to come
+/// up (ring set-up: ENOMEM for the memlock limit, EPERM when io_uring is
+/// disabled) and logs why; carrier binding failures are logged and the
+/// carrier runs unbound.
+
+#include <memory>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "base/result.h"
+#include "core/fiber.h"
+
+namespace spindle {
+
+struct RuntimeOptions {
+    unsigned carriers = 0;          // 0: one per core of the process cpuset
+    unsigned ringEntries = 256;     // SQ entries per carrier ring
+    size_t stackSize = 64 * 1024;   // default usable stack per fiber
+    bool bindCarriers = true;       // pin each carrier thread to one PU with hwloc
+    std::string topology;           // "" (this machine), "synthetic:<hwloc string>" or "xml:<path>"
+    bool deferTaskrun = true;       // ask for IORING_SETUP_DEFER_TASKRUN (probed)
+};
+
+/// Counters of one carrier (read racily; for reports and tests).
+struct CarrierStats {
+    unsigned index = 0;
+    int pu = -1;                    // OS index of the PU it is bound to; -1: unbound
+    uint64_t fibersRun = 0;         // switches into a fiber
+    uint64_t steals = 0;            // fibers taken from other carriers
+    uint64_t parks = 0;             // times it blocked in io_uring_enter
+    uint64_t wakesSent = 0;         // MSG_RING or eventfd wake-ups sent to parked carriers
+    uint64_t enters = 0;            // io_uring_enter calls
+    uint64_t sqesSubmitted = 0;
+    uint64_t cqesReaped = 0;
+    uint64_t sqFull = 0;
+    uint64_t stacksMapped = 0;      // stacks obtained from mmap (pool misses)
+    std::string ring;               // the ring's probed features
+};
+
+namespace detail {
+class RuntimeImpl;
+Result<Fiber*> createFiber(RuntimeImpl* rt, const SpawnOptions& options, size_t payloadSize,
+                           size_t payloadAlign) noexcept;
+void launchFiber(Fiber* fiber) noexcept;
+/// The runtime of the fiber running on this thread, or nullptr.
+RuntimeImpl* currentRuntime() noexcept;
+
+template <class F>
+auto spawnOn(RuntimeImpl* rt, F&& fn, const SpawnOptions& options)
+    -> Result<FiberHandle<std::invoke_result_t<std::decay_t<F>>>> {
+    using Fn = std::decay_t<F>;
+    using T = std::invoke_result_t<Fn>;
+    static_assert(!std::is_reference_v<T>, "a fiber returns a value, not a reference");
+    using Payload = FiberPayload<Fn, T>;
+    static_assert(alignof(Payload) <= 64, "over-aligned captures are not supported");
+    auto fiber = createFiber(rt, options, sizeof(Payload), alignof(Payload));
+    if (!fiber) { return Error{fiber.errorCode()}; }
+    Fiber* f = *fiber;
+    auto* payload = new (f->payload_) Payload(std::forward<F>(fn));
+    f->payload_ = static_cast<ResultSlot<T>*>(payload);
+    f->entry_ = &Payload::run;
+    f->destroyPayload_ = &Payload::destroy;
+    launchFiber(f);
+    return FiberHandle<T>(f);
+}
+}  // namespace detail
+
+class Runtime {
+public:
+    /// Starts the carriers and returns once each has its thread, its binding and its ring.
+    static Result<Runtime> start(const RuntimeOptions& options = {}) noexcept;
+
+    /// Runs fn as a fiber on a fresh runtime, waits for every fiber, shuts down
+    /// and returns fn's value (or rethrows its exception).
+    /// Errors: as start().
+    template <class F>
+    static auto run(F&& fn, const RuntimeOptions& options = {}) -> Result<std::invoke_result_t<std::decay_t<F>>> {
+        using T = std::invoke_result_t<std::decay_t<F>>;
+        auto rt = start(options);
+        if (!rt) { return Error{rt.errorCode()}; }
+        auto handle = rt->spawn(std::forward<F>(fn), SpawnOptions{.name = "main"});
+        if (!handle) { return Error{handle.errorCode()}; }
+        if constexpr (std::is_void_v<T>) {
+            handle->join();  // an exception unwinds through ~Runtime, which shuts down and joins
+            rt->waitIdle();
+            return {};
+        } else {
+            T value = handle->join();
+            rt->waitIdle();
+            return value;
+        }
+    }
+
+    Runtime(Runtime&&) noexcept;
+    Runtime& operator=(Runtime&&) noexcept;
+    Runtime(const Runtime&) = delete;
+    Runtime& operator=(const Runtime&) = delete;
+    /// Shuts down and joins if still running.
+    ~Runtime();
+
+    /// Starts fn as a new fiber. From a fiber of this runtime it starts on the
+    /// caller's carrier (others may steal it); from a plain thread, round robin.
+    /// Errors: ENOMEM (no stack), EINVAL (carrier index out of range),
+    /// ECANCELED (shutdown has begun and the caller is not one of its fibers).
+    template <class F>
+    auto spawn(F&& fn, const SpawnOptions& options = {}) -> Result<FiberHandle<std::invoke_result_t<std::decay_t<F>>>> {
+        return detail::spawnOn(impl_.get(), std::forward<F>(fn), options);
+    }
+
+    /// Blocks until no fiber is left (new ones may be spawned afterwards).
+    void waitIdle() noexcept;
+    /// Begins shutdown (see the class comment); returns at once. Idempotent.
+    void shutdown() noexcept;
+    /// Waits for every carrier thread to exit. Precondition: shutdown() was called.
+    void join() noexcept;
+
+    [[nodiscard]] unsigned carrierCount() const noexcept;
+    [[nodiscard]] uint64_t liveFibers() const noexcept;
+    [[nodiscard]] std::vector<CarrierStats> stats() const;
+    /// One line about the machine and the carriers' placement.
+    [[nodiscard]] std::string describe() const;
+
+private:
+    explicit Runtime(std::unique_ptr<detail::RuntimeImpl> impl) noexcept;
+    std::unique_ptr<detail::RuntimeImpl> impl_;
+};
+
+/// Starts fn as a new fiber of the caller's runtime. Precondition: called on a fiber.
+/// Errors: as Runtime::spawn; EPERM off-fiber.
+template <class F>
+auto spawn(F&& fn, const SpawnOptions& options = {}) -> Result<FiberHandle<std::invoke_result_t<std::decay_t<F>>>> {
+    detail::RuntimeImpl* rt = detail::currentRuntime();
+    if (rt == nullptr) { return Error{EPERM}; }
+    return detail::spawnOn(rt, std::forward<F>(fn), options);
+}
+
+}  // namespace spindle

@@ -1,0 +1,47 @@
+# shellcheck shell=bash
+# Helpers for benchmark scripts: source this file, then call bench_build, bench_machine_line, ratio.
+
+SPINDLE_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+# shellcheck source-path=SCRIPTDIR source=../lib/deps.sh
+source "$SPINDLE_REPO_ROOT/scripts/lib/deps.sh"
+
+# Installs missing packages, then configures and builds the release preset with perf/ enabled.
+# Build output goes to stderr so a caller's stdout stays data only.
+# Errors: returns non-zero when any step fails.
+bench_build() {
+  (
+    cd "$SPINDLE_REPO_ROOT" &&
+      spindle_install_deps &&
+      cmake --preset release -DSPINDLE_BUILD_PERF=ON &&
+      cmake --build --preset release
+  ) >&2
+}
+
+# Prints one line describing this machine: CPU model, online CPUs, kernel, memory, UTC date.
+bench_machine_line() {
+  local cpu mem_kb
+  cpu=$(awk -F': *' '/^model name/ { print $2; exit }' /proc/cpuinfo 2>/dev/null || true)
+  [[ -n "$cpu" ]] || cpu=$(lscpu 2>/dev/null | awk -F': *' '/^Model name/ { print $2; exit }' || true)
+  [[ -n "$cpu" ]] || cpu=unknown
+  cpu=$(tr -s ' ' <<<"$cpu")
+  mem_kb=$(awk '/^MemTotal:/ { print $2; exit }' /proc/meminfo 2>/dev/null || true)
+  printf 'cpu="%s" nproc=%s kernel=%s mem=%s date=%s\n' \
+    "$cpu" "$(nproc)" "$(uname -r)" \
+    "$(awk -v kb="${mem_kb:-0}" 'BEGIN { printf "%.1fGiB", kb / 1048576 }')" \
+    "$(date -u +%Y-%m-%dT%H:%M:%SZ)"
+}
+
+# ratio A B: prints A/B with three decimals ("n/a" when B is zero).
+# Errors: returns 2 when A or B is not a number.
+ratio() {
+  if (($# != 2)); then
+    echo "ratio: usage: ratio A B" >&2
+    return 2
+  fi
+  local num='^[-+]?([0-9]+([.][0-9]*)?|[.][0-9]+)([eE][-+]?[0-9]+)?$'
+  if ! [[ "$1" =~ $num && "$2" =~ $num ]]; then
+    echo "ratio: not a number: '$1' / '$2'" >&2
+    return 2
+  fi
+  awk -v a="$1" -v b="$2" 'BEGIN { if (b + 0 == 0) print "n/a"; else printf "%.3f\n", a / b }'
+}
