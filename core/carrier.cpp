@@ -111,13 +111,11 @@ __attribute__((noinline)) Carrier* Carrier::current() noexcept {
 }
 
 Carrier::Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept
-    : deque_(8), pool_(config.stackSize), runtime_(runtime), config_(config) {
+    : deque_(8), pool_(config.stackSize), runtime_(runtime), stoppingFlag_(&runtime->stoppingFlag()), config_(config) {
     eventCompletion_.fn = nullptr;
 }
 
 Carrier::~Carrier() { joinThread(); }
-
-bool Carrier::stopping() const noexcept { return runtime_->stopping(); }
 
 Result<void> Carrier::start() noexcept {
     installFaultHandler();
@@ -315,24 +313,56 @@ void Carrier::pushYielded(Fiber* fiber) noexcept {
     pushFifo(fiber);
 }
 
-void Carrier::runFiber(Fiber* fiber) noexcept {
+void Carrier::prepareToRun(Fiber* fiber) noexcept {
     current_ = fiber;
     fiber->carrier_ = this;
     fiber->waitReason_ = nullptr;
     fiber->state_.store(FiberState::kRunning, std::memory_order_relaxed);
     stats_.fibersRun.store(stats_.fibersRun.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+void Carrier::runPendingAction() noexcept {
+    if (action_.fn != nullptr) {
+        SuspendAction a = action_;
+        action_ = SuspendAction{};
+        a.fn(actionFiber_, a.arg);
+    }
+}
+
+void Carrier::runFiber(Fiber* fiber) noexcept {
+    prepareToRun(fiber);
     san::startSwitch(&schedFakeStack_, fiber->stack_.usableBottom(), fiber->stack_.usableSize());
 #if defined(SPINDLE_TSAN)
     san::tsanSwitchTo(fiber->tsanFiber_);
 #endif
     spindle_context_switch(&schedSp_, fiber->sp_);
+    // Back on the scheduler: from `fiber`, or from another fiber it switched to.
     san::finishSwitch(schedFakeStack_, nullptr, nullptr);
     current_ = nullptr;
-    if (action_.fn != nullptr) {
-        SuspendAction a = action_;
-        action_ = SuspendAction{};
-        a.fn(fiber, a.arg);
+    runPendingAction();
+}
+
+// Leaves `from` (whose SuspendAction is already recorded) for the next local
+// fiber if one is ready and maintenance is not due, else for the scheduler.
+// Saves one switch per suspension on a busy carrier.
+void Carrier::switchAway(Fiber* from, void** fakeStackSave) noexcept {
+    Fiber* next = nullptr;
+    if (sinceMaintenance_ + 1 < kMaintenanceInterval) { next = nextLocal(); }
+    if (next != nullptr) {
+        ++sinceMaintenance_;
+        prepareToRun(next);
+        san::startSwitch(fakeStackSave, next->stack_.usableBottom(), next->stack_.usableSize());
+#if defined(SPINDLE_TSAN)
+        san::tsanSwitchTo(next->tsanFiber_);
+#endif
+        spindle_context_switch_sibling(&from->sp_, next->sp_);
+        return;
     }
+    san::startSwitch(fakeStackSave, schedStackBottom_, schedStackSize_);
+#if defined(SPINDLE_TSAN)
+    san::tsanSwitchTo(tsanSched_);
+#endif
+    spindle_context_switch(&from->sp_, schedSp_);
 }
 
 void Carrier::suspendRunning(SuspendAction action) noexcept {
@@ -341,17 +371,44 @@ void Carrier::suspendRunning(SuspendAction action) noexcept {
     SPINDLE_ASSERT(f != nullptr);
     f->state_.store(FiberState::kSuspended, std::memory_order_relaxed);
     c->action_ = action;
+    c->actionFiber_ = f;
 #if defined(SPINDLE_ASAN)
-    san::startSwitch(&f->asanFakeStack_, c->schedStackBottom_, c->schedStackSize_);
+    c->switchAway(f, &f->asanFakeStack_);
+#else
+    c->switchAway(f, nullptr);
 #endif
-#if defined(SPINDLE_TSAN)
-    san::tsanSwitchTo(c->tsanSched_);
-#endif
-    spindle_context_switch(&f->sp_, c->schedSp_);
     // Resumed, possibly by another carrier: `c` is stale from here on.
 #if defined(SPINDLE_ASAN)
     san::finishSwitch(f->asanFakeStack_, nullptr, nullptr);
 #endif
+    current()->runPendingAction();
+}
+
+void Carrier::yieldRunning() noexcept {
+    Fiber* f = current_;
+    if (sinceMaintenance_ + 1 < kMaintenanceInterval) {
+        ++sinceMaintenance_;
+        Fiber* next = nextLocal();
+        if (next == nullptr) { return; }  // nobody else is runnable here; maintenance comes soon
+        // The FIFO is owner-only, so queueing ourselves before the switch is safe:
+        // no one can pick us up until this thread has switched away.
+        pushYielded(f);
+        prepareToRun(next);
+#if defined(SPINDLE_ASAN)
+        san::startSwitch(&f->asanFakeStack_, next->stack_.usableBottom(), next->stack_.usableSize());
+#endif
+#if defined(SPINDLE_TSAN)
+        san::tsanSwitchTo(next->tsanFiber_);
+#endif
+        spindle_context_switch_sibling(&f->sp_, next->sp_);
+#if defined(SPINDLE_ASAN)
+        san::finishSwitch(f->asanFakeStack_, nullptr, nullptr);
+#endif
+        current()->runPendingAction();
+        return;
+    }
+    // Maintenance is due: go through the scheduler, which queues us after the switch.
+    suspendRunning(SuspendAction{[](Fiber* fiber, void*) { Carrier::current()->pushYielded(fiber); }, nullptr});
 }
 
 void Carrier::exitRunning() noexcept {
@@ -359,13 +416,14 @@ void Carrier::exitRunning() noexcept {
     Fiber* f = c->current_;
     f->state_.store(FiberState::kDead, std::memory_order_relaxed);
     c->action_ = SuspendAction{&Carrier::onFiberExit, nullptr};
-    san::startSwitch(nullptr, c->schedStackBottom_, c->schedStackSize_);
-#if defined(SPINDLE_TSAN)
-    san::tsanSwitchTo(c->tsanSched_);
-#endif
-    void* unused = nullptr;
-    spindle_context_switch(&unused, c->schedSp_);
+    c->actionFiber_ = f;
+    c->switchAway(f, nullptr);  // nullptr: this stack is never resumed
     __builtin_unreachable();
+}
+
+void Carrier::onFiberStart() noexcept {
+    san::finishSwitch(nullptr, nullptr, nullptr);
+    current()->runPendingAction();
 }
 
 void Carrier::onFiberExit(Fiber* fiber, void*) {

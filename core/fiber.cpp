@@ -29,7 +29,7 @@ char* alignDown(char* p, size_t align) noexcept {
 // The first code a new fiber runs, on its own stack.
 void fiberEntry(void* arg) {
     auto* f = static_cast<Fiber*>(arg);
-    san::finishSwitch(nullptr, nullptr, nullptr);
+    Carrier::onFiberStart();
     f->entry_(f);
     Carrier::exitRunning();
 }
@@ -246,12 +246,12 @@ namespace spindle::this_fiber {
 using detail::Carrier;
 
 void yield() noexcept {
-    if (detail::runningFiber() == nullptr) {
+    Carrier* c = Carrier::current();
+    if (c == nullptr || c->running() == nullptr) {
         std::this_thread::yield();
         return;
     }
-    Carrier::suspendRunning(
-        detail::SuspendAction{[](detail::Fiber* f, void*) { Carrier::current()->pushYielded(f); }, nullptr});
+    c->yieldRunning();
 }
 
 Result<void> sleep_until(std::chrono::steady_clock::time_point deadline) noexcept {

@@ -72,12 +72,6 @@ Result<TopologyPtr> initTopology() noexcept {
     return TopologyPtr(raw);
 }
 
-Result<void> loadTopology(hwloc_topology_t topo, std::string_view about) noexcept {
-    errno = 0;
-    if (hwloc_topology_load(topo) != 0) { return hwlocFailed("hwloc_topology_load", about, errnoOr(EINVAL)); }
-    return {};
-}
-
 // Drops from the topology every PU the calling thread may not run on. hwloc already
 // left out what the cgroup cpuset forbids; this adds the affinity mask (taskset, numactl).
 // NUMA nodes are kept even when they lose all their PUs, so their memory stays reachable.
@@ -186,56 +180,48 @@ Topology& Topology::operator=(Topology&& other) noexcept {
 Topology::~Topology() = default;
 
 Result<Topology> Topology::machine() {
-    auto topo = initTopology();
-    if (!topo) { return Error{topo.errorCode()}; }
-    if (auto r = loadTopology(topo->get(), "this machine"); !r) { return Error{r.errorCode()}; }
-    Source source = Source::kMachine;
-    if (hwloc_topology_is_thissystem(topo->get()) == 0) {
-        // HWLOC_XMLFILE, HWLOC_SYNTHETIC or HWLOC_FSROOT redirected discovery: what was
-        // loaded describes another machine, so binding must not pretend to work.
-        log::info("numa: the hwloc environment points discovery elsewhere; treating the topology as synthetic");
-        source = Source::kSynthetic;
-    } else if (auto r = restrictToThreadAffinity(topo->get()); !r) {
-        return Error{r.errorCode()};
-    }
-    auto hw = std::unique_ptr<Hw>(new (std::nothrow) Hw{});
-    if (!hw) { return Error{ENOMEM}; }
-    hw->topo = std::move(*topo);
-    auto built = build(std::move(hw), source);
+    auto built = create(Source::kMachine, "");
     if (built) { log::debug("numa: machine topology: {}", built->describe()); }
     return built;
 }
 
 Result<Topology> Topology::fromSynthetic(const std::string& description) {
-    auto topo = initTopology();
-    if (!topo) { return Error{topo.errorCode()}; }
-    std::string about = fmt::format("\"{}\"", description);
-    errno = 0;
-    if (hwloc_topology_set_synthetic(topo->get(), description.c_str()) != 0) {
-        return hwlocFailed("hwloc_topology_set_synthetic", about, errnoOr(EINVAL));
-    }
-    if (auto r = loadTopology(topo->get(), about); !r) { return Error{r.errorCode()}; }
-    auto hw = std::unique_ptr<Hw>(new (std::nothrow) Hw{});
-    if (!hw) { return Error{ENOMEM}; }
-    hw->topo = std::move(*topo);
-    return build(std::move(hw), Source::kSynthetic);
+    return create(Source::kSynthetic, description);
 }
 
-Result<Topology> Topology::fromXml(const std::string& path) {
+Result<Topology> Topology::fromXml(const std::string& path) { return create(Source::kXml, path); }
+
+Result<Topology> Topology::create(Source source, const std::string& spec) {
     auto topo = initTopology();
     if (!topo) { return Error{topo.errorCode()}; }
-    std::string about = fmt::format("\"{}\"", path);
+    hwloc_topology_t raw = topo->get();
+    std::string about = source == Source::kMachine ? std::string("this machine") : fmt::format("\"{}\"", spec);
     errno = 0;
+    if (source == Source::kSynthetic && hwloc_topology_set_synthetic(raw, spec.c_str()) != 0) {
+        return hwlocFailed("hwloc_topology_set_synthetic", about, errnoOr(EINVAL));
+    }
     // hwloc reads the file here: a missing or unreadable file fails with fopen's errno,
     // one that does not parse with EINVAL.
-    if (hwloc_topology_set_xml(topo->get(), path.c_str()) != 0) {
+    if (source == Source::kXml && hwloc_topology_set_xml(raw, spec.c_str()) != 0) {
         return hwlocFailed("hwloc_topology_set_xml", about, errnoOr(EINVAL));
     }
-    if (auto r = loadTopology(topo->get(), about); !r) { return Error{r.errorCode()}; }
+    errno = 0;
+    if (hwloc_topology_load(raw) != 0) { return hwlocFailed("hwloc_topology_load", about, errnoOr(EINVAL)); }
+
+    if (source == Source::kMachine) {
+        if (hwloc_topology_is_thissystem(raw) == 0) {
+            // HWLOC_XMLFILE, HWLOC_SYNTHETIC or HWLOC_FSROOT redirected discovery: what was
+            // loaded describes another machine, so binding must not pretend to work.
+            log::info("numa: the hwloc environment points discovery elsewhere; treating the topology as synthetic");
+            source = Source::kSynthetic;
+        } else if (auto r = restrictToThreadAffinity(raw); !r) {
+            return Error{r.errorCode()};
+        }
+    }
     auto hw = std::unique_ptr<Hw>(new (std::nothrow) Hw{});
     if (!hw) { return Error{ENOMEM}; }
     hw->topo = std::move(*topo);
-    return build(std::move(hw), Source::kXml);
+    return build(std::move(hw), source);
 }
 
 Result<Topology> Topology::build(std::unique_ptr<Hw> hw, Source source) {

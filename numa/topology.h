@@ -44,8 +44,9 @@ class Topology {
 public:
     /// This host's topology, restricted to the CPUs the calling thread may run on
     /// (its affinity mask within the process's cgroup cpuset). Call it before pinning
-    /// the thread, as the runtime does from the thread that starts it.
-    /// Errors: hwloc's errno (ENOMEM, ENOSYS, ...), logged with the call that failed.
+    /// that thread.
+    /// Errors: hwloc's errno (ENOMEM, ENOSYS, ...), logged with the call that failed;
+    /// ENOTSUP when the hwloc library at run time has another major API than the headers.
     [[nodiscard]] static Result<Topology> machine();
 
     /// A synthetic topology in hwloc syntax, e.g. "pack:2 numa:1 l3:1 core:4 pu:2"
@@ -119,6 +120,8 @@ private:
     enum class Source : uint8_t { kMachine, kSynthetic, kXml };
     struct Hw;  // the hwloc handle and the hwloc objects behind pus_ (topology.cpp)
 
+    // Loads hwloc's view of `source` (`spec`: the description or the path), then indexes it.
+    static Result<Topology> create(Source source, const std::string& spec);
     static Result<Topology> build(std::unique_ptr<Hw> hw, Source source);
     Topology(std::unique_ptr<Hw> hw, Source source) noexcept;
     // Position of PU `os` in pus_, or -1 when it is not an allowed PU.

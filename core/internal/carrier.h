@@ -72,7 +72,8 @@ public:
     [[nodiscard]] Fiber* running() const noexcept { return current_; }
     [[nodiscard]] StackPool& stackPool() noexcept { return pool_; }
     [[nodiscard]] uring::Ring& ring() noexcept { return ring_; }
-    [[nodiscard]] bool stopping() const noexcept;
+    /// Whether the runtime is shutting down (one relaxed load).
+    [[nodiscard]] bool stopping() const noexcept { return stoppingFlag_->load(std::memory_order_relaxed); }
 
     // --- scheduling ---
     /// Makes a fiber runnable here. Precondition: on this carrier's thread.
@@ -86,8 +87,12 @@ public:
     /// Switches the running fiber out and runs `action` on the scheduler.
     /// Call only through detail::suspend(); `this` is stale after it returns.
     static void suspendRunning(SuspendAction action) noexcept;
+    /// Lets the other runnable fibers here run first (this_fiber::yield). Precondition: on a fiber.
+    void yieldRunning() noexcept;
     /// The last switch of a finished fiber.
     [[noreturn]] static void exitRunning() noexcept;
+    /// The first thing a new fiber does on its own stack.
+    static void onFiberStart() noexcept;
 
     // --- I/O ---
     /// An SQE whose CQE the caller awaits (counted as in flight).
@@ -131,6 +136,9 @@ private:
     void loop() noexcept;
     Fiber* nextLocal() noexcept;
     void runFiber(Fiber* fiber) noexcept;
+    void prepareToRun(Fiber* fiber) noexcept;
+    void runPendingAction() noexcept;
+    void switchAway(Fiber* from, void** fakeStackSave) noexcept;
     void maintenance() noexcept;
     void drainInbox() noexcept;
     void pollRing(bool getEvents) noexcept;
@@ -149,7 +157,8 @@ private:
     // Owner-only hot state.
     Fiber* current_ = nullptr;
     void* schedSp_ = nullptr;
-    SuspendAction action_;
+    SuspendAction action_;              // run by whichever context gains control next
+    Fiber* actionFiber_ = nullptr;      // the fiber that recorded action_
     unsigned sinceMaintenance_ = 0;
     uint32_t inflight_ = 0;             // SQEs whose CQE we still expect
     bool preferFifo_ = false;           // alternate between deque and FIFO so neither starves
@@ -171,6 +180,7 @@ private:
     Stats stats_;
 
     RuntimeImpl* runtime_;
+    const std::atomic<bool>* stoppingFlag_;
     CarrierConfig config_;
     int boundPu_ = -1;
     int eventFd_ = -1;

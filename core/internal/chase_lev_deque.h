@@ -5,8 +5,9 @@
 /// steals from the top (FIFO, oldest first). The algorithm is Chase & Lev,
 /// "Dynamic Circular Work-Stealing Deque" (SPAA 2005), with the C11 memory
 /// orders of Lê, Pop, Cohen & Zappa Nardelli, "Correct and Efficient
-/// Work-Stealing for Weak Memory Models" (PPoPP 2013), adapted as explained at
-/// pop() below so that ThreadSanitizer can follow every ordering it relies on.
+/// Work-Stealing for Weak Memory Models" (PPoPP 2013), with their seq_cst
+/// fences replaced by seq_cst accesses (see the note above the member
+/// definitions) so that ThreadSanitizer can follow every ordering it relies on.
 ///
 /// Thread-safety: push() and pop() only on the owning thread; steal(),
 /// sizeApprox() and emptyApprox() on any thread. Construction and destruction
@@ -67,6 +68,12 @@ public:
 
     /// Number of items at some recent instant; exact only when no call is in flight.
     /// Thread-safety: any thread.
+    /// Memory ordering: both loads are seq_cst (free on x86-64, LDAR on
+    /// AArch64) so that a park protocol can rely on them: a parker that does
+    /// a seq_cst RMW (e.g. parkedCount++) and then calls emptyApprox(), against
+    /// an owner that calls push() and then a seq_cst fence before reading
+    /// parkedCount, cannot have both miss the other. push() alone is only a
+    /// release store, so the owner side needs that fence (or a seq_cst RMW).
     size_t sizeApprox() const noexcept;
     bool emptyApprox() const noexcept { return sizeApprox() == 0; }
 
@@ -74,8 +81,8 @@ private:
     // A power-of-two ring of slots. Logical index i lives in slot i & mask_.
     // Slots are atomic because a thief may read a slot while the owner
     // overwrites it after a wrap-around; the thief's CAS on top_ then fails and
-    // the torn-looking value is discarded, but the access itself must not be a
-    // data race. All slot accesses are relaxed: ordering comes from top_/bottom_.
+    // the stale value is discarded, but the access itself must not be a data
+    // race. All slot accesses are relaxed: ordering comes from top_/bottom_.
     class Buffer {
     public:
         explicit Buffer(size_t capacity)
@@ -117,11 +124,11 @@ private:
 };
 
 // Why seq_cst loads and stores instead of the paper's seq_cst fences:
-// the algorithm needs two store->load (Dekker) orderings: pop() publishes the
-// decremented bottom_ before it reads top_, and steal() reads top_ before it
-// reads bottom_, so that owner and thief cannot both conclude that the same
-// item is theirs without one of them going through the CAS on top_. The paper
-// gets this with atomic_thread_fence(seq_cst). ThreadSanitizer does not model
+// owner and thief must not both conclude that the same item is theirs without
+// one of them going through the CAS on top_. That needs pop() to publish the
+// decremented bottom_ before it reads top_ (a store->load order), and steal()
+// to read top_ before bottom_, both orders agreeing in one total order. The
+// paper gets this with atomic_thread_fence(seq_cst). ThreadSanitizer does not model
 // standalone fences, so it would miss the release/acquire edges the fences
 // provide and report false races on data published through the deque. We
 // instead make those accesses (and the CASes on top_) seq_cst operations on
@@ -223,8 +230,8 @@ std::optional<T> ChaseLevDeque<T>::steal() noexcept {
 
 template <class T>
 size_t ChaseLevDeque<T>::sizeApprox() const noexcept {
-    const int64_t t = top_.load(std::memory_order_relaxed);
-    const int64_t b = bottom_.load(std::memory_order_relaxed);
+    const int64_t t = top_.load(std::memory_order_seq_cst);
+    const int64_t b = bottom_.load(std::memory_order_seq_cst);
     return b > t ? static_cast<size_t>(b - t) : 0;  // b == t - 1 inside pop()
 }
 

@@ -31,6 +31,10 @@
 /// six registers plus the 8-byte control-word slot make 64 bytes. A fresh context resumes in the trampoline
 /// with rsp = the aligned stack top, so its `call *%r12` enters entry with rsp + 8 16-byte aligned.
 ///
+/// CET: the entry points carry endbr64 and the object is marked IBT-compatible under -fcf-protection, but
+/// never shadow-stack (SHSTK) compatible: resuming a context returns to an address the shadow stack has not
+/// seen, so a program that links this runs without shadow stacks.
+///
 /// Sanitizers: the switch itself knows nothing of them. ASan and TSan builds must annotate every switch
 /// (__sanitizer_start_switch_fiber / __sanitizer_finish_switch_fiber, __tsan_switch_to_fiber); the runtime
 /// does, and so does tests/core/context_test.cpp.
@@ -42,8 +46,6 @@
 #include <cstdint>
 #include <new>
 
-#include "base/check.h"
-
 namespace spindle::detail {
 
 /// Saves the callee-saved registers (rbx, rbp, r12-r15) and the MXCSR and x87 control words on the current
@@ -52,6 +54,10 @@ namespace spindle::detail {
 /// Precondition: loadSp came from makeContext() or from an earlier switch's *saveSp, and that context has not
 /// been resumed since. saveSp may point anywhere, including into the stack being left.
 extern "C" void spindle_context_switch(void** saveSp, void* loadSp) noexcept;
+
+/// The same switch resumed with ret instead of an indirect jump; faster only
+/// between contexts that suspended through the same call chain (see the .S file).
+extern "C" void spindle_context_switch_sibling(void** saveSp, void* loadSp) noexcept;
 
 /// The first code a fresh context runs; never call it. Implemented in core/context_x86_64.S.
 extern "C" void spindle_context_trampoline() noexcept;
@@ -95,7 +101,6 @@ inline constexpr size_t kStackAlignment = 16;
 /// Precondition: stackTop is one past the highest usable byte of a stack with room for SwitchFrame plus
 /// whatever entry needs; it is rounded down to kStackAlignment. No allocation, no system call.
 [[nodiscard]] inline void* makeContext(void* stackTop, void (*entry)(void*), void* arg) noexcept {
-    SPINDLE_ASSERT(stackTop != nullptr && entry != nullptr);
     const uintptr_t top = reinterpret_cast<uintptr_t>(stackTop) & ~uintptr_t{kStackAlignment - 1};
     void* sp = reinterpret_cast<void*>(top - sizeof(SwitchFrame));
     ::new (sp) SwitchFrame{

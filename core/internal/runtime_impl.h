@@ -27,6 +27,7 @@ public:
     void waitIdle() noexcept;
 
     [[nodiscard]] bool stopping() const noexcept { return stopping_.load(std::memory_order_relaxed); }
+    [[nodiscard]] const std::atomic<bool>& stoppingFlag() const noexcept { return stopping_; }
     [[nodiscard]] uint64_t live() const noexcept { return live_.load(std::memory_order_seq_cst); }
     [[nodiscard]] const RuntimeOptions& options() const noexcept { return options_; }
     [[nodiscard]] const std::vector<std::unique_ptr<Carrier>>& carriers() const noexcept { return carriers_; }

@@ -21,7 +21,7 @@ namespace spindle::detail::san {
 
 /// Before switching onto the stack [bottom, bottom+size). `fakeStack` keeps the
 /// leaving context's fake stack; nullptr means the leaving context never returns.
-inline void startSwitch([[maybe_unused]] void** fakeStack, [[maybe_unused]] const void* bottom,
+[[gnu::always_inline]] inline void startSwitch([[maybe_unused]] void** fakeStack, [[maybe_unused]] const void* bottom,
                         [[maybe_unused]] size_t size) noexcept {
 #if defined(SPINDLE_ASAN)
     __sanitizer_start_switch_fiber(fakeStack, bottom, size);
@@ -29,7 +29,7 @@ inline void startSwitch([[maybe_unused]] void** fakeStack, [[maybe_unused]] cons
 }
 
 /// First thing after arriving on a stack; reports the stack that was left.
-inline void finishSwitch([[maybe_unused]] void* fakeStack, [[maybe_unused]] const void** oldBottom,
+[[gnu::always_inline]] inline void finishSwitch([[maybe_unused]] void* fakeStack, [[maybe_unused]] const void** oldBottom,
                          [[maybe_unused]] size_t* oldSize) noexcept {
 #if defined(SPINDLE_ASAN)
     __sanitizer_finish_switch_fiber(fakeStack, oldBottom, oldSize);
@@ -62,7 +62,7 @@ inline void tsanDestroy([[maybe_unused]] void* fiber) noexcept {
     if (fiber != nullptr) { __tsan_destroy_fiber(fiber); }
 #endif
 }
-inline void tsanSwitchTo([[maybe_unused]] void* fiber) noexcept {
+[[gnu::always_inline]] inline void tsanSwitchTo([[maybe_unused]] void* fiber) noexcept {
 #if defined(SPINDLE_TSAN)
     __tsan_switch_to_fiber(fiber, 0);
 #endif

@@ -13,6 +13,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include "base/check.h"
+
 #if defined(SPINDLE_ASAN)
 #include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>

@@ -1,0 +1,85 @@
+#!/usr/bin/env bash
+# Runs the core benchmarks side by side with their peers (Boost.Context,
+# Boost.Fiber, a raw liburing loop), in the same binaries and the same run,
+# and prints each figure with its ratio against the peer.
+#
+# usage: scripts/bench/core.sh [--repetitions N] [--cpu C] [--min-time S]
+#   --repetitions N  runs of each benchmark; the median is reported (default 5)
+#   --cpu C          CPU the benchmark process is confined to (default 1)
+#   --min-time S     Google Benchmark's --benchmark_min_time (default 0.3)
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+reps=5
+cpu=1
+min_time=0.3
+while (($# > 0)); do
+  case "$1" in
+    --repetitions) reps="$2"; shift ;;
+    --cpu) cpu="$2"; shift ;;
+    --min-time) min_time="$2"; shift ;;
+    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "core.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+command -v python3 >/dev/null || { echo "core.sh: python3 is needed to read the JSON results" >&2; exit 1; }
+
+bench_build
+bin="$SPINDLE_REPO_ROOT/build/release/perf"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+echo "machine: $(bench_machine_line)"
+echo "pinned to CPU $cpu, $reps repetitions each, median reported"
+for b in switch scheduler nop; do
+  taskset -c "$cpu" "$bin/spindle_${b}_bench" --benchmark_repetitions="$reps" \
+    --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out="$out/$b.json" \
+    --benchmark_out_format=json >/dev/null
+done
+
+python3 - "$out" <<'PY'
+import json, sys, os, statistics
+out = sys.argv[1]
+runs = {}
+for f in os.listdir(out):
+    for b in json.load(open(os.path.join(out, f)))["benchmarks"]:
+        if b.get("run_type") != "iteration":
+            continue
+        runs.setdefault(b["run_name"], []).append(b)
+
+def med(name, key):
+    rows = runs.get(name) or runs.get(name + "/real_time")
+    if not rows:
+        return None
+    vals = [r[key] for r in rows if key in r]
+    return (statistics.median(vals), min(vals), max(vals)) if vals else None
+
+def ns(name):  # real time per iteration, ns
+    return med(name, "real_time")
+
+def fmt(t):
+    return "n/a" if t is None else f"{t[0]:9.1f} ns  [{t[1]:.1f}..{t[2]:.1f}]"
+
+def line(label, ours, peer, peer_label, per=""):
+    r = "n/a" if ours is None or peer is None else f"{peer[0] / ours[0]:.2f}x"
+    print(f"{label:34s} {fmt(ours)}{per}   {peer_label}: {fmt(peer)}   speed-up vs peer: {r}")
+
+print()
+sw = med("BM_SpindleSwitch", "ns/switch"); bsw = med("BM_BoostJumpFcontext", "ns/switch")
+s2 = ns("BM_SpindleSwitch"); b2 = ns("BM_BoostJumpFcontext")
+line("raw switch round trip (2 switches)", s2, b2, "Boost jump_fcontext")
+line("yield round trip (2 yields)", ns("BM_SpindleYieldRoundTrip"), ns("BM_BoostFiberYieldRoundTrip"), "Boost.Fiber")
+line("spawn + join, empty fiber", ns("BM_SpindleSpawnJoin"), ns("BM_BoostFiberSpawnJoin"), "Boost.Fiber")
+for k in ("allocs/iter", "enters/iter", "mmaps/iter", "parks/iter"):
+    v = med("BM_SpindleSpawnJoin", k)
+    print(f"    spawn+join {k:12s} {v[0] if v else 'n/a'}")
+print()
+for n in (1, 8, 64):
+    ours = med(f"BM_SpindleFiberNop/{n}", "items_per_second")
+    raw = med(f"BM_RawLiburingNop/{n}", "items_per_second")
+    if ours and raw:
+        print(f"NOP, {n:2d} fibers vs batch of {n:2d}: spindle {ours[0]/1e6:6.2f} M/s  raw liburing {raw[0]/1e6:6.2f} M/s"
+              f"  ratio {ours[0]/raw[0]:.2f}  (spindle range {ours[1]/1e6:.2f}..{ours[2]/1e6:.2f})")
+PY
