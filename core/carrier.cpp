@@ -115,7 +115,17 @@ Carrier::Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept
     eventCompletion_.fn = nullptr;
 }
 
-Carrier::~Carrier() { joinThread(); }
+Carrier::~Carrier() {
+    joinThread();
+    // Closed only now, with every carrier thread joined: until then another
+    // thread may still be waking this one through its eventfd or ring fd, and
+    // a descriptor closed earlier could be reused under its feet.
+    ring_.close();
+    if (eventFd_ >= 0) {
+        ::close(eventFd_);
+        eventFd_ = -1;
+    }
+}
 
 Result<void> Carrier::start() noexcept {
     installFaultHandler();
@@ -212,11 +222,6 @@ Result<void> Carrier::setUp() noexcept {
 }
 
 void Carrier::tearDown() noexcept {
-    ring_.close();
-    if (eventFd_ >= 0) {
-        ::close(eventFd_);
-        eventFd_ = -1;
-    }
     if (altStack_ != nullptr) {
         stack_t ss{};
         ss.ss_flags = SS_DISABLE;
@@ -441,6 +446,7 @@ void Carrier::maintenance() noexcept {
     drainInbox();
     pollRing(true);
     if (!timers_.empty()) { expireTimers(); }
+    pool_.reclaimRemote();
     if (runtime_->parkedCount_.load(std::memory_order_relaxed) > 0) {
         // Idle carriers can only steal from the deque: hand them the yielded fibers too.
         Fiber* keep = nullptr;

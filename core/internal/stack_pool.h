@@ -41,6 +41,9 @@ public:
     Result<Stack> acquire() noexcept;
     /// Takes a stack back (any thread).
     void release(Stack stack) noexcept;
+    /// Files the stacks other threads released into the free list (or unmaps
+    /// them past the cap). Owner thread; one relaxed load when there are none.
+    void reclaimRemote() noexcept { drainRemote(); }
 
     [[nodiscard]] size_t usableSize() const noexcept { return usableSize_; }
     [[nodiscard]] size_t cached() const noexcept { return cachedCount_; }
