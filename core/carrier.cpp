@@ -306,7 +306,7 @@ void Carrier::pushFifo(Fiber* fiber) noexcept {
 void Carrier::pushReady(Fiber* fiber) noexcept {
     SPINDLE_ASSERT(tlsCarrier == this);
     fiber->state_.store(FiberState::kRunnable, std::memory_order_relaxed);
-    if (fiber->pinCount_ > 0) {
+    if (fiber->pinCount_ > 0 || inMaintenance_) {
         pushFifo(fiber);
     } else {
         deque_.push(fiber);
@@ -432,10 +432,11 @@ void Carrier::onFiberStart() noexcept {
 }
 
 void Carrier::onFiberExit(Fiber* fiber, void*) {
-    RuntimeImpl* rt = fiber->runtime_;
+    // Uncount first, so that liveFibers() no longer counts a fiber whose join()
+    // has returned. The carriers cannot exit under us: we are one of them.
+    fiber->runtime_->retireFiber();
     fiber->done_.set(0);
     releaseFiber(fiber);
-    rt->retireFiber();
 }
 
 // ---- maintenance -----------------------------------------------------------------
@@ -443,9 +444,11 @@ void Carrier::onFiberExit(Fiber* fiber, void*) {
 void Carrier::maintenance() noexcept {
     sinceMaintenance_ = 0;
     if (!shutdownSeen_ && stopping()) { beginShutdown(); }
+    inMaintenance_ = true;
     drainInbox();
     pollRing(true);
     if (!timers_.empty()) { expireTimers(); }
+    inMaintenance_ = false;
     pool_.reclaimRemote();
     if (runtime_->parkedCount_.load(std::memory_order_relaxed) > 0) {
         // Idle carriers can only steal from the deque: hand them the yielded fibers too.
@@ -625,7 +628,9 @@ void Carrier::park() noexcept {
     }
     parked_.store(false, std::memory_order_seq_cst);
     runtime_->parkedCount_.fetch_sub(1, std::memory_order_relaxed);
+    inMaintenance_ = true;
     ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+    inMaintenance_ = false;
 }
 
 void Carrier::post(Message* message) noexcept {

@@ -108,7 +108,7 @@ public:
         (void)f->done_.wait();
         f->joined_ = true;
         if (f->exception_) {
-            std::exception_ptr e = f->exception_;
+            std::exception_ptr e = std::move(f->exception_);  // the joiner alone owns it now
             detail::releaseFiber(f);
             std::rethrow_exception(e);
         }

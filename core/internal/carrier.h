@@ -162,6 +162,10 @@ private:
     unsigned sinceMaintenance_ = 0;
     uint32_t inflight_ = 0;             // SQEs whose CQE we still expect
     bool preferFifo_ = false;           // alternate between deque and FIFO so neither starves
+    // While true, fibers made runnable go to the FIFO: a batch of wake-ups
+    // (inbox, CQEs, timers) then runs in the order it happened, not reversed by
+    // the deque's LIFO end. Maintenance hands the FIFO to thieves when any idle.
+    bool inMaintenance_ = false;
     bool shutdownSeen_ = false;
     bool exiting_ = false;              // the loop ended; do not re-arm the eventfd read
     bool eventFdArmed_ = false;

@@ -474,6 +474,47 @@ TEST_F(FiberFutureTest, ManyShortTimeoutsOnFibers) {
     for (auto& h : hs) { EXPECT_EQ(h.join(), 0); }
 }
 
+TEST_F(FiberFutureTest, WaitWithTimeoutRacingSetsAcrossCarriers) {
+    // Unpinned waiters whose timeouts race sets from the other carrier: a waiter woken by a set may resume on
+    // the other carrier (stolen) and then disarm its timer from there. Either answer is right; what must hold
+    // is that a timed-out future stays armed and later yields the set value, and that nothing hangs.
+    constexpr int kWaiters = 8;
+#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
+    constexpr int kRounds = 50;
+#else
+    constexpr int kRounds = 200;
+#endif
+    std::atomic<uint64_t> progress{0};
+    Watchdog dog("WaitWithTimeoutRacingSetsAcrossCarriers", progress, 30s);
+    std::vector<FiberHandle<int>> hs;
+    for (int w = 0; w < kWaiters; ++w) {
+        auto h = runtime_->spawn(
+            [w, &progress] {
+                int bad = 0;
+                for (int i = 0; i < kRounds; ++i) {
+                    FiberFuture f;
+                    const int me = this_fiber::carrierIndex();
+                    auto setter = spindle::spawn(
+                        [&f, i] {
+                            if (i % 3 != 0) { (void)this_fiber::sleep_for(std::chrono::microseconds(20 * (i % 5))); }
+                            f.set(i);
+                        },
+                        SpawnOptions{.carrier = 1 - me});
+                    const int32_t r = FiberFuture::waitWithTimeout(&f, std::chrono::microseconds(10 + (i + w) % 60));
+                    const int32_t v = f.wait();  // set either way, sooner or later
+                    if (setter) { setter->join(); }
+                    if ((r != i && r != -ETIMEDOUT) || v != i) { ++bad; }
+                    progress.fetch_add(1, std::memory_order_relaxed);
+                }
+                return bad;
+            },
+            SpawnOptions{.carrier = w % 2});
+        ASSERT_TRUE(h) << h.error().message();
+        hs.push_back(std::move(*h));
+    }
+    for (auto& h : hs) { EXPECT_EQ(h.join(), 0); }
+}
+
 // ---- the set-versus-park race ------------------------------------------------------------------------------------
 
 TEST_F(FiberFutureTest, SetRacingTheParkNeverLosesTheWakeUp) {

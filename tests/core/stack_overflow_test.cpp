@@ -45,9 +45,6 @@ void overflowAFiber() {
 }
 
 TEST(StackOverflowDeathTest, ReportsTheFibersNameAndId) {
-#if defined(SPINDLE_ASAN) || defined(SPINDLE_TSAN)
-    GTEST_SKIP() << "sanitizer builds: the sanitizer runtime owns SIGSEGV and its own stack checks";
-#endif
     GTEST_FLAG_SET(death_test_style, "threadsafe");
     EXPECT_DEATH(overflowAFiber(), "stack overflow in fiber 'deep-recursion' \\(id [0-9]+\\)");
 }
