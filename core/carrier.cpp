@@ -516,6 +516,11 @@ void Carrier::dispatch(const io_uring_cqe* cqe) noexcept {
             --inflight_;
             uring::pointerOf<FiberFuture>(ud)->set(cqe->res);
             break;
+        case uring::Tag::kLocalFuture:
+            SPINDLE_ASSERT(inflight_ > 0);
+            --inflight_;
+            uring::pointerOf<FiberFuture>(ud)->setLocal(cqe->res);
+            break;
         case uring::Tag::kCompletion: {
             auto* c = uring::pointerOf<Completion>(ud);
             c->fn(c, cqe->res, cqe->flags);

@@ -60,6 +60,25 @@ int32_t FiberFuture::wait() noexcept {
     return res_;
 }
 
+int32_t FiberFuture::waitLocal() noexcept {
+    if ((state_.load(std::memory_order_relaxed) & kSet) != 0) { return res_; }
+    detail::Carrier* c = detail::Carrier::current();
+    SPINDLE_ASSERT(c != nullptr && c->running() != nullptr);
+    // Publish before switching: only this thread can set the future, and only
+    // after we have switched away.
+    state_.store(reinterpret_cast<uint64_t>(c->running()), std::memory_order_relaxed);
+    detail::Carrier::suspendRunning(detail::SuspendAction{});
+    return res_;
+}
+
+void FiberFuture::setLocal(int32_t res) noexcept {
+    res_ = res;
+    const uint64_t old = state_.load(std::memory_order_relaxed);
+    state_.store(kSet, std::memory_order_relaxed);
+    SPINDLE_ASSERT(old != 0 && (old & kTagBits) == 0);
+    detail::makeRunnable(reinterpret_cast<detail::Fiber*>(old));
+}
+
 size_t FiberFuture::waitForMultiple(FiberFuture* const* futures, size_t count) noexcept {
     SPINDLE_CHECK(count > 0);
     detail::MultiWaitState ms;

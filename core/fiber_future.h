@@ -54,6 +54,17 @@ public:
     /// Makes the future reusable. Precondition: no waiter and no set() in flight.
     void reset() noexcept { state_.store(0, std::memory_order_relaxed); }
 
+    /// The carrier-local pair used by fiber-blocking I/O: the consumer is a fiber
+    /// on the carrier whose thread will call setLocal(), and nothing else touches
+    /// the future. Both sides run on one thread, so no locked instruction is
+    /// needed; the fiber, once runnable, reaches other threads only through the
+    /// carrier's run queues, which publish with release/acquire.
+    /// Precondition (waitLocal): on a fiber; the SQE that will set the future has
+    /// not been submitted yet, so the set cannot come before the switch.
+    [[nodiscard]] int32_t waitLocal() noexcept;
+    /// Precondition: on the thread of the carrier the waiter parked on.
+    void setLocal(int32_t res) noexcept;
+
     /// Waits until at least one of `futures[0..count)` is set and returns the
     /// index of the first set one. Every future is detached again before this
     /// returns, so the caller may destroy or reuse the unset ones.

@@ -58,9 +58,9 @@ int32_t submitAndWait(PrepareSqe prepare, const void* ctx) noexcept {
     FiberFuture done;
     io_uring_sqe* sqe = c->acquireSqe();
     prepare(sqe, ctx);
-    io_uring_sqe_set_data64(sqe, uring::encodeUserData(&done, uring::Tag::kFuture));
+    io_uring_sqe_set_data64(sqe, uring::encodeUserData(&done, uring::Tag::kLocalFuture));
     c->running()->waitReason_ = "io";
-    return done.wait();
+    return done.waitLocal();
 }
 
 }  // namespace detail

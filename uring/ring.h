@@ -33,6 +33,7 @@ enum class Tag : uint64_t {
     kWake = 1,        // a wake-up sent to a parked owner; carries nothing
     kCompletion = 2,  // a Completion* whose complete() runs on the owner
     kIgnore = 3,      // nothing to do (skip-success side effects, shutdown cancels)
+    kLocalFuture = 4, // a FiberFuture* whose waiter parked on this ring's owner: setLocal()
 };
 inline constexpr uint64_t kTagMask = 7;
 
