@@ -25,10 +25,12 @@
 // The frame pushed here and popped on the other side (offsets from the saved sp):
 //   56 return address | 48 rbp | 40 rbx | 32 r12 | 24 r13 | 16 r14 | 8 r15 | 4 x87 CW (16 bits) | 0 MXCSR
 // The caller's rsp was 16-byte aligned at the call, so the saved sp (64 bytes lower) is 16-byte aligned too.
-    .globl spindle_context_switch
-    .type spindle_context_switch, @function
-    .p2align 4
-spindle_context_switch:
+//
+// Both switches below share the save-and-swap half and the restore of the callee-saved registers; they
+// differ only in how they resume.
+
+// Pushes the frame above, stores rsp in *rdi, loads rsi into rsp and restores the control words from there.
+.macro SPINDLE_SAVE_AND_SWAP
     .cfi_startproc
     endbr64
     pushq %rbp
@@ -65,84 +67,62 @@ spindle_context_switch:
 
     ldmxcsr (%rsp)
     fldcw 4(%rsp)
-    // Pop the return address into a scratch register and jump, rather than ret: the return stack buffer
-    // predicts a return to this context's caller, which is always wrong here, whereas the indirect-branch
-    // predictor learns the alternating targets of a ping-pong (measured: ret makes a switch twice as slow).
-    // r8 is caller-saved, so it is dead on both sides.
-    movq 56(%rsp), %r8
+.endm
+
+// Reloads the callee-saved registers from the resumed frame (rsp still points at its base).
+.macro SPINDLE_RESTORE_CALLEE_SAVED
     movq 8(%rsp), %r15
     movq 16(%rsp), %r14
     movq 24(%rsp), %r13
     movq 32(%rsp), %r12
     movq 40(%rsp), %rbx
     movq 48(%rsp), %rbp
-    addq $64, %rsp
-    .cfi_adjust_cfa_offset -64
-    .cfi_register %rip, %r8
+.endm
+
+.macro SPINDLE_CFI_RESTORED
     .cfi_restore %rbp
     .cfi_restore %rbx
     .cfi_restore %r12
     .cfi_restore %r13
     .cfi_restore %r14
     .cfi_restore %r15
+.endm
+
+    .globl spindle_context_switch
+    .type spindle_context_switch, @function
+    .p2align 4
+spindle_context_switch:
+    SPINDLE_SAVE_AND_SWAP
+    // Pop the return address into a scratch register and jump, rather than ret: between contexts that
+    // switch from different call sites (a scheduler and a fiber, or a ping-pong), the return stack buffer
+    // predicts a return to the leaving context's caller, which is wrong every time, whereas the
+    // indirect-branch predictor learns the alternating targets (measured: ret makes such a switch twice as
+    // slow). r8 is caller-saved, so it is dead on both sides.
+    movq 56(%rsp), %r8
+    SPINDLE_RESTORE_CALLEE_SAVED
+    addq $64, %rsp
+    .cfi_adjust_cfa_offset -64
+    .cfi_register %rip, %r8
+    SPINDLE_CFI_RESTORED
     SPINDLE_RESUME_JMP *%r8
     .cfi_endproc
     .size spindle_context_switch, .-spindle_context_switch
 
 // void spindle_context_switch_sibling(void** saveSp, void* loadSp) noexcept
-//   The same switch, but it resumes with ret. Use it only between two fibers that
-//   suspended through the same call chain (the scheduler's fiber-to-fiber switch):
-//   the chain the leaving fiber just called down is the one the resumed fiber
-//   returns up, so the return-stack predictor is right at every level. Anywhere
-//   else ret mispredicts on every switch, which is why the plain switch jumps.
+//   The same switch, but it resumes with ret. Use it only between two fibers that suspended through the
+//   same call chain (the scheduler's fiber-to-fiber switch): the chain the leaving fiber just called down is
+//   the one the resumed fiber returns up, so the return-stack predictor is right at every level, here and in
+//   every function the resumed fiber returns from. (Measured on NOP through 64 fibers: 0.56 -> 0.72 of a raw
+//   liburing loop.)
     .globl spindle_context_switch_sibling
     .type spindle_context_switch_sibling, @function
     .p2align 4
 spindle_context_switch_sibling:
-    .cfi_startproc
-    endbr64
-    pushq %rbp
-    .cfi_adjust_cfa_offset 8
-    .cfi_rel_offset %rbp, 0
-    pushq %rbx
-    .cfi_adjust_cfa_offset 8
-    .cfi_rel_offset %rbx, 0
-    pushq %r12
-    .cfi_adjust_cfa_offset 8
-    .cfi_rel_offset %r12, 0
-    pushq %r13
-    .cfi_adjust_cfa_offset 8
-    .cfi_rel_offset %r13, 0
-    pushq %r14
-    .cfi_adjust_cfa_offset 8
-    .cfi_rel_offset %r14, 0
-    pushq %r15
-    .cfi_adjust_cfa_offset 8
-    .cfi_rel_offset %r15, 0
-    subq $8, %rsp
-    .cfi_adjust_cfa_offset 8
-    stmxcsr (%rsp)
-    fnstcw 4(%rsp)
-
-    movq %rsp, (%rdi)
-    movq %rsi, %rsp
-
-    ldmxcsr (%rsp)
-    fldcw 4(%rsp)
-    movq 8(%rsp), %r15
-    movq 16(%rsp), %r14
-    movq 24(%rsp), %r13
-    movq 32(%rsp), %r12
-    movq 40(%rsp), %rbx
-    movq 48(%rsp), %rbp
+    SPINDLE_SAVE_AND_SWAP
+    SPINDLE_RESTORE_CALLEE_SAVED
     addq $56, %rsp
     .cfi_adjust_cfa_offset -56
-    .cfi_restore %rbp
-    .cfi_restore %rbx
-    .cfi_restore %r12
-    .cfi_restore %r13
-    .cfi_restore %r14
-    .cfi_restore %r15
+    SPINDLE_CFI_RESTORED
     ret
     .cfi_endproc
     .size spindle_context_switch_sibling, .-spindle_context_switch_sibling

@@ -83,3 +83,18 @@ void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+
+namespace spindle::bench {
+
+std::optional<Runtime> startRuntime(benchmark::State& state, unsigned carriers) {
+    RuntimeOptions o;
+    o.carriers = carriers;
+    auto rt = Runtime::start(o);
+    if (!rt) {
+        state.SkipWithError(("runtime did not start: " + rt.error().message()).c_str());
+        return std::nullopt;
+    }
+    return std::move(*rt);
+}
+
+}  // namespace spindle::bench

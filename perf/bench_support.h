@@ -10,8 +10,28 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdint>
+#include <optional>
+
+#include "core/runtime.h"
 
 namespace spindle::bench {
+
+/// A runtime of `carriers` carriers for one benchmark run, or nullopt after
+/// marking the run skipped (SkipWithError) when it cannot start.
+std::optional<Runtime> startRuntime(benchmark::State& state, unsigned carriers);
+
+/// Runs body() as a fiber pinned to carrier 0 of `rt`, waits for it and for
+/// every fiber it spawned. Marks the run skipped if the fiber cannot start.
+template <class Body>
+void runPinned(benchmark::State& state, Runtime& rt, Body body) {
+    auto h = rt.spawn(std::move(body), SpawnOptions{.name = "bench", .carrier = 0, .pinned = true});
+    if (!h) {
+        state.SkipWithError("spawn failed");
+        return;
+    }
+    h->join();
+    rt.waitIdle();
+}
 
 /// How many times any global operator new has run in this process so far.
 [[nodiscard]] uint64_t allocCount() noexcept;

@@ -17,22 +17,14 @@
 namespace {
 
 using spindle::FiberHandle;
-using spindle::Runtime;
-using spindle::RuntimeOptions;
 using spindle::SpawnOptions;
 
 void BM_SpindleFiberNop(benchmark::State& state) {
     const int inFlight = static_cast<int>(state.range(0));
-    RuntimeOptions o;
-    o.carriers = 1;
-    auto rt = Runtime::start(o);
-    if (!rt) {
-        state.SkipWithError("runtime did not start");
-        return;
-    }
+    auto rt = spindle::bench::startRuntime(state, 1);
+    if (!rt) { return; }
     uint64_t total = 0;
-    auto h = rt->spawn(
-        [&] {
+    spindle::bench::runPinned(state, *rt, [&] {
             std::atomic<bool> stop{false};
             std::atomic<uint64_t> ops{0};
             std::vector<FiberHandle<void>> workers;
@@ -60,10 +52,7 @@ void BM_SpindleFiberNop(benchmark::State& state) {
             total = after.cqesReaped - before.cqesReaped;
             state.counters["sqes/enter"] = static_cast<double>(after.sqesSubmitted - before.sqesSubmitted) /
                                            static_cast<double>(after.enters - before.enters + 1);
-        },
-        SpawnOptions{.name = "bench", .carrier = 0, .pinned = true});
-    h->join();
-    rt->waitIdle();
+    });
     state.SetItemsProcessed(static_cast<int64_t>(total));
 }
 BENCHMARK(BM_SpindleFiberNop)->Arg(1)->Arg(8)->Arg(64)->UseRealTime();

@@ -15,27 +15,13 @@
 
 namespace {
 
-using spindle::Runtime;
-using spindle::RuntimeOptions;
 using spindle::SpawnOptions;
 
 /// Runs body() as a fiber pinned to carrier 0 of a one-carrier runtime.
 template <class Body>
 void onOneCarrier(benchmark::State& state, Body body) {
-    RuntimeOptions o;
-    o.carriers = 1;
-    auto rt = Runtime::start(o);
-    if (!rt) {
-        state.SkipWithError("runtime did not start");
-        return;
-    }
-    auto h = rt->spawn(body, SpawnOptions{.name = "bench", .carrier = 0, .pinned = true});
-    if (!h) {
-        state.SkipWithError("spawn failed");
-        return;
-    }
-    h->join();
-    rt->waitIdle();
+    auto rt = spindle::bench::startRuntime(state, 1);
+    if (rt) { spindle::bench::runPinned(state, *rt, std::move(body)); }
 }
 
 void BM_SpindleYieldRoundTrip(benchmark::State& state) {  // A yields to B, B yields back to A
@@ -73,15 +59,9 @@ void BM_BoostFiberYieldRoundTrip(benchmark::State& state) {
 BENCHMARK(BM_BoostFiberYieldRoundTrip)->UseRealTime();
 
 void BM_SpindleSpawnJoin(benchmark::State& state) {  // empty fiber, warm pool, same carrier
-    RuntimeOptions o;
-    o.carriers = 1;
-    auto rt = Runtime::start(o);
-    if (!rt) {
-        state.SkipWithError("runtime did not start");
-        return;
-    }
-    auto h = rt->spawn(
-        [&state, &rt] {
+    auto rt = spindle::bench::startRuntime(state, 1);
+    if (!rt) { return; }
+    spindle::bench::runPinned(state, *rt, [&state, &rt] {
             // Warm the pool and the deque.
             for (int i = 0; i < 64; ++i) { spindle::spawn([] {})->join(); }
             const auto before = rt->stats()[0];  // stats() allocates: outside the counted window
@@ -97,10 +77,7 @@ void BM_SpindleSpawnJoin(benchmark::State& state) {  // empty fiber, warm pool, 
             state.counters["enters/iter"] = static_cast<double>(after.enters - before.enters) / it;
             state.counters["mmaps/iter"] = static_cast<double>(after.stacksMapped - before.stacksMapped) / it;
             state.counters["parks/iter"] = static_cast<double>(after.parks - before.parks) / it;
-        },
-        SpawnOptions{.name = "bench", .carrier = 0, .pinned = true});
-    h->join();
-    rt->waitIdle();
+    });
     state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
 }
 BENCHMARK(BM_SpindleSpawnJoin)->UseRealTime();
