@@ -23,6 +23,7 @@
 
 #include "core/fiber.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
@@ -65,34 +66,7 @@ private:
     std::jthread thread_;
 };
 
-/// A runtime with two carriers (even on one core, so that the cross-carrier paths always run).
-class FiberFutureTest : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions o;
-        o.carriers = 2;
-        auto rt = Runtime::start(o);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-
-    /// Starts fn pinned to `carrier`.
-    template <class F>
-    auto on(int carrier, F&& fn, const char* name = nullptr) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.name = name, .carrier = carrier, .pinned = true})
-            .value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using FiberFutureTest = testing_support::WithRuntime;
 
 // ---- set and wait ------------------------------------------------------------------------------------------
 

@@ -30,6 +30,7 @@
 #include "core/fiber.h"
 #include "core/fiber_future.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
@@ -47,37 +48,21 @@ std::vector<char> pattern(size_t n, unsigned seed) {
 }
 
 /// A runtime with two carriers and a scratch directory that TearDown removes.
-class IoTest : public testing::Test {
+class IoTest : public testing_support::WithRuntime {
 protected:
     void SetUp() override {
-        RuntimeOptions o;
-        o.carriers = 2;
-        auto rt = Runtime::start(o);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-
+        WithRuntime::SetUp();
+        if (HasFatalFailure()) { return; }
         std::string tmpl = (std::filesystem::temp_directory_path() / "spindle-io-XXXXXX").string();
         ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
         dir_ = tmpl;
     }
     void TearDown() override {
-        if (runtime_) {
-            const auto deadline = std::chrono::steady_clock::now() + 10s;
-            while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-                std::this_thread::sleep_for(1ms);
-            }
-            EXPECT_EQ(runtime_->liveFibers(), 0u);
-        }
+        WithRuntime::TearDown();
         if (!dir_.empty()) {
             std::error_code ec;
             std::filesystem::remove_all(dir_, ec);
         }
-    }
-
-    /// Runs fn on a fiber of the runtime and returns its value (rethrows its exception).
-    template <class F>
-    auto onFiber(F&& fn, int carrier = SpawnOptions::kAnyCarrier) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.carrier = carrier}).value().join();
     }
 
     std::string path(const char* name) const { return dir_ + "/" + name; }
@@ -89,7 +74,6 @@ protected:
         return fd;
     }
 
-    std::optional<Runtime> runtime_;
     std::string dir_;
 };
 

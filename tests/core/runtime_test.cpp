@@ -5,6 +5,7 @@
 // No verdict depends on timing: where a test sleeps, it does so only to make the interesting path likely.
 
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -41,36 +42,10 @@ constexpr int kManyFibers = 100'000;
 // Live handles at a time: every live stack costs two VMAs (stack and guard), and vm.max_map_count is 65530.
 constexpr int kBatch = 2'000;
 
-RuntimeOptions withCarriers(unsigned n) {
-    RuntimeOptions o;
-    o.carriers = n;
-    return o;
-}
+using testing_support::settledLiveFibers;
+using testing_support::withCarriers;
 
-// Waits (bounded) for fibers that already finished to be uncounted: a joined fiber is retired by its carrier
-// just after join() returns, so liveFibers() may lag a join by a moment. A leaked fiber stays counted.
-uint64_t settledLiveFibers(const Runtime& rt) {
-    const auto deadline = std::chrono::steady_clock::now() + 10s;
-    while (rt.liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) { std::this_thread::sleep_for(1ms); }
-    return rt.liveFibers();
-}
-
-/// A runtime with two carriers (even on a one-core machine, so that cross-carrier paths always run);
-/// TearDown checks that no fiber was left behind.
-class RuntimeTest : public testing::Test {
-protected:
-    void SetUp() override {
-        auto rt = Runtime::start(withCarriers(2));
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (runtime_) { EXPECT_EQ(settledLiveFibers(*runtime_), 0u); }
-    }
-    Runtime& rt() { return *runtime_; }
-
-    std::optional<Runtime> runtime_;
-};
+using RuntimeTest = testing_support::WithRuntime;
 
 // ---- Runtime::run ----------------------------------------------------------------------------------------
 
