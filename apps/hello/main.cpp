@@ -1,5 +1,5 @@
-// spindle-hello: the README's first program. Reads a file through the ring from
-// a fiber and prints how many bytes came back.
+// spindle-hello: the README's first program. Reads the start of a file through
+// the ring from a fiber, and says why when it cannot.
 #include <fcntl.h>
 
 #include <cstdio>
@@ -9,18 +9,25 @@
 
 int main(int argc, char** argv) {
     const char* path = argc > 1 ? argv[1] : "/etc/hostname";
-    auto bytes = spindle::Runtime::run([path] {
+    auto rc = spindle::Runtime::run([path] {
         auto fd = spindle::open(path, O_RDONLY);
-        if (!fd) { return size_t{0}; }
+        if (!fd) {
+            std::fprintf(stderr, "spindle-hello: open %s: %s\n", path, fd.error().message().c_str());
+            return 1;
+        }
         char buf[256];
         auto n = spindle::read(*fd, buf, sizeof buf, 0);  // parks this fiber until the CQE arrives
         (void)spindle::close(*fd);
-        return n.valueOr(0);
+        if (!n) {
+            std::fprintf(stderr, "spindle-hello: read %s: %s\n", path, n.error().message().c_str());
+            return 1;
+        }
+        std::printf("read %zu bytes of %s through io_uring\n", *n, path);
+        return 0;
     });
-    if (!bytes) {
-        std::fprintf(stderr, "spindle-hello: %s\n", bytes.error().message().c_str());
+    if (!rc) {
+        std::fprintf(stderr, "spindle-hello: the runtime did not start: %s\n", rc.error().message().c_str());
         return 1;
     }
-    std::printf("read %zu bytes of %s through io_uring\n", *bytes, path);
-    return 0;
+    return *rc;
 }
