@@ -74,7 +74,7 @@ void FiberMutex::lockSlow() noexcept {
     for (;;) {
         uint64_t s = state_.load(std::memory_order_relaxed);
         if (s == 0) {
-            if (state_.compare_exchange_weak(s, mine, std::memory_order_acquire, std::memory_order_relaxed)) {
+            if (state_.compare_exchange_weak(s, mine, std::memory_order_acq_rel, std::memory_order_relaxed)) {
                 return;
             }
             continue;

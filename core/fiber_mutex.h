@@ -14,8 +14,10 @@
 /// so the next holder may destroy the mutex once nobody waits for it (a primitive built at the same
 /// address later may then get a spurious wake-up, which every primitive tolerates).
 /// Memory ordering: acquiring (in either mode) is an acquire operation and releasing a release one:
-/// what a holder wrote before its unlock is visible to every later holder. unlock() is seq_cst
-/// because spinning waiters read the owner's state (see detail::FiberPeek).
+/// what a holder wrote before its unlock is visible to every later holder. Taking it exclusively is
+/// also a release, and unlock() seq_cst, because spinning waiters read the owner's Fiber out of the
+/// word: the release publishes that Fiber (a thread's proxy may have just been built), the seq_cst
+/// lets detail::FiberPeek keep it alive while they look.
 /// Fairness: writers are preferred, best effort. Once a writer waits, new readers see it on their
 /// fast path and queue behind it instead of joining the readers inside. But a release wakes every
 /// waiter (writers first) and they race for the lock: a reader may win and the writer re-queues, and
@@ -49,7 +51,7 @@ public:
     /// Takes the mutex exclusively, parking until it is free.
     void lock() noexcept {
         uint64_t expected = 0;
-        if (!state_.compare_exchange_strong(expected, ownerWord(), std::memory_order_acquire,
+        if (!state_.compare_exchange_strong(expected, ownerWord(), std::memory_order_acq_rel,
                                             std::memory_order_relaxed)) {
             lockSlow();
         }
@@ -57,7 +59,7 @@ public:
     /// Takes the mutex exclusively if nobody holds it in either mode; never parks.
     [[nodiscard]] bool try_lock() noexcept {
         uint64_t expected = 0;
-        return state_.compare_exchange_strong(expected, ownerWord(), std::memory_order_acquire,
+        return state_.compare_exchange_strong(expected, ownerWord(), std::memory_order_acq_rel,
                                               std::memory_order_relaxed);
     }
     /// Releases exclusive ownership. Precondition: the caller holds it exclusively.
