@@ -31,7 +31,7 @@ using namespace std::chrono_literals;
 using detail::WaiterTable;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kRaceRounds = 5'000;
+constexpr int kRaceRounds = 20'000;
 #else
 constexpr int kRaceRounds = 100'000;
 #endif

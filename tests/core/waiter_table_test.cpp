@@ -29,7 +29,7 @@ namespace {
 using namespace std::chrono_literals;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kChurnRounds = 2'000;
+constexpr int kChurnRounds = 5'000;
 #else
 constexpr int kChurnRounds = 20'000;
 #endif
