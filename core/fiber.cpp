@@ -18,6 +18,8 @@ namespace spindle::detail {
 namespace {
 
 std::atomic<uint64_t> gNextFiberId{1};
+// FiberPeeks alive, process-wide (see FiberPeek). Alone in its cache line: peekers write it, releasers read it.
+alignas(64) std::atomic<uint32_t> gFiberPeeks{0};
 
 constexpr size_t kMinStackSize = 16 * 1024;  // below this, a payload plus a frame or two do not fit
 constexpr size_t kMinFreeStack = 8 * 1024;   // what must remain under the payload
@@ -66,7 +68,10 @@ ProxyFiber::ProxyFiber() noexcept {
     ::sem_init(&sem_, 0, 0);
 }
 
-ProxyFiber::~ProxyFiber() { ::sem_destroy(&sem_); }
+ProxyFiber::~ProxyFiber() {
+    waitForFiberPeeks();  // the thread's memory goes away with it
+    ::sem_destroy(&sem_);
+}
 
 void ProxyFiber::block() noexcept {
     state_.store(FiberState::kSuspended, std::memory_order_relaxed);
@@ -130,8 +135,23 @@ void suspend(Fiber* self, SuspendAction action) noexcept {
     Carrier::suspendRunning(action);
 }
 
+FiberPeek::FiberPeek() noexcept { gFiberPeeks.fetch_add(1, std::memory_order_seq_cst); }
+
+FiberPeek::~FiberPeek() { gFiberPeeks.fetch_sub(1, std::memory_order_release); }
+
+void waitForFiberPeeks() noexcept {
+    for (unsigned spins = 0; gFiberPeeks.load(std::memory_order_seq_cst) != 0; ++spins) {
+        if (spins < 256) {
+            __builtin_ia32_pause();
+        } else {
+            std::this_thread::yield();  // the peeking thread was preempted mid-peek
+        }
+    }
+}
+
 void releaseFiber(Fiber* fiber) noexcept {
     if (fiber->refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) { return; }
+    waitForFiberPeeks();  // the stack, and the Fiber at its top, may be reused or unmapped below
     if (fiber->exception_ && !fiber->joined_) {
         std::string what = "unknown exception";
         try {

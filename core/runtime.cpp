@@ -8,6 +8,7 @@
 #include "base/log.h"
 #include "core/internal/carrier.h"
 #include "core/internal/runtime_impl.h"
+#include "core/internal/waiter_table.h"
 
 namespace spindle {
 namespace detail {
@@ -55,6 +56,9 @@ Result<void> RuntimeImpl::start() noexcept {
         return Error{EINVAL};
     }
     if (auto r = loadTopology(); !r) { return r; }
+    // The waiter table sizes itself and places its buckets from the machine's topology as seen by the
+    // calling thread; built later, from a pinned carrier, it would see one PU.
+    (void)WaiterTable::instance();
 
     unsigned count = options_.carriers;
     if (count == 0) {

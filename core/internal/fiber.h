@@ -114,6 +114,34 @@ void suspendWith(Fiber* self, Fn& fn) noexcept {
     suspend(self, SuspendAction{[](Fiber* f, void* arg) { (*static_cast<Fn*>(arg))(f); }, &fn});
 }
 
+/// Brackets a read of another fiber's state_ while that fiber may be ending.
+///
+/// A fiber's control block lives in its stack mapping, which is reused (or
+/// unmapped) once the fiber is released; a thread's proxy dies with the thread.
+/// Code that found a Fiber* in a shared word (a FiberMutex deciding whether to
+/// spin on its owner) may read it only inside a FiberPeek, and only after
+/// re-reading that word (seq_cst) and seeing it still names the fiber. The
+/// fiber must clear the word with a seq_cst operation before it can end.
+/// releaseFiber() and ~ProxyFiber() wait until no FiberPeek is alive before
+/// they let the memory go, so the read lands in a live Fiber.
+/// Memory ordering: entering is a seq_cst increment of one process-wide counter
+/// and leaving a release decrement; the releaser's check is a seq_cst load. In
+/// the single total order, either the check sees the peek (and waits for it)
+/// or the peek's re-read comes after the owner cleared the word.
+/// Cost: two locked instructions on a shared cache line per peek; one load on
+/// every last release of a fiber, which waits only while a peek is in flight
+/// (a few instructions, unless the peeking thread is preempted).
+class FiberPeek {
+public:
+    FiberPeek() noexcept;
+    ~FiberPeek();
+    FiberPeek(const FiberPeek&) = delete;
+    FiberPeek& operator=(const FiberPeek&) = delete;
+};
+
+/// Returns once no FiberPeek is alive; called before a Fiber's memory is given up.
+void waitForFiberPeeks() noexcept;
+
 /// Drops one reference; the last one destroys the payload and frees the stack.
 /// An exception that escaped a fiber nobody joined is logged, then the process aborts.
 void releaseFiber(Fiber* fiber) noexcept;
