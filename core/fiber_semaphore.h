@@ -16,7 +16,9 @@
 /// release() serves the queue first, so a newcomer (try_acquire() included) cannot take a permit that a
 /// queued waiter is owed. A caller that finds permits free takes one without queueing; nobody can be
 /// queued then. There are no spurious wake-ups: a parked acquire returns only holding a permit, or (timed
-/// forms) after its deadline.
+/// forms) after its deadline. The price of strict hand-off: under contention a released permit is idle
+/// until its waiter is scheduled, so a FiberSemaphore(1) used as a busy mutex convoys. It is meant for
+/// bounding concurrency; FiberMutex is the mutex.
 /// Cancellation/timeouts: try_acquire_for()/try_acquire_until() return false only after withdrawing from
 /// the queue, having taken nothing. If a release() picks the waiter just as its deadline expires, the
 /// waiter keeps that permit and returns true; a permit is never dropped on the floor. A zero or past

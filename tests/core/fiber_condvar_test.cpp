@@ -32,8 +32,8 @@ namespace {
 using namespace std::chrono_literals;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kRaceRounds = 300;
-constexpr int kPingPongRounds = 300;
+constexpr int kRaceRounds = 1'000;
+constexpr int kPingPongRounds = 1'000;
 #else
 constexpr int kRaceRounds = 3'000;
 constexpr int kPingPongRounds = 3'000;

@@ -1,7 +1,7 @@
 // Tests for FiberMultiLock (core/fiber_multilock.h): the ScopedLock life cycle, try_lock, per-key FIFO
 // hand-off (with the queue moving intact from holder to holder), distinct keys proceeding independently,
-// many keys held at once (the treap), and 64 keys under many contending fibers and threads with a per-key
-// holder counter that must never exceed one.
+// many keys held at once (the treap), 64 keys under many contending fibers and threads with a per-key
+// holder counter that must never exceed one, and (debug builds) the assertion against re-locking a held key.
 //
 // No verdict depends on timing: sleeps only make the interesting interleaving likely.
 
@@ -31,8 +31,8 @@ namespace {
 using namespace std::chrono_literals;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kContendRounds = 400;
-constexpr int kTreapKeys = 2'000;
+constexpr int kContendRounds = 1'500;
+constexpr int kTreapKeys = 5'000;
 #else
 constexpr int kContendRounds = 4'000;
 constexpr int kTreapKeys = 20'000;
@@ -328,6 +328,23 @@ TEST_F(FiberMultiLockTest, SixtyFourKeysManyContendersNeverTwoHolders) {
         EXPECT_TRUE(ml.try_lock(static_cast<uint64_t>(k), &s)) << k;
     }
 }
+
+#ifndef NDEBUG
+// ---- misuse (debug builds) -----------------------------------------------------------------------------------------
+
+void relockAHeldKey() {
+    FiberMultiLock ml;
+    FiberMultiLock::ScopedLock a;
+    FiberMultiLock::ScopedLock b;
+    ml.lock(1, &a);
+    ml.lock(1, &b);  // would park forever behind ourselves
+}
+
+TEST(FiberMultiLockDeathTest, LockingAKeyTheCallerHoldsAsserts) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_DEATH(relockAHeldKey(), "not reentrant");
+}
+#endif
 
 }  // namespace
 }  // namespace spindle

@@ -1,7 +1,7 @@
 // Tests for FiberSemaphore (core/fiber_semaphore.h): counting, FIFO hand-off to queued waiters with no
 // barging by try_acquire, release(n) spread over several waiters, timed acquires that time out leaving no
-// trace and losing no permit (also when they race releases, fibers and threads mixed), odd durations, and
-// bounding concurrency to K.
+// trace and losing no permit (also when they race releases, fibers and threads mixed), odd durations,
+// bounding concurrency to K, and the check on a negative initial count.
 //
 // No verdict depends on timing: sleeps and short timeouts only make the interesting interleaving likely.
 
@@ -29,8 +29,8 @@ namespace {
 using namespace std::chrono_literals;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kRaceAttempts = 2'000;
-constexpr int kBoundRounds = 300;
+constexpr int kRaceAttempts = 10'000;
+constexpr int kBoundRounds = 1'000;
 #else
 constexpr int kRaceAttempts = 20'000;
 constexpr int kBoundRounds = 3'000;
@@ -303,6 +303,13 @@ TEST_F(FiberSemaphoreTest, NeverMoreThanKInside) {
     EXPECT_GE(maxInside.load(), 1);
     EXPECT_EQ(sem.available(), kLimit) << "every permit came back";
     EXPECT_GE(entries.load(), static_cast<int64_t>(5) * kBoundRounds) << "the untimed workers all got in";
+}
+
+// ---- misuse ---------------------------------------------------------------------------------------------------------
+
+TEST(FiberSemaphoreDeathTest, ANegativeInitialCountIsRejected) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_DEATH(FiberSemaphore(-1), "negative initial count");
 }
 
 }  // namespace

@@ -30,10 +30,10 @@ namespace {
 using namespace std::chrono_literals;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kItems = 20'000;
-constexpr int kTokens = 5'000;
+constexpr int kItems = 50'000;
+constexpr int kTokens = 20'000;
 #else
-constexpr int kItems = 200'000;
+constexpr int kItems = 100'000;
 constexpr int kTokens = 50'000;
 #endif
 
