@@ -26,10 +26,10 @@
 /// Cancellation/timeouts: wait_for()/wait_until() return std::cv_status::timeout when the deadline passed
 /// before a notify reached the waiter, and no_timeout when a notify did, even at the same instant: a
 /// notify_one() that picked a waiter always counts as that waiter's wake-up, so none is lost or doubled.
-/// A deadline already past returns timeout at once without releasing the lock. A timed wait during
-/// runtime shutdown returns timeout at once (the runtime arms no timers any more); an untimed wait stays
-/// parked until notified. Durations are clamped (hours::max() waits practically forever). wait_until()
-/// takes std::chrono::steady_clock deadlines only.
+/// A deadline already past returns timeout at once without releasing the lock. On a fiber, runtime
+/// shutdown ends a timed wait early with timeout (shutdown fires every timer, and arms no new ones); an
+/// untimed wait stays parked until notified. Durations are clamped (hours::max() waits practically
+/// forever). wait_until() takes std::chrono::steady_clock deadlines only.
 /// Cost: notify_one()/notify_all() with nobody waiting is one spin lock round trip; waking a waiter adds
 /// one FiberFuture::set() (an exchange and a run-queue push, or a semaphore post for a thread), done after
 /// the spin lock is released. wait() is one spin lock round trip to enqueue, plus the park. A timed wait

@@ -22,8 +22,8 @@
 /// Cancellation/timeouts: try_acquire_for()/try_acquire_until() return false only after withdrawing from
 /// the queue, having taken nothing. If a release() picks the waiter just as its deadline expires, the
 /// waiter keeps that permit and returns true; a permit is never dropped on the floor. A zero or past
-/// deadline makes one try_acquire(). During runtime shutdown a timed acquire on a fiber gives up at once
-/// (the runtime arms no timers any more); an untimed acquire stays parked until released.
+/// deadline makes one try_acquire(). On a fiber, runtime shutdown ends a timed acquire early with false
+/// (shutdown fires every timer, and arms no new ones); an untimed acquire stays parked until released.
 /// Durations are clamped (hours::max() waits practically forever); deadlines are steady_clock.
 /// Cost: with a permit free, acquire() and try_acquire() are one CAS; release() with nobody queued is one
 /// spin lock round trip and one atomic add. Parking costs one spin lock round trip plus the switch; each

@@ -1,7 +1,8 @@
 // Tests for FiberCondVar (core/fiber_condvar.h): notify_one wakes one waiter, oldest first; notify_all wakes
-// the current waiters and not later ones; timed waits time out holding the lock again; the predicate forms;
-// odd durations and deadlines; the lock types it accepts; fibers on two carriers and plain threads waiting
-// and notifying each other; and the race between a deadline and a notify, in a loop.
+// the current waiters and not later ones; timed waits time out holding the lock again (also when the runtime
+// shuts down); the predicate forms; odd durations and deadlines; the lock types it accepts; fibers on two
+// carriers and plain threads waiting and notifying each other; and the race between a deadline and a notify,
+// in a loop.
 //
 // The lock is a std::mutex (never held across a park) or a small lock built on FiberSemaphore(1).
 // No verdict depends on timing: sleeps and short timeouts only make the interesting interleaving likely.
@@ -316,6 +317,23 @@ TEST_F(FiberCondVarTest, HugeTimeoutsMeanForeverNotOverflow) {
         cv.notify_one();
     }
     EXPECT_EQ(waiter.join(), 4);
+}
+
+TEST_F(FiberCondVarTest, ShutdownEndsATimedWaitOnAFiber) {
+    FiberCondVar cv;
+    std::mutex m;
+    std::atomic<bool> started{false};
+    auto waiter = on(0, [&] {
+        std::unique_lock lk(m);
+        started.store(true);
+        return cv.wait_for(lk, 1h) == std::cv_status::timeout && lk.owns_lock();
+    });
+    yieldUntil([&] { return started.load(); });
+    // Usually parked by now (then shutdown fires its timer); if not, shutdown refuses its timer and it gives
+    // up at once. A timeout either way.
+    std::this_thread::sleep_for(2ms);
+    runtime_->shutdown();
+    EXPECT_TRUE(waiter.join());
 }
 
 // ---- predicates -------------------------------------------------------------------------------------------------

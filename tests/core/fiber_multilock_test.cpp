@@ -73,7 +73,7 @@ protected:
     std::optional<Runtime> runtime_;
 };
 
-// ---- basics ---------------------------------------------------------------------------------------------------------
+// ---- basics -----------------------------------------------------------------------------------------------------
 
 TEST_F(FiberMultiLockTest, ScopedLockHoldsUntilUnlockOrDestruction) {
     FiberMultiLock ml;
@@ -125,7 +125,7 @@ TEST_F(FiberMultiLockTest, ThreadAndFiberExcludeEachOther) {
     }
 }
 
-// ---- FIFO -----------------------------------------------------------------------------------------------------------
+// ---- FIFO -------------------------------------------------------------------------------------------------------
 
 TEST_F(FiberMultiLockTest, EachKeyIsGrantedInArrivalOrder) {
     // Everything pinned on carrier 0, so the waiters queue in spawn order. Two keys are queued for at once,
@@ -213,7 +213,7 @@ TEST_F(FiberMultiLockTest, FifoHoldsWhenKeysAreHandedOnFromOtherCarriersAndThrea
     EXPECT_TRUE(driver.join());
 }
 
-// ---- independence ------------------------------------------------------------------------------------------------------
+// ---- independence -----------------------------------------------------------------------------------------------
 
 TEST_F(FiberMultiLockTest, DistinctKeysProceedIndependently) {
     // A holds key 1 and a waiter queues behind it; B must still get key 2 (and key 3 by try_lock) while
@@ -285,7 +285,7 @@ TEST_F(FiberMultiLockTest, ManyKeysHeldAtOnce) {
     }
 }
 
-// ---- contention ------------------------------------------------------------------------------------------------------
+// ---- contention -------------------------------------------------------------------------------------------------
 
 TEST_F(FiberMultiLockTest, SixtyFourKeysManyContendersNeverTwoHolders) {
     constexpr int kKeys = 64;
@@ -330,7 +330,7 @@ TEST_F(FiberMultiLockTest, SixtyFourKeysManyContendersNeverTwoHolders) {
 }
 
 #ifndef NDEBUG
-// ---- misuse (debug builds) -----------------------------------------------------------------------------------------
+// ---- misuse (debug builds) --------------------------------------------------------------------------------------
 
 void relockAHeldKey() {
     FiberMultiLock ml;

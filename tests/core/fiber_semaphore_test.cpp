@@ -268,6 +268,24 @@ TEST_F(FiberSemaphoreTest, TimeoutsRacingReleasesLoseNoPermit) {
                 static_cast<long long>(timedOut.load()), static_cast<long long>(sem.available()));
 }
 
+TEST_F(FiberSemaphoreTest, ShutdownEndsATimedAcquireOnAFiber) {
+    FiberSemaphore sem(0);
+    std::atomic<bool> started{false};
+    auto waiter = on(0, [&] {
+        started.store(true);
+        return sem.try_acquire_for(1h);
+    });
+    yieldUntil([&] { return started.load(); });
+    // Usually parked by now (then shutdown fires its timer); if not, shutdown refuses its timer and it gives
+    // up at once. False either way.
+    std::this_thread::sleep_for(2ms);
+    runtime_->shutdown();
+    EXPECT_FALSE(waiter.join());
+    EXPECT_EQ(sem.available(), 0);
+    sem.release();
+    EXPECT_EQ(sem.available(), 1) << "the waiter left the queue";
+}
+
 // ---- bounding concurrency -------------------------------------------------------------------------------------------
 
 TEST_F(FiberSemaphoreTest, NeverMoreThanKInside) {
