@@ -1,0 +1,96 @@
+#pragma once
+/// Pieces shared by the blocking primitives (FiberCondVar, FiberMultiLock, FiberSemaphore): a tiny spin
+/// lock that guards their waiter lists, and the clamping of a user's timeout to what FiberFuture takes.
+///
+/// Thread-safety: SpinLock is a mutex for fibers and threads alike, with one rule: never park (wait on a
+/// future, take a fiber lock, do I/O) while holding it. Its critical sections are a few pointer writes.
+/// Memory ordering: lock() is an acquire, unlock() a release; everything written inside one critical
+/// section is visible inside the next.
+/// Cost: an uncontended lock()/unlock() pair is one exchange and one store. A contended lock() spins on a
+/// plain load (test-and-test-and-set, so waiting does not bounce the cache line) with a pause per probe,
+/// and after kSpinsBeforeYield probes yields the OS thread: the holder may be a preempted thread, and on
+/// an oversubscribed machine spinning then only burns the holder's CPU.
+
+#include <sched.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+
+namespace spindle::detail {
+
+/// Tells the CPU this is a spin-wait loop (saves power, yields the core's pipeline to an SMT sibling).
+[[gnu::always_inline]] inline void cpuRelax() noexcept {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield" ::: "memory");
+#endif
+}
+
+class SpinLock {
+public:
+    SpinLock() noexcept = default;
+    SpinLock(const SpinLock&) = delete;
+    SpinLock& operator=(const SpinLock&) = delete;
+
+    void lock() noexcept {
+        if (!locked_.exchange(true, std::memory_order_acquire)) { return; }
+        lockSlow();
+    }
+    [[nodiscard]] bool try_lock() noexcept {
+        return !locked_.load(std::memory_order_relaxed) && !locked_.exchange(true, std::memory_order_acquire);
+    }
+    void unlock() noexcept { locked_.store(false, std::memory_order_release); }
+
+private:
+    static constexpr unsigned kSpinsBeforeYield = 128;
+
+    [[gnu::noinline]] void lockSlow() noexcept {
+        for (;;) {
+            for (unsigned spins = 0; locked_.load(std::memory_order_relaxed); ++spins) {
+                if (spins < kSpinsBeforeYield) {
+                    cpuRelax();
+                } else {
+                    ::sched_yield();
+                    spins = 0;
+                }
+            }
+            if (!locked_.exchange(true, std::memory_order_acquire)) { return; }
+        }
+    }
+
+    std::atomic<bool> locked_{false};
+};
+
+/// The longest timeout a primitive passes on (about 146 years): far enough that it never fires, near
+/// enough that now + timeout cannot overflow the 64-bit nanosecond clock.
+inline constexpr std::chrono::nanoseconds kMaxTimeout{int64_t{1} << 62};
+
+/// `d` as whole nanoseconds, rounded up (a wait never ends early) and clamped to [0, kMaxTimeout], so that
+/// durations like hours::max() or a floating-point infinity mean "practically forever", not an overflow.
+template <class Rep, class Period>
+[[nodiscard]] std::chrono::nanoseconds clampTimeout(const std::chrono::duration<Rep, Period>& d) noexcept {
+    using namespace std::chrono;
+    // Compare in floating point: converting a huge integral duration to nanoseconds would overflow.
+    const double ns = duration<double, std::nano>(d).count();
+    if (!(ns > 0.0)) { return nanoseconds::zero(); }  // also NaN
+    if (ns >= static_cast<double>(kMaxTimeout.count())) { return kMaxTimeout; }
+    return ceil<nanoseconds>(d);
+}
+
+/// The time left until `deadline` on the steady clock, clamped as clampTimeout() does.
+template <class Duration>
+[[nodiscard]] std::chrono::nanoseconds timeoutUntil(
+    const std::chrono::time_point<std::chrono::steady_clock, Duration>& deadline) noexcept {
+    using namespace std::chrono;
+    const auto now = steady_clock::now();
+    // Subtract in floating point first: a far deadline (time_point::max()) in nanoseconds would overflow.
+    const double ns = duration<double, std::nano>(deadline.time_since_epoch()).count() -
+                      duration<double, std::nano>(now.time_since_epoch()).count();
+    if (!(ns > 0.0)) { return nanoseconds::zero(); }
+    if (ns >= static_cast<double>(kMaxTimeout.count())) { return kMaxTimeout; }
+    return ceil<nanoseconds>(deadline - now);
+}
+
+}  // namespace spindle::detail
