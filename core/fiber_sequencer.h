@@ -22,9 +22,11 @@
 /// past a token is visible to the waiter whose future for that token is set with 0 (and to anyone who then
 /// reads value() >= token with acquire ordering, which value() does).
 ///
-/// Fairness: futures are set in token order within one combining pass (lowest first); futures with equal
-/// tokens are set in no particular order. Futures woken by two different passes may have their set() calls
-/// overlap. Combining is not fair to the combiner: while others keep adding work it keeps running passes.
+/// Fairness: a combining pass sets the futures it takes off its heap lowest token first (equal tokens in no
+/// particular order), after those it cancelled or found satisfied at registration. Passes run one at a
+/// time, but the set() calls of one pass may overlap those of the next, so waiters released by different
+/// passes may resume in either order. Combining is not fair to the combiner: while others keep adding
+/// work it keeps running passes.
 ///
 /// Cancellation: Future::cancel() withdraws a registration. The future is then set exactly once: with
 /// -ECANCELED if the counter had not reached its token when the cancellation was processed, with 0

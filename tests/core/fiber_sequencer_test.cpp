@@ -342,6 +342,7 @@ TEST_F(FiberSequencerTest, CancelledFuturesLeaveTheOthersInOrder) {
 struct CancelRace {
     FiberSequencer s;
     std::atomic<uint64_t> armed{0};
+    std::atomic<uint64_t> seen{0};  // the incrementer is about to increment to this
     std::atomic<uint64_t> progress{0};
     int zeros = 0;
     int cancels = 0;
@@ -353,7 +354,10 @@ struct CancelRace {
             Future f;
             s.wait(token, &f);
             armed.store(token, std::memory_order_release);
-            for (int i = 0; i < (r % 32) * (r % 32); ++i) { __builtin_ia32_pause(); }  // vary who comes first
+            // Vary who comes first: every other round starts its delay only once the incrementer is on its
+            // way, so that the two calls really meet.
+            if (r % 2 == 0) { spinUntil([&] { return seen.load(std::memory_order_acquire) >= token; }); }
+            for (int i = 0; i < (r % 32) * (r % 32); ++i) { __builtin_ia32_pause(); }
             f.cancel();
             const int32_t res = f.wait();
             if (res == 0) {
@@ -371,6 +375,7 @@ struct CancelRace {
         for (int r = 0; r < rounds; ++r) {
             const uint64_t token = static_cast<uint64_t>(r) + 1;
             spinUntil([&] { return armed.load(std::memory_order_acquire) >= token; });
+            seen.store(token, std::memory_order_release);
             s.increment();
         }
     }
