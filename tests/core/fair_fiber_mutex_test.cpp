@@ -30,7 +30,7 @@ namespace {
 using namespace std::chrono_literals;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kDestroyRounds = 200;
+constexpr int kDestroyRounds = 500;
 #else
 constexpr int kDestroyRounds = 2'000;
 #endif

@@ -31,7 +31,7 @@ using namespace std::chrono_literals;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
 constexpr int kPingPongRounds = 1'000;
-constexpr int kDestroyRounds = 200;
+constexpr int kDestroyRounds = 500;
 #else
 constexpr int kPingPongRounds = 10'000;
 constexpr int kDestroyRounds = 2'000;

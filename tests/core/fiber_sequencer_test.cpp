@@ -36,9 +36,9 @@ using namespace std::chrono_literals;
 using Future = FiberSequencer::Future;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kCancelRaceRounds = 2'000;
+constexpr int kCancelRaceRounds = 5'000;
 constexpr int kPingPongRounds = 1'000;
-constexpr int kDestroyRounds = 200;
+constexpr int kDestroyRounds = 500;
 #else
 constexpr int kCancelRaceRounds = 20'000;
 constexpr int kPingPongRounds = 10'000;

@@ -32,9 +32,9 @@ namespace {
 using namespace std::chrono_literals;
 
 #if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kCombinerRounds = 100;     // per waiter, of kBatch registrations each
-constexpr int kMutexIncrements = 100'000;
-constexpr int kBarrierRounds = 300;
+constexpr int kCombinerRounds = 300;     // per waiter, of kBatch registrations each
+constexpr int kMutexIncrements = 200'000;
+constexpr int kBarrierRounds = 1'000;
 #else
 constexpr int kCombinerRounds = 1'000;
 constexpr int kMutexIncrements = 1'000'000;
