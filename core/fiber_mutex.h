@@ -24,7 +24,8 @@
 /// a reader arriving in the instant between the release and the writer's retry may slip in. So
 /// writers get in ahead of a stream of readers in practice, yet nobody is promised FIFO order or
 /// freedom from starvation. Woken waiters that lose the race park again; lock() never returns without
-/// the lock. A reader that re-enters lock_shared() while a writer waits deadlocks, as with any
+/// the lock. A holder that unlocks and locks again without yielding in between takes the lock back
+/// every time (the woken waiters have not run yet): where hand-off order matters, use FairFiberMutex. A reader that re-enters lock_shared() while a writer waits deadlocks, as with any
 /// writer-preferring lock.
 /// Cost: uncontended lock() and unlock() are one CAS and one exchange, plus a look at the thread's
 /// carrier for the current fiber; lock_shared() and unlock_shared() one CAS each. A contended lock() spins up to 16 PAUSEs (about half a microsecond)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Runs the core benchmarks side by side with their peers (Boost.Context,
-# Boost.Fiber, a raw liburing loop), in the same binaries and the same run,
-# and prints each figure with its ratio against the peer.
+# Boost.Fiber, a raw liburing loop, std::promise, std::mutex), in the same
+# binaries and the same run, and prints each figure with its ratio against the
+# peer: switch, yield, spawn, NOP, futures, mutexes, condition variables, the
+# sequencer.
 #
 # usage: scripts/bench/core.sh [--repetitions N] [--cpu C] [--min-time S]
 #   --repetitions N  runs of each benchmark; the median is reported (default 5)
@@ -33,7 +35,7 @@ trap 'rm -rf "$out"' EXIT
 
 echo "machine: $(bench_machine_line)"
 echo "pinned to CPU $cpu, $reps repetitions each, median reported"
-for b in switch scheduler nop; do
+for b in switch scheduler nop future sync; do
   taskset -c "$cpu" "$bin/spindle_${b}_bench" --benchmark_repetitions="$reps" \
     --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out="$out/$b.json" \
     --benchmark_out_format=json >/dev/null
@@ -83,4 +85,24 @@ for n in (1, 8, 64):
     if ours and raw:
         print(f"NOP, {n:2d} fibers vs batch of {n:2d}: spindle {ours[0]/1e6:6.2f} M/s  raw liburing {raw[0]/1e6:6.2f} M/s"
               f"  ratio {ours[0]/raw[0]:.2f}  (spindle range {ours[1]/1e6:.2f}..{ours[2]/1e6:.2f})")
+print()
+line("future round trip, same carrier", ns("BM_FiberFutureRoundTripSameCarrier"),
+     ns("BM_StdPromiseRoundTripAcrossThreads"), "std::promise, 2 threads")
+line("future round trip, 2 carriers", ns("BM_FiberFutureRoundTripAcrossCarriers"),
+     ns("BM_StdPromiseRoundTripAcrossThreads"), "std::promise, 2 threads")
+for name in ("BM_FiberFutureRoundTripSameCarrier", "BM_FiberFutureRoundTripAcrossCarriers", "BM_StdPromiseRoundTripAcrossThreads"):
+    v = med(name, "allocs/iter")
+    print(f"    {name:40s} allocs/iter {v[0] if v else 'n/a'}")
+print()
+line("FiberMutex lock+unlock, uncontended", ns("BM_FiberMutexUncontended"), ns("BM_StdMutexUncontended"), "std::mutex")
+line("  same, from a plain thread", ns("BM_FiberMutexUncontendedFromThread"), ns("BM_StdMutexUncontended"), "std::mutex")
+line("FairFiberMutex, uncontended", ns("BM_FairFiberMutexUncontended"), ns("BM_StdMutexUncontended"), "std::mutex")
+line("FiberMutex hand-off, 4 fibers", ns("BM_FiberMutexHandoff"), ns("BM_BoostFiberMutexHandoff"), "boost::fibers::mutex")
+line("FairFiberMutex hand-off, 4 fibers", ns("BM_FairFiberMutexHandoff"), ns("BM_BoostFiberMutexHandoff"), "boost::fibers::mutex")
+line("FiberCondVar ping-pong round trip", ns("BM_FiberCondVarPingPong"), ns("BM_BoostFiberCondVarPingPong"), "boost::fibers::condition_variable")
+seqr = med("BM_SequencerWakesThousandInOrder", "items_per_second")
+ooo = med("BM_SequencerWakesThousandInOrder", "out_of_order")
+if seqr:
+    print(f"FiberSequencer, 1,000 waiters woken in order: {1e9/seqr[0]:.1f} ns per waiter (register + wake), "
+          f"out of order: {ooo[0] if ooo else 'n/a'}")
 PY
