@@ -40,16 +40,27 @@ for b in switch scheduler nop future sync; do
     --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out="$out/$b.json" \
     --benchmark_out_format=json >/dev/null
 done
+# The cross-carrier future round trip once more with both CPUs (two carriers,
+# two threads for std::promise): each hand-off then wakes a halted vCPU.
+mkdir -p "$out/wide"
+"$bin/spindle_future_bench" --benchmark_filter='AcrossCarriers|StdPromise' --benchmark_repetitions="$reps" \
+  --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out="$out/wide/future.json" \
+  --benchmark_out_format=json >/dev/null
 
 python3 - "$out" <<'PY'
 import json, sys, os, statistics
 out = sys.argv[1]
-runs = {}
-for f in os.listdir(out):
-    for b in json.load(open(os.path.join(out, f)))["benchmarks"]:
-        if b.get("run_type") != "iteration":
+def load(folder, prefix=""):
+    found = {}
+    for f in os.listdir(folder):
+        if not f.endswith(".json"):
             continue
-        runs.setdefault(b["run_name"], []).append(b)
+        for b in json.load(open(os.path.join(folder, f)))["benchmarks"]:
+            if b.get("run_type") == "iteration":
+                found.setdefault(prefix + b["run_name"], []).append(b)
+    return found
+runs = load(out)
+runs.update(load(os.path.join(out, "wide"), "wide:"))
 
 def med(name, key):
     rows = runs.get(name) or runs.get(name + "/real_time")
@@ -87,9 +98,11 @@ for n in (1, 8, 64):
               f"  ratio {ours[0]/raw[0]:.2f}  (spindle range {ours[1]/1e6:.2f}..{ours[2]/1e6:.2f})")
 print()
 line("future round trip, same carrier", ns("BM_FiberFutureRoundTripSameCarrier"),
-     ns("BM_StdPromiseRoundTripAcrossThreads"), "std::promise, 2 threads")
-line("future round trip, 2 carriers", ns("BM_FiberFutureRoundTripAcrossCarriers"),
-     ns("BM_StdPromiseRoundTripAcrossThreads"), "std::promise, 2 threads")
+     ns("BM_StdPromiseRoundTripAcrossThreads"), "std::promise, 2 threads, 1 CPU")
+line("future round trip, 2 carriers, 1 CPU", ns("BM_FiberFutureRoundTripAcrossCarriers"),
+     ns("BM_StdPromiseRoundTripAcrossThreads"), "std::promise, 2 threads, 1 CPU")
+line("future round trip, 2 carriers, 2 CPUs", ns("wide:BM_FiberFutureRoundTripAcrossCarriers"),
+     ns("wide:BM_StdPromiseRoundTripAcrossThreads"), "std::promise, 2 threads, 2 CPUs")
 for name in ("BM_FiberFutureRoundTripSameCarrier", "BM_FiberFutureRoundTripAcrossCarriers", "BM_StdPromiseRoundTripAcrossThreads"):
     v = med(name, "allocs/iter")
     print(f"    {name:40s} allocs/iter {v[0] if v else 'n/a'}")
