@@ -5,32 +5,21 @@
 #include <algorithm>
 #include <bit>
 #include <new>
-#include <thread>
 
 #include "base/log.h"
+#include "core/internal/sync_support.h"
 
 namespace spindle::detail {
 
 /// One shard: a TTAS spinlock and an intrusive FIFO of waiters, in one cache line.
 /// Invariant: every node in the list has kQueued set and its `key` hashes here; `head` is the oldest.
 struct alignas(64) WaiterTable::Bucket {
-    std::atomic<uint32_t> locked{0};
+    SpinLock spin;
     Waiter* head = nullptr;
     Waiter* tail = nullptr;
 
-    void lock() noexcept {
-        for (unsigned spins = 0;;) {
-            if (locked.exchange(1, std::memory_order_acquire) == 0) { return; }
-            while (locked.load(std::memory_order_relaxed) != 0) {
-                if (++spins < 1024) {
-                    __builtin_ia32_pause();
-                } else {
-                    std::this_thread::yield();  // the holder is probably a preempted plain thread
-                }
-            }
-        }
-    }
-    void unlock() noexcept { locked.store(0, std::memory_order_release); }
+    void lock() noexcept { spin.lock(); }
+    void unlock() noexcept { spin.unlock(); }
 
     void append(Waiter* w) noexcept {
         w->next = nullptr;

@@ -1,6 +1,7 @@
 #pragma once
-/// Pieces shared by the blocking primitives (FiberCondVar, FiberMultiLock, FiberSemaphore): a tiny spin
-/// lock that guards their waiter lists, and the clamping of a user's timeout to what FiberFuture takes.
+/// Pieces shared by the blocking primitives (the waiter table's buckets, FiberCondVar, FiberMultiLock,
+/// FiberSemaphore): a tiny spin lock that guards their waiter lists, and the clamping of a user's timeout
+/// to what FiberFuture takes.
 ///
 /// Thread-safety: SpinLock is a mutex for fibers and threads alike, with one rule: never park (wait on a
 /// future, take a fiber lock, do I/O) while holding it. Its critical sections are a few pointer writes.
