@@ -17,20 +17,18 @@
 #include <thread>
 #include <vector>
 
+#include "tests/core/with_runtime.h"
+
 namespace spindle::detail {
 namespace {
 
+using namespace testing_support;
+
 // Sanitizer builds run 5-20x slower and CI gives them two cores; keep each
 // stress test well under ten seconds there.
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kStressItems = 1 << 14;
-constexpr int kBurstRounds = 1 << 13;
-constexpr int kRepeats = 4;
-#else
-constexpr int kStressItems = 1 << 16;
-constexpr int kBurstRounds = 1 << 15;
-constexpr int kRepeats = 8;
-#endif
+constexpr int kStressItems = kSanitized ? (1 << 14) : (1 << 16);
+constexpr int kBurstRounds = kSanitized ? (1 << 13) : (1 << 15);
+constexpr int kRepeats = kSanitized ? 4 : 8;
 constexpr int kThieves = 3;
 
 TEST(ChaseLevDeque, EmptyYieldsNothing) {

@@ -16,24 +16,21 @@
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
-#include <optional>
 #include <thread>
 #include <vector>
 
 #include "core/fiber.h"
 #include "core/fiber_future.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kDestroyRounds = 500;
-#else
-constexpr int kDestroyRounds = 2'000;
-#endif
+constexpr int kDestroyRounds = kSanitized ? 500 : 2'000;
 constexpr int kQueued = 64;
 
 template <class T>
@@ -41,36 +38,7 @@ concept Cancellable = requires(T& f) { f.cancel(); };
 static_assert(Cancellable<FiberSequencer::Future>);
 static_assert(!Cancellable<FairFiberMutex::Future>, "a ticket cannot be given back, so cancel() is hidden");
 
-class FairFiberMutexTest : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions options;
-        options.carriers = 2;
-        auto rt = Runtime::start(options);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-
-    template <class F>
-    auto on(int carrier, F&& fn, const char* name = nullptr) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.name = name, .carrier = carrier, .pinned = true})
-            .value();
-    }
-    template <class F>
-    auto anywhere(F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn)).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using FairFiberMutexTest = WithRuntime;
 
 TEST_F(FairFiberMutexTest, LockUnlockAndTryLock) {
     FairFiberMutex m;

@@ -16,7 +16,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <random>
@@ -24,101 +23,19 @@
 #include <vector>
 
 #include "core/fiber.h"
-#include "core/fiber_semaphore.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kRaceRounds = 1'000;
-constexpr int kPingPongRounds = 1'000;
-#else
-constexpr int kRaceRounds = 3'000;
-constexpr int kPingPongRounds = 3'000;
-#endif
+constexpr int kRaceRounds = kSanitized ? 1'000 : 3'000;
+constexpr int kPingPongRounds = kSanitized ? 1'000 : 3'000;
 
-/// A lock that a fiber may hold while it parks: one permit of a FiberSemaphore.
-class SemLock {
-public:
-    void lock() noexcept { sem_.acquire(); }
-    void unlock() noexcept { sem_.release(); }
-    bool try_lock() noexcept { return sem_.try_acquire(); }
-    /// Whether the lock is taken (meaningful only while nobody queues for it).
-    [[nodiscard]] bool taken() const noexcept { return sem_.available() == 0; }
-
-private:
-    FiberSemaphore sem_{1};
-};
-
-/// Aborts with a message if `progress` stops changing for `limit`: a lost wake-up shows as a hang, and a
-/// hung test tells nobody anything.
-class Watchdog {
-public:
-    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit)
-        : thread_([what, &progress, limit](std::stop_token st) {
-              uint64_t last = progress.load();
-              auto lastChange = std::chrono::steady_clock::now();
-              while (!st.stop_requested()) {
-                  std::this_thread::sleep_for(20ms);
-                  const uint64_t now = progress.load();
-                  if (now != last) {
-                      last = now;
-                      lastChange = std::chrono::steady_clock::now();
-                  } else if (std::chrono::steady_clock::now() - lastChange > limit) {
-                      std::fprintf(stderr, "watchdog: %s made no progress for %lld s (stuck at %llu); aborting\n",
-                                   what, static_cast<long long>(limit.count()), static_cast<unsigned long long>(now));
-                      std::abort();
-                  }
-              }
-          }) {}
-
-private:
-    std::jthread thread_;
-};
-
-/// Yields (the fiber, or the thread) until pred() holds.
-template <class Pred>
-void yieldUntil(Pred pred) {
-    while (!pred()) { this_fiber::yield(); }
-}
-
-/// A runtime with two carriers (even on one core, so that the cross-carrier paths always run); TearDown
-/// checks that no fiber was left behind.
-class FiberCondVarTest : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions o;
-        o.carriers = 2;
-        auto rt = Runtime::start(o);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-
-    /// Starts fn on `carrier`, pinned there.
-    template <class F>
-    auto on(int carrier, F&& fn, const char* name = nullptr) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.name = name, .carrier = carrier, .pinned = true})
-            .value();
-    }
-    /// Starts fn anywhere (it may be stolen).
-    template <class F>
-    auto anywhere(F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn)).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using FiberCondVarTest = WithRuntime;
 
 // ---- notify ---------------------------------------------------------------------------------------------------
 

@@ -14,84 +14,24 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <optional>
 #include <thread>
 #include <vector>
 
 #include "core/fiber.h"
 #include "core/fiber_future.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kPingPongRounds = 1'000;
-constexpr int kDestroyRounds = 500;
-#else
-constexpr int kPingPongRounds = 10'000;
-constexpr int kDestroyRounds = 2'000;
-#endif
+constexpr int kPingPongRounds = kSanitized ? 1'000 : 10'000;
+constexpr int kDestroyRounds = kSanitized ? 500 : 2'000;
 
-/// Aborts the process if `progress` stops changing for `limit`: a lost wake-up shows as a hang otherwise.
-class Watchdog {
-public:
-    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit = 30s)
-        : thread_([what, &progress, limit](std::stop_token st) {
-              uint64_t last = progress.load();
-              auto lastChange = std::chrono::steady_clock::now();
-              while (!st.stop_requested()) {
-                  std::this_thread::sleep_for(20ms);
-                  const uint64_t now = progress.load();
-                  if (now != last) {
-                      last = now;
-                      lastChange = std::chrono::steady_clock::now();
-                  } else if (std::chrono::steady_clock::now() - lastChange > limit) {
-                      std::fprintf(stderr, "watchdog: %s made no progress for %lld s (stuck at %llu); aborting\n",
-                                   what, static_cast<long long>(limit.count()), static_cast<unsigned long long>(now));
-                      std::abort();
-                  }
-              }
-          }) {}
-
-private:
-    std::jthread thread_;
-};
-
-class FiberEventTest : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions options;
-        options.carriers = 2;
-        auto rt = Runtime::start(options);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-
-    template <class F>
-    auto on(int carrier, F&& fn, const char* name = nullptr) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.name = name, .carrier = carrier, .pinned = true})
-            .value();
-    }
-    template <class F>
-    auto anywhere(F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn)).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using FiberEventTest = WithRuntime;
 
 TEST_F(FiberEventTest, SetAndResetAreIdempotent) {
     FiberEvent e;
@@ -233,7 +173,7 @@ TEST_F(FiberEventTest, PingPongOverTwoEvents) {
     FiberEvent ping;
     FiberEvent pong;
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("PingPongOverTwoEvents", progress);
+    Watchdog dog("PingPongOverTwoEvents", progress, 30s);
     auto fiber = on(0, [&] {
         for (int i = 0; i < kPingPongRounds; ++i) {
             ping.wait();
@@ -257,7 +197,7 @@ TEST_F(FiberEventTest, AReleasedWaiterMayDestroyTheEvent) {
     // A one-shot completion signal: the waiter frees the event as soon as it passes it, while the set()
     // that let it through may still be returning. ASan reports any touch after the release.
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("AReleasedWaiterMayDestroyTheEvent", progress);
+    Watchdog dog("AReleasedWaiterMayDestroyTheEvent", progress, 30s);
     for (int r = 0; r < kDestroyRounds; ++r) {
         auto* e = new FiberEvent;
         auto waiter = anywhere([e] {

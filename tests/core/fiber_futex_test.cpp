@@ -14,80 +14,24 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
-#include <optional>
 #include <thread>
 #include <vector>
 
 #include "core/fiber.h"
 #include "core/internal/waiter_table.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 using detail::WaiterTable;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kRaceRounds = 20'000;
-#else
-constexpr int kRaceRounds = 100'000;
-#endif
+constexpr int kRaceRounds = kSanitized ? 20'000 : 100'000;
 
-/// Aborts with a message if `progress` stops moving for `limit`: a lost wake-up shows as a hang.
-class Watchdog {
-public:
-    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit = 60s)
-        : thread_([what, &progress, limit](std::stop_token st) {
-              uint64_t last = progress.load();
-              auto since = std::chrono::steady_clock::now();
-              while (!st.stop_requested()) {
-                  std::this_thread::sleep_for(20ms);
-                  if (const uint64_t now = progress.load(); now != last) {
-                      last = now;
-                      since = std::chrono::steady_clock::now();
-                  } else if (std::chrono::steady_clock::now() - since > limit) {
-                      std::fprintf(stderr, "watchdog: %s stuck at %llu; aborting\n", what,
-                                   static_cast<unsigned long long>(now));
-                      std::abort();
-                  }
-              }
-          }) {}
-
-private:
-    std::jthread thread_;
-};
-
-void awaitWaiters(const void* key, size_t n) {
-    while (WaiterTable::instance().countWaiters(key) != n) { std::this_thread::yield(); }
-}
-
-class FiberFutexTest : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions options;
-        options.carriers = 2;  // even on one core, so that the cross-carrier paths always run
-        auto rt = Runtime::start(options);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-    template <class F>
-    auto on(int carrier, F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.carrier = carrier}).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using FiberFutexTest = WithRuntime;
 
 // ---- the counter and waits that need not park -----------------------------------------------------------------
 
@@ -136,7 +80,7 @@ TEST_F(FiberFutexTest, PostWakesEveryWaiterOnBothCarriersAndThreads) {
         if (payload == 99) { sawPayload.fetch_add(1); }
     };
     std::vector<FiberHandle<void>> fibers;
-    for (int i = 0; i < kFibers; ++i) { fibers.push_back(on(i % 2, waiter)); }
+    for (int i = 0; i < kFibers; ++i) { fibers.push_back(onUnpinned(i % 2, waiter)); }
     std::vector<std::thread> threads;
     for (int i = 0; i < kThreads; ++i) { threads.emplace_back(waiter); }
 
@@ -152,7 +96,7 @@ TEST_F(FiberFutexTest, PostWakesEveryWaiterOnBothCarriersAndThreads) {
 TEST_F(FiberFutexTest, AWaitForSeveralPostsReturnsOnlyAfterTheLast) {
     FiberFutex f;
     std::atomic<uint64_t> seenOnReturn{0};
-    auto h = on(0, [&] {
+    auto h = onUnpinned(0, [&] {
         f.wait(3);
         seenOnReturn = f.get();
     });
@@ -172,7 +116,7 @@ TEST_F(FiberFutexTest, WaitWithNoArgumentWaitsForTheNextPost) {
     f.post();
     f.post();  // earlier posts do not count
     std::atomic<bool> returned{false};
-    auto h = on(1, [&] {
+    auto h = onUnpinned(1, [&] {
         f.wait();
         returned = true;
     });
@@ -185,7 +129,7 @@ TEST_F(FiberFutexTest, WaitWithNoArgumentWaitsForTheNextPost) {
 
 TEST_F(FiberFutexTest, WaitForTimesOutOnAFiberAndLeavesTheTable) {
     FiberFutex f;
-    auto h = on(0, [&] { return f.waitFor(1, 2ms); });
+    auto h = onUnpinned(0, [&] { return f.waitFor(1, 2ms); });
     EXPECT_EQ(h.join(), -ETIMEDOUT);
     EXPECT_EQ(WaiterTable::instance().countWaiters(&f), 0u);
     EXPECT_EQ(f.get(), 0u);
@@ -193,7 +137,7 @@ TEST_F(FiberFutexTest, WaitForTimesOutOnAFiberAndLeavesTheTable) {
 
 TEST_F(FiberFutexTest, WaitForReturnsZeroWhenPostedInTime) {
     FiberFutex f;
-    auto fiber = on(0, [&] { return f.waitFor(1, 60s); });
+    auto fiber = onUnpinned(0, [&] { return f.waitFor(1, 60s); });
     int threadResult = 1;
     std::thread thread([&] { threadResult = f.waitFor(1, 60s); });
     awaitWaiters(&f, 2);
@@ -210,11 +154,11 @@ TEST_F(FiberFutexTest, TimedAndUntimedWaitersMix) {
     std::atomic<int> timedOut{0};
     std::vector<FiberHandle<void>> timed;
     for (int i = 0; i < 4; ++i) {
-        timed.push_back(on(i % 2, [&] {
+        timed.push_back(onUnpinned(i % 2, [&] {
             if (f.waitFor(1, 1ms) == -ETIMEDOUT) { timedOut.fetch_add(1); }
         }));
     }
-    auto untimed = on(1, [&] { f.wait(1); });
+    auto untimed = onUnpinned(1, [&] { f.wait(1); });
     for (auto& h : timed) { h.join(); }  // nothing posts until they are gone, so each timed out
     EXPECT_EQ(timedOut.load(), 4);
     awaitWaiters(&f, 1);
@@ -230,15 +174,15 @@ TEST_F(FiberFutexTest, APostBetweenTheCheckAndTheParkIsNeverLost) {
     FiberFutex ping;
     FiberFutex pong;
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("futex ping-pong", progress);
-    auto a = on(0, [&] {
+    Watchdog dog("futex ping-pong", progress, 60s);
+    auto a = onUnpinned(0, [&] {
         for (int i = 0; i < kRaceRounds; ++i) {
             ping.post();
             pong.wait(static_cast<uint64_t>(i) + 1);
             progress.fetch_add(1, std::memory_order_relaxed);
         }
     });
-    auto b = on(1, [&] {
+    auto b = onUnpinned(1, [&] {
         for (int i = 0; i < kRaceRounds; ++i) {
             ping.wait(static_cast<uint64_t>(i) + 1);
             pong.post();
@@ -254,9 +198,9 @@ TEST_F(FiberFutexTest, ThreadsAndFibersPingPong) {
     FiberFutex toThread;
     FiberFutex toFiber;
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("futex thread/fiber ping-pong", progress);
+    Watchdog dog("futex thread/fiber ping-pong", progress, 60s);
     const int rounds = kRaceRounds / 4;
-    auto fiber = on(0, [&] {
+    auto fiber = onUnpinned(0, [&] {
         for (int i = 0; i < rounds; ++i) {
             toThread.post();
             toFiber.wait(static_cast<uint64_t>(i) + 1);
@@ -277,7 +221,7 @@ TEST_F(FiberFutexTest, TimedWaitsRacingWithPostsNeverLoseOne) {
     std::atomic<uint64_t> progress{0};
     Watchdog dog("timed futex race", progress, 90s);
     const int rounds = kRaceRounds / 4;
-    auto waiter = on(0, [&] {
+    auto waiter = onUnpinned(0, [&] {
         int bad = 0;
         for (int i = 0; i < rounds; ++i) {
             if (f.waitFor(static_cast<uint64_t>(i) + 1, 60s) != 0) { ++bad; }
@@ -285,7 +229,7 @@ TEST_F(FiberFutexTest, TimedWaitsRacingWithPostsNeverLoseOne) {
         }
         return bad;
     });
-    auto poster = on(1, [&] {
+    auto poster = onUnpinned(1, [&] {
         for (int i = 0; i < rounds; ++i) {
             f.post();
             ack.wait(static_cast<uint64_t>(i) + 1);

@@ -13,8 +13,6 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -29,44 +27,13 @@ namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kRaceIterations = 10'000;
-constexpr int kMultiRaceIterations = 1'000;
-constexpr int kPingPongRounds = 1'000;
-#else
-constexpr int kRaceIterations = 100'000;
-constexpr int kMultiRaceIterations = 10'000;
-constexpr int kPingPongRounds = 10'000;
-#endif
+constexpr int kRaceIterations = kSanitized ? 10'000 : 100'000;
+constexpr int kMultiRaceIterations = kSanitized ? 1'000 : 10'000;
+constexpr int kPingPongRounds = kSanitized ? 1'000 : 10'000;
 
-/// Aborts the process with a message if `progress` stops changing for `limit`: a lost wake-up shows as a
-/// hang, and a hung test tells nobody anything.
-class Watchdog {
-public:
-    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit)
-        : thread_([what, &progress, limit](std::stop_token st) {
-              uint64_t last = progress.load();
-              auto lastChange = std::chrono::steady_clock::now();
-              while (!st.stop_requested()) {
-                  std::this_thread::sleep_for(20ms);
-                  const uint64_t now = progress.load();
-                  if (now != last) {
-                      last = now;
-                      lastChange = std::chrono::steady_clock::now();
-                  } else if (std::chrono::steady_clock::now() - lastChange > limit) {
-                      std::fprintf(stderr, "watchdog: %s made no progress for %lld s (stuck at %llu); aborting\n",
-                                   what, static_cast<long long>(limit.count()), static_cast<unsigned long long>(now));
-                      std::abort();
-                  }
-              }
-          }) {}
-
-private:
-    std::jthread thread_;
-};
-
-using FiberFutureTest = testing_support::WithRuntime;
+using FiberFutureTest = WithRuntime;
 
 // ---- set and wait ------------------------------------------------------------------------------------------
 
@@ -453,11 +420,7 @@ TEST_F(FiberFutureTest, WaitWithTimeoutRacingSetsAcrossCarriers) {
     // the other carrier (stolen) and then disarm its timer from there. Either answer is right; what must hold
     // is that a timed-out future stays armed and later yields the set value, and that nothing hangs.
     constexpr int kWaiters = 8;
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-    constexpr int kRounds = 50;
-#else
-    constexpr int kRounds = 200;
-#endif
+    constexpr int kRounds = kSanitized ? 50 : 200;
     std::atomic<uint64_t> progress{0};
     Watchdog dog("WaitWithTimeoutRacingSetsAcrossCarriers", progress, 30s);
     std::vector<FiberHandle<int>> hs;

@@ -16,7 +16,6 @@
 #include <cstdio>
 #include <cstdlib>
 #include <memory>
-#include <optional>
 #include <random>
 #include <set>
 #include <thread>
@@ -24,54 +23,18 @@
 
 #include "core/fiber.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kContendRounds = 1'500;
-constexpr int kTreapKeys = 5'000;
-#else
-constexpr int kContendRounds = 4'000;
-constexpr int kTreapKeys = 20'000;
-#endif
+constexpr int kContendRounds = kSanitized ? 1'500 : 4'000;
+constexpr int kTreapKeys = kSanitized ? 5'000 : 20'000;
 
-template <class Pred>
-void yieldUntil(Pred pred) {
-    while (!pred()) { this_fiber::yield(); }
-}
-
-class FiberMultiLockTest : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions o;
-        o.carriers = 2;
-        auto rt = Runtime::start(o);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-
-    template <class F>
-    auto on(int carrier, F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.carrier = carrier, .pinned = true}).value();
-    }
-    template <class F>
-    auto anywhere(F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn)).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using FiberMultiLockTest = WithRuntime;
 
 // ---- basics -----------------------------------------------------------------------------------------------------
 

@@ -12,10 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
-#include <optional>
 #include <shared_mutex>
 #include <thread>
 #include <vector>
@@ -23,75 +20,22 @@
 #include "core/fiber.h"
 #include "core/internal/waiter_table.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 using detail::WaiterTable;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kRaceRounds = 20'000;
-#else
-constexpr int kRaceRounds = 100'000;
-#endif
-
-/// Aborts with a message if `progress` stops moving for `limit`: a lost wake-up shows as a hang.
-class Watchdog {
-public:
-    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit = 60s)
-        : thread_([what, &progress, limit](std::stop_token st) {
-              uint64_t last = progress.load();
-              auto since = std::chrono::steady_clock::now();
-              while (!st.stop_requested()) {
-                  std::this_thread::sleep_for(20ms);
-                  if (const uint64_t now = progress.load(); now != last) {
-                      last = now;
-                      since = std::chrono::steady_clock::now();
-                  } else if (std::chrono::steady_clock::now() - since > limit) {
-                      std::fprintf(stderr, "watchdog: %s stuck at %llu; aborting\n", what,
-                                   static_cast<unsigned long long>(now));
-                      std::abort();
-                  }
-              }
-          }) {}
-
-private:
-    std::jthread thread_;
-};
+constexpr int kRaceRounds = kSanitized ? 20'000 : 100'000;
 
 // The keys FiberMutex documents: exclusive waiters under the mutex, shared ones under the byte after it.
 const void* exclusiveKey(const FiberMutex& m) { return &m; }
 const void* sharedKey(const FiberMutex& m) { return reinterpret_cast<const char*>(&m) + 1; }
 
-void awaitWaiters(const void* key, size_t n) {
-    while (WaiterTable::instance().countWaiters(key) != n) { std::this_thread::yield(); }
-}
-
-class FiberMutexTest : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions options;
-        options.carriers = 2;  // even on one core, so that the cross-carrier paths always run
-        auto rt = Runtime::start(options);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-    template <class F>
-    auto on(int carrier, F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.carrier = carrier}).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using FiberMutexTest = WithRuntime;
 
 // ---- try_lock and try_lock_shared ----------------------------------------------------------------------------
 
@@ -178,7 +122,7 @@ TEST_F(FiberMutexTest, SharedHoldersCoexist) {
         while (inside.load() < kFibers + kThreads) { this_fiber::yield(); }
     };
     std::vector<FiberHandle<void>> fibers;
-    for (int i = 0; i < kFibers; ++i) { fibers.push_back(on(i % 2, reader)); }
+    for (int i = 0; i < kFibers; ++i) { fibers.push_back(onUnpinned(i % 2, reader)); }
     std::vector<std::thread> threads;
     for (int i = 0; i < kThreads; ++i) { threads.emplace_back(reader); }
     for (auto& f : fibers) { f.join(); }
@@ -191,7 +135,7 @@ TEST_F(FiberMutexTest, UnlockWakesAParkedFiberAndAParkedThread) {
     FiberMutex m;
     int shared = 0;  // plain memory handed over by the mutex
     m.lock();        // held by this thread's proxy
-    auto fiber = on(0, [&] {
+    auto fiber = onUnpinned(0, [&] {
         std::lock_guard guard(m);
         shared += 1;
     });
@@ -212,7 +156,7 @@ TEST_F(FiberMutexTest, AFiberHolderWakesAThreadAcrossCarriers) {
     FiberMutex m;
     std::atomic<bool> held{false};
     std::atomic<bool> release{false};
-    auto holder = on(1, [&] {
+    auto holder = onUnpinned(1, [&] {
         m.lock();
         held = true;
         while (!release.load()) { this_fiber::yield(); }
@@ -234,7 +178,7 @@ TEST_F(FiberMutexTest, LastReaderOutWakesAWriter) {
     ASSERT_TRUE(m.try_lock_shared());
     ASSERT_TRUE(m.try_lock_shared());
     std::atomic<bool> written{false};
-    auto writer = on(0, [&] {
+    auto writer = onUnpinned(0, [&] {
         std::lock_guard guard(m);
         written = true;
     });
@@ -251,7 +195,7 @@ TEST_F(FiberMutexTest, AWaitingWriterKeepsNewReadersOut) {
     FiberMutex m;
     ASSERT_TRUE(m.try_lock_shared());  // the first reader: this thread
     std::atomic<int> step{0};
-    auto writer = on(0, [&] {
+    auto writer = onUnpinned(0, [&] {
         m.lock();
         step.fetch_add(1);
         m.unlock();
@@ -260,7 +204,7 @@ TEST_F(FiberMutexTest, AWaitingWriterKeepsNewReadersOut) {
     // A writer waits behind a reader: readers that come now must queue, although only readers hold the mutex.
     EXPECT_FALSE(m.try_lock_shared());
     std::atomic<bool> lateReaderIn{false};
-    auto lateReader = on(1, [&] {
+    auto lateReader = onUnpinned(1, [&] {
         std::shared_lock lock(m);
         lateReaderIn = true;
     });
@@ -284,10 +228,10 @@ TEST_F(FiberMutexTest, AWaitingWriterKeepsNewReadersOut) {
 TEST_F(FiberMutexTest, AWriterWaitsForAWriterAndReadersQueueBehindBoth) {
     FiberMutex m;
     m.lock();
-    auto w1 = on(0, [&] { std::lock_guard g(m); });
-    auto w2 = on(1, [&] { std::lock_guard g(m); });
+    auto w1 = onUnpinned(0, [&] { std::lock_guard g(m); });
+    auto w2 = onUnpinned(1, [&] { std::lock_guard g(m); });
     awaitWaiters(exclusiveKey(m), 2);
-    auto r = on(0, [&] { std::shared_lock l(m); });
+    auto r = onUnpinned(0, [&] { std::shared_lock l(m); });
     awaitWaiters(sharedKey(m), 1);
     m.unlock();
     w1.join();
@@ -306,7 +250,7 @@ TEST_F(FiberMutexTest, AnUnlockBetweenTheCheckAndTheParkIsNeverLost) {
     FiberMutex m;
     uint64_t counter = 0;  // guarded by m
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("mutex hand-off", progress);
+    Watchdog dog("mutex hand-off", progress, 60s);
     auto worker = [&] {
         for (int i = 0; i < kRaceRounds; ++i) {
             m.lock();
@@ -317,7 +261,7 @@ TEST_F(FiberMutexTest, AnUnlockBetweenTheCheckAndTheParkIsNeverLost) {
         }
     };
     std::vector<FiberHandle<void>> fibers;
-    for (int i = 0; i < 4; ++i) { fibers.push_back(on(i % 2, worker)); }
+    for (int i = 0; i < 4; ++i) { fibers.push_back(onUnpinned(i % 2, worker)); }
     std::thread t([&] {
         for (int i = 0; i < kRaceRounds / 4; ++i) {
             if (m.try_lock()) {
@@ -339,8 +283,8 @@ TEST_F(FiberMutexTest, ReadersAndWritersHandOffWithoutLosingAWakeUp) {
     uint64_t value = 0;  // written under lock(), read under lock_shared()
     std::atomic<uint64_t> progress{0};
     std::atomic<bool> stop{false};
-    Watchdog dog("reader/writer hand-off", progress);
-    auto writer = on(0, [&] {
+    Watchdog dog("reader/writer hand-off", progress, 60s);
+    auto writer = onUnpinned(0, [&] {
         for (int i = 0; i < kRaceRounds; ++i) {
             std::lock_guard g(m);
             ++value;
@@ -348,7 +292,7 @@ TEST_F(FiberMutexTest, ReadersAndWritersHandOffWithoutLosingAWakeUp) {
         }
         stop = true;
     });
-    auto reader = on(1, [&] {
+    auto reader = onUnpinned(1, [&] {
         uint64_t last = 0;
         bool monotonic = true;
         while (!stop.load()) {

@@ -15,61 +15,24 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
 
 #include "core/fiber.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kRaceAttempts = 10'000;
-constexpr int kBoundRounds = 1'000;
-#else
-constexpr int kRaceAttempts = 20'000;
-constexpr int kBoundRounds = 3'000;
-#endif
+constexpr int kRaceAttempts = kSanitized ? 10'000 : 20'000;
+constexpr int kBoundRounds = kSanitized ? 1'000 : 3'000;
 
-template <class Pred>
-void yieldUntil(Pred pred) {
-    while (!pred()) { this_fiber::yield(); }
-}
-
-class FiberSemaphoreTest : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions o;
-        o.carriers = 2;
-        auto rt = Runtime::start(o);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-
-    template <class F>
-    auto on(int carrier, F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.carrier = carrier, .pinned = true}).value();
-    }
-    template <class F>
-    auto anywhere(F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn)).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using FiberSemaphoreTest = WithRuntime;
 
 // ---- counting ---------------------------------------------------------------------------------------------------
 

@@ -17,10 +17,8 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <memory>
 #include <numeric>
-#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -28,48 +26,19 @@
 #include "core/fiber.h"
 #include "core/fiber_future.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 using Future = FiberSequencer::Future;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kCancelRaceRounds = 5'000;
-constexpr int kPingPongRounds = 1'000;
-constexpr int kDestroyRounds = 500;
-#else
-constexpr int kCancelRaceRounds = 20'000;
-constexpr int kPingPongRounds = 10'000;
-constexpr int kDestroyRounds = 2'000;
-#endif
+constexpr int kCancelRaceRounds = kSanitized ? 5'000 : 20'000;
+constexpr int kPingPongRounds = kSanitized ? 1'000 : 10'000;
+constexpr int kDestroyRounds = kSanitized ? 500 : 2'000;
 constexpr int kOrderedWaiters = 1'000;
-
-/// Aborts the process if `progress` stops changing for `limit`: a lost wake-up shows as a hang otherwise.
-class Watchdog {
-public:
-    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit = 30s)
-        : thread_([what, &progress, limit](std::stop_token st) {
-              uint64_t last = progress.load();
-              auto lastChange = std::chrono::steady_clock::now();
-              while (!st.stop_requested()) {
-                  std::this_thread::sleep_for(20ms);
-                  const uint64_t now = progress.load();
-                  if (now != last) {
-                      last = now;
-                      lastChange = std::chrono::steady_clock::now();
-                  } else if (std::chrono::steady_clock::now() - lastChange > limit) {
-                      std::fprintf(stderr, "watchdog: %s made no progress for %lld s (stuck at %llu); aborting\n",
-                                   what, static_cast<long long>(limit.count()), static_cast<unsigned long long>(now));
-                      std::abort();
-                  }
-              }
-          }) {}
-
-private:
-    std::jthread thread_;
-};
 
 /// Spins (yielding) until `pred` holds; the caller's watchdog catches a condition that never comes.
 template <class Pred>
@@ -83,40 +52,7 @@ void spinUntil(Pred pred) {
     }
 }
 
-/// A runtime with two carriers (even on one core, so that the cross-carrier paths always run); TearDown
-/// checks that no fiber was left behind.
-class FiberSequencerTest : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions options;
-        options.carriers = 2;
-        auto rt = Runtime::start(options);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-
-    /// Starts fn pinned to `carrier`.
-    template <class F>
-    auto on(int carrier, F&& fn, const char* name = nullptr) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.name = name, .carrier = carrier, .pinned = true})
-            .value();
-    }
-    /// Starts fn anywhere (it may be stolen).
-    template <class F>
-    auto anywhere(F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn)).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using FiberSequencerTest = WithRuntime;
 
 std::vector<uint64_t> shuffledTokens(int n, uint32_t seed) {
     std::vector<uint64_t> tokens(static_cast<size_t>(n));
@@ -196,7 +132,7 @@ TEST_F(FiberSequencerTest, FibersAreWokenInTokenOrder) {
     std::atomic<uint64_t> registered{0};
     std::atomic<uint64_t> recorded{0};
     std::vector<uint64_t> order(tokens.size(), 0);
-    Watchdog dog("FibersAreWokenInTokenOrder", recorded);
+    Watchdog dog("FibersAreWokenInTokenOrder", recorded, 30s);
 
     std::vector<FiberHandle<int32_t>> fibers;
     fibers.reserve(tokens.size());
@@ -383,7 +319,7 @@ struct CancelRace {
 
 TEST_F(FiberSequencerTest, CancelRacesAnIncrementOnTheOtherCarrier) {
     CancelRace race;
-    Watchdog dog("CancelRacesAnIncrementOnTheOtherCarrier", race.progress);
+    Watchdog dog("CancelRacesAnIncrementOnTheOtherCarrier", race.progress, 30s);
     auto a = on(0, [&] { race.canceller(kCancelRaceRounds); }, "canceller");
     auto b = on(1, [&] { race.incrementer(kCancelRaceRounds); }, "incrementer");
     a.join();
@@ -396,7 +332,7 @@ TEST_F(FiberSequencerTest, CancelRacesAnIncrementOnTheOtherCarrier) {
 
 TEST_F(FiberSequencerTest, CancelFromAThreadRacesAnIncrementOnACarrier) {
     CancelRace race;
-    Watchdog dog("CancelFromAThreadRacesAnIncrementOnACarrier", race.progress);
+    Watchdog dog("CancelFromAThreadRacesAnIncrementOnACarrier", race.progress, 30s);
     auto b = on(1, [&] { race.incrementer(kCancelRaceRounds); }, "incrementer");
     race.canceller(kCancelRaceRounds);
     b.join();
@@ -465,7 +401,7 @@ TEST_F(FiberSequencerTest, ThreadsAndFibersWakeEachOther) {
     // reverse. Every step is a park and a cross-thread wake.
     FiberSequencer s;
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("ThreadsAndFibersWakeEachOther", progress);
+    Watchdog dog("ThreadsAndFibersWakeEachOther", progress, 30s);
     auto fiber = on(0, [&] {
         for (int i = 0; i < kPingPongRounds; ++i) {
             (void)s.wait(2 * static_cast<uint64_t>(i) + 1);
@@ -485,7 +421,7 @@ TEST_F(FiberSequencerTest, AReleasedWaiterMayDestroyTheSequencer) {
     // The only other call running is the increment() that releases the waiter, which then frees the
     // sequencer at once: under ASan a touch after the release shows up as a use after free.
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("AReleasedWaiterMayDestroyTheSequencer", progress);
+    Watchdog dog("AReleasedWaiterMayDestroyTheSequencer", progress, 30s);
     for (int r = 0; r < kDestroyRounds; ++r) {
         auto* s = new FiberSequencer;
         std::atomic<bool> registered{false};

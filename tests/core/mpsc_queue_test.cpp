@@ -12,16 +12,16 @@
 #include <thread>
 #include <vector>
 
+#include "tests/core/with_runtime.h"
+
 namespace spindle::detail {
 namespace {
 
+using namespace testing_support;
+
 // Sanitizer builds run 5-20x slower and CI gives them two cores; keep each
 // stress test well under ten seconds there.
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kPerProducer = 1 << 14;
-#else
-constexpr int kPerProducer = 1 << 16;
-#endif
+constexpr int kPerProducer = kSanitized ? (1 << 14) : (1 << 16);
 constexpr int kProducers = 4;
 
 struct Msg : MpscNode {

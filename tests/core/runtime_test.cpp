@@ -33,19 +33,13 @@ namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kManyFibers = 10'000;
-#else
-constexpr int kManyFibers = 100'000;
-#endif
+constexpr int kManyFibers = kSanitized ? 10'000 : 100'000;
 // Live handles at a time: every live stack costs two VMAs (stack and guard), and vm.max_map_count is 65530.
 constexpr int kBatch = 2'000;
 
-using testing_support::settledLiveFibers;
-using testing_support::withCarriers;
-
-using RuntimeTest = testing_support::WithRuntime;
+using RuntimeTest = WithRuntime;
 
 // ---- Runtime::run ----------------------------------------------------------------------------------------
 
@@ -151,11 +145,7 @@ TEST(RuntimeStart, SyntheticTopologyStartsOneUnboundCarrierPerCore) {
 TEST(RuntimeLifecycle, StartAndStopManyTimes) {
     // Carriers exit while the thread that called shutdown() (or the carrier that retired the last fiber) is
     // still waking them: every start, spawn, shutdown and join must come out clean, under TSan too.
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-    constexpr int kRounds = 50;
-#else
-    constexpr int kRounds = 200;
-#endif
+    constexpr int kRounds = kSanitized ? 50 : 200;
     for (int round = 0; round < kRounds; ++round) {
         auto rt = Runtime::start(withCarriers(2));
         ASSERT_TRUE(rt) << "round " << round << ": " << rt.error().message();

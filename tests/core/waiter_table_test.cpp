@@ -22,26 +22,19 @@
 #include "core/fiber.h"
 #include "core/runtime.h"
 #include "numa/topology.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle::detail {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kChurnRounds = 5'000;
-#else
-constexpr int kChurnRounds = 20'000;
-#endif
+constexpr int kChurnRounds = kSanitized ? 5'000 : 20'000;
 
 size_t expectedShards(size_t pus) {
     pus = std::max<size_t>(pus, static_cast<size_t>(::get_nprocs()));
     return std::bit_ceil(std::max<size_t>(WaiterTable::kMinShards, WaiterTable::kShardsPerPu * pus));
-}
-
-// Polls until `key` has `n` waiters queued in `table`.
-void awaitWaiters(const WaiterTable& table, const void* key, size_t n) {
-    while (table.countWaiters(key) != n) { std::this_thread::yield(); }
 }
 
 // ---- shape --------------------------------------------------------------------------------------------------
@@ -191,30 +184,7 @@ TEST(WaiterTable, RemoveWaiterAfterAReleaseSaysSo) {
 
 // ---- parked fibers and threads ------------------------------------------------------------------------------------
 
-class WaiterTableRuntime : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions options;
-        options.carriers = 2;  // even on one core, so that the cross-carrier paths always run
-        auto rt = Runtime::start(options);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-    template <class F>
-    auto on(int carrier, F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.carrier = carrier}).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using WaiterTableRuntime = WithRuntime;
 
 TEST_F(WaiterTableRuntime, ReleaseWakesParkedFibersOnBothCarriersAndThreads) {
     WaiterTable& table = WaiterTable::instance();
@@ -228,7 +198,7 @@ TEST_F(WaiterTableRuntime, ReleaseWakesParkedFibersOnBothCarriersAndThreads) {
         if (w.ready.wait() == 0) { woken.fetch_add(1); }
     };
     std::vector<FiberHandle<void>> fibers;
-    for (int i = 0; i < kFibers; ++i) { fibers.push_back(on(i % 2, park)); }
+    for (int i = 0; i < kFibers; ++i) { fibers.push_back(onUnpinned(i % 2, park)); }
     std::vector<std::thread> threads;
     for (int i = 0; i < kThreads; ++i) { threads.emplace_back(park); }
 
@@ -249,7 +219,7 @@ TEST_F(WaiterTableRuntime, ReleaseOneWakesParkedWaitersOneAtATimeInOrder) {
     std::vector<FiberHandle<void>> fibers;
     for (int i = 0; i < 6; ++i) {
         awaitWaiters(table, &key, static_cast<size_t>(i));  // enqueue in a known order
-        fibers.push_back(on(i % 2, [&, i] {
+        fibers.push_back(onUnpinned(i % 2, [&, i] {
             Waiter w;
             table.enqueueWaiter(&key, &w);
             (void)w.ready.wait();
@@ -295,7 +265,7 @@ TEST_F(WaiterTableRuntime, RemovalRacingWithReleaseAccountsForEveryWaiter) {
         finished.fetch_add(1);
     };
     std::vector<FiberHandle<void>> fibers;
-    for (int i = 0; i < kFibers; ++i) { fibers.push_back(on(i % 2, [&, i] { work(i); })); }
+    for (int i = 0; i < kFibers; ++i) { fibers.push_back(onUnpinned(i % 2, [&, i] { work(i); })); }
     std::vector<std::thread> threads;
     for (int i = 0; i < kThreads; ++i) { threads.emplace_back(work, kFibers + i); }
 

@@ -1,19 +1,36 @@
 #pragma once
-/// The fixture the core tests share (STYLE snippet 5): a runtime of two carriers
-/// (two even on a one-core machine, so that the cross-carrier paths always run),
-/// and a TearDown that fails the test if a fiber outlived it.
+/// The fixture and helpers the core and stress tests share (STYLE snippet 5): a runtime of two carriers
+/// (two even on a one-core machine, so that the cross-carrier paths always run), a TearDown that fails the
+/// test if a fiber outlived it, a watchdog that turns a lost wake-up into a loud abort, and polling helpers.
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <optional>
+#include <stop_token>
 #include <thread>
 #include <utility>
 
+#include "core/fiber.h"
+#include "core/fiber_semaphore.h"
+#include "core/internal/waiter_table.h"
 #include "core/runtime.h"
 
 namespace spindle::testing_support {
 
+/// Whether this build runs under ASan or TSan: tests shrink their loop counts there, never their checks.
+#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
+/// Options for a runtime of `n` carriers and defaults otherwise.
 inline RuntimeOptions withCarriers(unsigned n) {
     RuntimeOptions o;
     o.carriers = n;
@@ -29,6 +46,60 @@ inline uint64_t settledLiveFibers(const Runtime& rt) {
     return rt.liveFibers();
 }
 
+/// Aborts the process with a message if `progress` (which must outlive it) stops changing for `limit`.
+class Watchdog {
+public:
+    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit)
+        : thread_([what, &progress, limit](std::stop_token st) {
+              using namespace std::chrono_literals;
+              uint64_t last = progress.load();
+              auto lastChange = std::chrono::steady_clock::now();
+              while (!st.stop_requested()) {
+                  std::this_thread::sleep_for(20ms);
+                  const uint64_t now = progress.load();
+                  if (now != last) {
+                      last = now;
+                      lastChange = std::chrono::steady_clock::now();
+                  } else if (std::chrono::steady_clock::now() - lastChange > limit) {
+                      std::fprintf(stderr, "watchdog: %s made no progress for %lld s (stuck at %llu); aborting\n",
+                                   what, static_cast<long long>(limit.count()), static_cast<unsigned long long>(now));
+                      std::abort();
+                  }
+              }
+          }) {}
+
+private:
+    std::jthread thread_;  // stopped and joined by its destructor
+};
+
+/// A lock that a fiber may hold while it parks: one permit of a FiberSemaphore.
+class SemLock {
+public:
+    void lock() noexcept { sem_.acquire(); }
+    void unlock() noexcept { sem_.release(); }
+    bool try_lock() noexcept { return sem_.try_acquire(); }
+    /// Whether the lock is taken (meaningful only while nobody queues for it).
+    [[nodiscard]] bool taken() const noexcept { return sem_.available() == 0; }
+
+private:
+    FiberSemaphore sem_{1};
+};
+
+/// Yields (the fiber, or the thread) until pred() holds.
+template <class Pred>
+void yieldUntil(Pred pred) {
+    while (!pred()) { this_fiber::yield(); }
+}
+
+/// Polls, yielding the thread, until `key` has `n` waiters queued in `table`.
+inline void awaitWaiters(const detail::WaiterTable& table, const void* key, size_t n) {
+    while (table.countWaiters(key) != n) { std::this_thread::yield(); }
+}
+
+/// Polls, yielding the thread, until `key` has `n` waiters queued in the process's waiter table.
+inline void awaitWaiters(const void* key, size_t n) { awaitWaiters(detail::WaiterTable::instance(), key, n); }
+
+/// A runtime of two carriers for each test; TearDown fails the test if a fiber outlived it.
 class WithRuntime : public testing::Test {
 protected:
     void SetUp() override {
@@ -47,6 +118,18 @@ protected:
     auto on(int carrier, F&& fn, const char* name = nullptr) {
         return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.name = name, .carrier = carrier, .pinned = true})
             .value();
+    }
+
+    /// Starts fn on `carrier`, not pinned: it may be stolen and so move between threads.
+    template <class F>
+    auto onUnpinned(int carrier, F&& fn) {
+        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.carrier = carrier}).value();
+    }
+
+    /// Starts fn on whichever carrier the runtime picks, not pinned.
+    template <class F>
+    auto anywhere(F&& fn) {
+        return runtime_->spawn(std::forward<F>(fn)).value();
     }
 
     /// Runs fn on a fiber and returns its value (rethrows its exception).

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
-#include <cstdlib>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -21,76 +20,19 @@
 
 #include "core/fiber.h"
 #include "core/fiber_condvar.h"
-#include "core/fiber_semaphore.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kItems = 50'000;
-constexpr int kTokens = 20'000;
-#else
-constexpr int kItems = 100'000;
-constexpr int kTokens = 50'000;
-#endif
+constexpr int kItems = kSanitized ? 50'000 : 100'000;
+constexpr int kTokens = kSanitized ? 20'000 : 50'000;
 
-/// A lock that a fiber may hold while it parks: one permit of a FiberSemaphore.
-class SemLock {
-public:
-    void lock() noexcept { sem_.acquire(); }
-    void unlock() noexcept { sem_.release(); }
-
-private:
-    FiberSemaphore sem_{1};
-};
-
-class Watchdog {
-public:
-    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit)
-        : thread_([what, &progress, limit](std::stop_token st) {
-              uint64_t last = progress.load();
-              auto lastChange = std::chrono::steady_clock::now();
-              while (!st.stop_requested()) {
-                  std::this_thread::sleep_for(20ms);
-                  const uint64_t now = progress.load();
-                  if (now != last) {
-                      last = now;
-                      lastChange = std::chrono::steady_clock::now();
-                  } else if (std::chrono::steady_clock::now() - lastChange > limit) {
-                      std::fprintf(stderr, "watchdog: %s made no progress for %lld s (stuck at %llu); aborting\n",
-                                   what, static_cast<long long>(limit.count()), static_cast<unsigned long long>(now));
-                      std::abort();
-                  }
-              }
-          }) {}
-
-private:
-    std::jthread thread_;
-};
-
-class CondVarStress : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions o;
-        o.carriers = 2;
-        auto rt = Runtime::start(o);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using CondVarStress = WithRuntime;
 
 /// A bounded FIFO queue: producers wait while it is full, consumers while it is empty.
 template <class Lock>

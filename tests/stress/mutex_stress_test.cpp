@@ -11,10 +11,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
-#include <cstdio>
-#include <cstdlib>
 #include <mutex>
-#include <optional>
 #include <shared_mutex>
 #include <string>
 #include <thread>
@@ -25,70 +22,19 @@
 #include "core/fiber_mutex.h"
 #include "core/internal/waiter_table.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kIncrements = 300'000;
-constexpr int kWrites = 30'000;
-constexpr int kItems = 90'000;
-#else
-constexpr int kIncrements = 1'000'000;
-constexpr int kWrites = 100'000;
-constexpr int kItems = 300'000;
-#endif
+constexpr int kIncrements = kSanitized ? 300'000 : 1'000'000;
+constexpr int kWrites = kSanitized ? 30'000 : 100'000;
+constexpr int kItems = kSanitized ? 90'000 : 300'000;
 
-/// Aborts with a message if `progress` stops moving for `limit`: a lost wake-up shows as a hang.
-class Watchdog {
-public:
-    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit = 60s)
-        : thread_([what, &progress, limit](std::stop_token st) {
-              uint64_t last = progress.load();
-              auto since = std::chrono::steady_clock::now();
-              while (!st.stop_requested()) {
-                  std::this_thread::sleep_for(20ms);
-                  if (const uint64_t now = progress.load(); now != last) {
-                      last = now;
-                      since = std::chrono::steady_clock::now();
-                  } else if (std::chrono::steady_clock::now() - since > limit) {
-                      std::fprintf(stderr, "watchdog: %s stuck at %llu; aborting\n", what,
-                                   static_cast<unsigned long long>(now));
-                      std::abort();
-                  }
-              }
-          }) {}
-
-private:
-    std::jthread thread_;
-};
-
-class SyncStress : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions options;
-        options.carriers = 2;  // even on one core, so that the cross-carrier paths always run
-        auto rt = Runtime::start(options);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-    template <class F>
-    auto on(int carrier, F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.carrier = carrier}).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using SyncStress = WithRuntime;
 
 TEST_F(SyncStress, ACounterUnderTheMutexIsExact) {
     constexpr int kFibers = 8;
@@ -100,7 +46,7 @@ TEST_F(SyncStress, ACounterUnderTheMutexIsExact) {
     int inside = 0;        // plain: more than one holder at once would show here (and to TSan)
     std::atomic<uint64_t> overlaps{0};
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("counter under FiberMutex", progress);
+    Watchdog dog("counter under FiberMutex", progress, 60s);
 
     auto work = [&](int id) {
         for (int i = 0; i < kIncrements / kWorkers; ++i) {
@@ -122,7 +68,7 @@ TEST_F(SyncStress, ACounterUnderTheMutexIsExact) {
         }
     };
     std::vector<FiberHandle<void>> fibers;
-    for (int i = 0; i < kFibers; ++i) { fibers.push_back(on(i % 2, [&, i] { work(i); })); }
+    for (int i = 0; i < kFibers; ++i) { fibers.push_back(onUnpinned(i % 2, [&, i] { work(i); })); }
     std::vector<std::thread> threads;
     for (int i = 0; i < kThreads; ++i) { threads.emplace_back(work, kFibers + i); }
     for (auto& f : fibers) { f.join(); }
@@ -145,7 +91,7 @@ TEST_F(SyncStress, ReadersAlwaysSeeTheWritersInvariant) {
     std::atomic<uint64_t> torn{0};
     std::atomic<uint64_t> reads{0};
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("readers and writers", progress);
+    Watchdog dog("readers and writers", progress, 60s);
 
     auto write = [&](int count) {
         for (int i = 0; i < count; ++i) {
@@ -167,8 +113,8 @@ TEST_F(SyncStress, ReadersAlwaysSeeTheWritersInvariant) {
         }
     };
     std::vector<FiberHandle<void>> fibers;
-    for (int i = 0; i < kWriterFibers; ++i) { fibers.push_back(on(i % 2, [&] { write(kWrites / 4); })); }
-    for (int i = 0; i < kReaderFibers; ++i) { fibers.push_back(on(i % 2, read)); }
+    for (int i = 0; i < kWriterFibers; ++i) { fibers.push_back(onUnpinned(i % 2, [&] { write(kWrites / 4); })); }
+    for (int i = 0; i < kReaderFibers; ++i) { fibers.push_back(onUnpinned(i % 2, read)); }
     std::thread threadWriter(write, kWrites / 2);
     std::thread threadReader(read);
     for (auto& f : fibers) { f.join(); }
@@ -194,7 +140,7 @@ TEST_F(SyncStress, FutexProducersAndConsumersNeverLoseAPost) {
     std::atomic<int64_t> available{0};
     std::atomic<uint64_t> taken{0};
     std::atomic<uint64_t> timeouts{0};
-    Watchdog dog("futex producers and consumers", taken);
+    Watchdog dog("futex producers and consumers", taken, 60s);
 
     auto produce = [&] {
         for (int i = 0; i < kItems / kProducers; ++i) {
@@ -223,11 +169,13 @@ TEST_F(SyncStress, FutexProducersAndConsumersNeverLoseAPost) {
         return mine;
     };
     std::vector<FiberHandle<uint64_t>> consumers;
-    for (int i = 0; i < kConsumerFibers; ++i) { consumers.push_back(on(i % 2, [&, i] { return consume(i == 0); })); }
+    for (int i = 0; i < kConsumerFibers; ++i) {
+        consumers.push_back(onUnpinned(i % 2, [&, i] { return consume(i == 0); }));
+    }
     uint64_t threadTook = 0;
     std::thread threadConsumer([&] { threadTook = consume(false); });
     std::vector<FiberHandle<void>> producers;
-    for (int i = 0; i < kProducerFibers; ++i) { producers.push_back(on(i % 2, produce)); }
+    for (int i = 0; i < kProducerFibers; ++i) { producers.push_back(onUnpinned(i % 2, produce)); }
     std::thread threadProducer(produce);
 
     for (auto& p : producers) { p.join(); }

@@ -14,7 +14,6 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <optional>
 #include <random>
 #include <thread>
 #include <vector>
@@ -25,75 +24,21 @@
 #include "core/fiber_future.h"
 #include "core/fiber_sequencer.h"
 #include "core/runtime.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle {
 namespace {
 
 using namespace std::chrono_literals;
+using namespace testing_support;
 
-#if defined(SPINDLE_TSAN) || defined(SPINDLE_ASAN)
-constexpr int kCombinerRounds = 300;     // per waiter, of kBatch registrations each
-constexpr int kMutexIncrements = 200'000;
-constexpr int kBarrierRounds = 1'000;
-#else
-constexpr int kCombinerRounds = 1'000;
-constexpr int kMutexIncrements = 1'000'000;
-constexpr int kBarrierRounds = 3'000;
-#endif
+constexpr int kCombinerRounds = kSanitized ? 300 : 1'000;  // per waiter, of kBatch registrations each
+constexpr int kMutexIncrements = kSanitized ? 200'000 : 1'000'000;
+constexpr int kBarrierRounds = kSanitized ? 1'000 : 3'000;
 constexpr int kBatch = 32;         // registrations a combiner-stress waiter holds at once
 constexpr uint32_t kAhead = 1024;  // how far past the counter their tokens may lie
 
-/// Aborts the process if `progress` stops changing for `limit`: a lost wake-up shows as a hang otherwise.
-class Watchdog {
-public:
-    Watchdog(const char* what, const std::atomic<uint64_t>& progress, std::chrono::seconds limit = 60s)
-        : thread_([what, &progress, limit](std::stop_token st) {
-              uint64_t last = progress.load();
-              auto lastChange = std::chrono::steady_clock::now();
-              while (!st.stop_requested()) {
-                  std::this_thread::sleep_for(20ms);
-                  const uint64_t now = progress.load();
-                  if (now != last) {
-                      last = now;
-                      lastChange = std::chrono::steady_clock::now();
-                  } else if (std::chrono::steady_clock::now() - lastChange > limit) {
-                      std::fprintf(stderr, "watchdog: %s made no progress for %lld s (stuck at %llu); aborting\n",
-                                   what, static_cast<long long>(limit.count()), static_cast<unsigned long long>(now));
-                      std::abort();
-                  }
-              }
-          }) {}
-
-private:
-    std::jthread thread_;
-};
-
-class SequencerStress : public testing::Test {
-protected:
-    void SetUp() override {
-        RuntimeOptions options;
-        options.carriers = 2;
-        auto rt = Runtime::start(options);
-        ASSERT_TRUE(rt) << "Runtime::start: " << rt.error().message();
-        runtime_.emplace(std::move(*rt));
-    }
-    void TearDown() override {
-        if (!runtime_) { return; }
-        const auto deadline = std::chrono::steady_clock::now() + 10s;
-        while (runtime_->liveFibers() != 0 && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(1ms);
-        }
-        EXPECT_EQ(runtime_->liveFibers(), 0u);
-    }
-
-    /// Starts fn on `carrier`, not pinned: it may be stolen and so move between threads.
-    template <class F>
-    auto spawnOn(int carrier, F&& fn) {
-        return runtime_->spawn(std::forward<F>(fn), SpawnOptions{.carrier = carrier}).value();
-    }
-
-    std::optional<Runtime> runtime_;
-};
+using SequencerStress = WithRuntime;
 
 // ---- the combiner --------------------------------------------------------------------------------------------
 
@@ -171,14 +116,14 @@ TEST_F(SequencerStress, CombinerSetsEveryFutureExactlyOnceWithTheRightResult) {
     constexpr int kRaiserFibers = 2;
     CombinerStress st;
     st.waitersLeft.store(kWaiterFibers + kWaiterThreads);
-    Watchdog dog("CombinerSetsEveryFutureExactlyOnceWithTheRightResult", st.progress);
+    Watchdog dog("CombinerSetsEveryFutureExactlyOnceWithTheRightResult", st.progress, 60s);
 
     std::vector<FiberHandle<void>> fibers;
     for (int i = 0; i < kWaiterFibers; ++i) {
-        fibers.push_back(spawnOn(i % 2, [&st, i] { st.waiter(100 + static_cast<uint32_t>(i), kCombinerRounds); }));
+        fibers.push_back(onUnpinned(i % 2, [&st, i] { st.waiter(100 + static_cast<uint32_t>(i), kCombinerRounds); }));
     }
     for (int i = 0; i < kRaiserFibers; ++i) {
-        fibers.push_back(spawnOn(i % 2, [&st, i] { st.raiser(200 + static_cast<uint32_t>(i)); }));
+        fibers.push_back(onUnpinned(i % 2, [&st, i] { st.raiser(200 + static_cast<uint32_t>(i)); }));
     }
     std::vector<std::thread> threads;
     for (int i = 0; i < kWaiterThreads; ++i) {
@@ -211,7 +156,7 @@ TEST_F(SequencerStress, FairMutexExcludesFibersOnTwoCarriersAndThreads) {
     std::atomic<bool> inside{false};
     std::atomic<uint64_t> overlaps{0};
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("FairMutexExcludesFibersOnTwoCarriersAndThreads", progress);
+    Watchdog dog("FairMutexExcludesFibersOnTwoCarriersAndThreads", progress, 60s);
 
     auto work = [&](int worker) {
         for (int i = 0; i < kEach; ++i) {
@@ -237,7 +182,7 @@ TEST_F(SequencerStress, FairMutexExcludesFibersOnTwoCarriersAndThreads) {
         }
     };
     std::vector<FiberHandle<void>> fibers;
-    for (int i = 0; i < kFibers; ++i) { fibers.push_back(spawnOn(i % 2, [&work, i] { work(i); })); }
+    for (int i = 0; i < kFibers; ++i) { fibers.push_back(onUnpinned(i % 2, [&work, i] { work(i); })); }
     std::vector<std::thread> threads;
     for (int i = 0; i < kThreads; ++i) { threads.emplace_back(work, kFibers + i); }
     for (auto& f : fibers) { f.join(); }
@@ -262,7 +207,7 @@ TEST_F(SequencerStress, EventBarrierNeverOpensEarly) {
     std::vector<std::atomic<int>> arrived(kBarrierRounds);
     std::atomic<uint64_t> early{0};
     std::atomic<uint64_t> progress{0};
-    Watchdog dog("EventBarrierNeverOpensEarly", progress);
+    Watchdog dog("EventBarrierNeverOpensEarly", progress, 60s);
 
     auto party = [&] {
         for (int r = 0; r < kBarrierRounds; ++r) {
@@ -282,7 +227,7 @@ TEST_F(SequencerStress, EventBarrierNeverOpensEarly) {
         }
     };
     std::vector<FiberHandle<void>> fibers;
-    for (int i = 0; i < kFibers; ++i) { fibers.push_back(spawnOn(i % 2, party)); }
+    for (int i = 0; i < kFibers; ++i) { fibers.push_back(onUnpinned(i % 2, party)); }
     std::vector<std::thread> threads;
     for (int i = 0; i < kThreads; ++i) { threads.emplace_back(party); }
     for (auto& f : fibers) { f.join(); }
