@@ -4,41 +4,24 @@
 
 namespace spindle {
 
-FiberCondVar::~FiberCondVar() { SPINDLE_ASSERT(head_ == nullptr && "FiberCondVar destroyed with waiters"); }
+FiberCondVar::~FiberCondVar() { SPINDLE_ASSERT(waiters_.empty() && "FiberCondVar destroyed with waiters"); }
 
 void FiberCondVar::enqueue(Waiter* w) noexcept {
     lock_.lock();
-    w->prev = tail_;
-    w->next = nullptr;
-    if (tail_ != nullptr) {
-        tail_->next = w;
-    } else {
-        head_ = w;
-    }
-    tail_ = w;
+    waiters_.pushBack(w);
     w->inList = true;
     lock_.unlock();
 }
 
 void FiberCondVar::unlink(Waiter* w) noexcept {
     SPINDLE_ASSERT(w->inList);
-    if (w->prev != nullptr) {
-        w->prev->next = w->next;
-    } else {
-        head_ = w->next;
-    }
-    if (w->next != nullptr) {
-        w->next->prev = w->prev;
-    } else {
-        tail_ = w->prev;
-    }
-    w->prev = w->next = nullptr;
+    waiters_.unlink(w);
     w->inList = false;
 }
 
 void FiberCondVar::notify_one() noexcept {
     lock_.lock();
-    Waiter* w = head_;
+    Waiter* w = waiters_.front();
     if (w != nullptr) { unlink(w); }
     lock_.unlock();
     // Outside the spin lock: set() may post to another carrier or a thread's semaphore. Once inList is
@@ -48,8 +31,7 @@ void FiberCondVar::notify_one() noexcept {
 
 void FiberCondVar::notify_all() noexcept {
     lock_.lock();
-    Waiter* w = head_;
-    head_ = tail_ = nullptr;
+    Waiter* w = waiters_.takeAll();
     for (Waiter* p = w; p != nullptr; p = p->next) { p->inList = false; }
     lock_.unlock();
     while (w != nullptr) {

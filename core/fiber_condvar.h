@@ -105,8 +105,7 @@ private:
     void unlink(Waiter* w) noexcept;  // precondition: lock_ held, w->inList
 
     detail::SpinLock lock_;
-    Waiter* head_ = nullptr;  // the longest waiting; guarded by lock_
-    Waiter* tail_ = nullptr;  // guarded by lock_
+    detail::IntrusiveFifo<Waiter> waiters_;  // the longest waiting first; guarded by lock_
 };
 
 // ---- template bodies -------------------------------------------------------------------------------------

@@ -20,7 +20,7 @@ FiberSemaphore::FiberSemaphore(int64_t initial) noexcept : count_(initial) {
     SPINDLE_CHECK_MSG(initial >= 0, "FiberSemaphore: negative initial count");
 }
 
-FiberSemaphore::~FiberSemaphore() { SPINDLE_ASSERT(head_ == nullptr && "FiberSemaphore destroyed with waiters"); }
+FiberSemaphore::~FiberSemaphore() { SPINDLE_ASSERT(waiters_.empty() && "FiberSemaphore destroyed with waiters"); }
 
 bool FiberSemaphore::tryTake() noexcept {
     int64_t c = count_.load(std::memory_order_relaxed);
@@ -42,14 +42,7 @@ bool FiberSemaphore::takeOrEnqueue(Waiter* w) noexcept {
         lock_.unlock();
         return true;
     }
-    w->prev = tail_;
-    w->next = nullptr;
-    if (tail_ != nullptr) {
-        tail_->next = w;
-    } else {
-        head_ = w;
-    }
-    tail_ = w;
+    waiters_.pushBack(w);
     w->inList = true;
     lock_.unlock();
     return false;
@@ -72,16 +65,7 @@ bool FiberSemaphore::acquireFor(std::chrono::nanoseconds timeout) noexcept {
     lock_.lock();
     const bool withdrawn = w.inList;
     if (withdrawn) {
-        if (w.prev != nullptr) {
-            w.prev->next = w.next;
-        } else {
-            head_ = w.next;
-        }
-        if (w.next != nullptr) {
-            w.next->prev = w.prev;
-        } else {
-            tail_ = w.prev;
-        }
+        waiters_.unlink(&w);
         w.inList = false;
     }
     lock_.unlock();
@@ -96,18 +80,12 @@ void FiberSemaphore::release(int64_t n) noexcept {
     SPINDLE_ASSERT(n >= 0);
     if (n <= 0) { return; }
     lock_.lock();
-    Waiter* first = head_;
+    Waiter* first = waiters_.front();
     Waiter* last = nullptr;
-    while (n > 0 && head_ != nullptr) {
-        last = head_;
+    while (n > 0 && !waiters_.empty()) {
+        last = waiters_.popFront();  // stays chained to the ones popped after it
         last->inList = false;
-        head_ = last->next;
         --n;
-    }
-    if (head_ != nullptr) {
-        head_->prev = nullptr;
-    } else {
-        tail_ = nullptr;
     }
     // Only what is left after serving the queue becomes free; with waiters still queued n is 0 here.
     if (n > 0) { count_.fetch_add(n, std::memory_order_release); }

@@ -77,12 +77,11 @@ private:
     /// Takes a free permit, or queues `w`; false: queued. Takes lock_ itself.
     bool takeOrEnqueue(Waiter* w) noexcept;
 
-    // Invariant: count_ >= 0, and head_ != nullptr implies count_ == 0. count_ grows only under lock_;
+    // Invariant: count_ >= 0, and a non-empty waiters_ implies count_ == 0. count_ grows only under lock_;
     // outside it only tryTake()'s CAS shrinks it, and only from a positive value.
     std::atomic<int64_t> count_;
     detail::SpinLock lock_;
-    Waiter* head_ = nullptr;  // the oldest waiter; guarded by lock_
-    Waiter* tail_ = nullptr;  // guarded by lock_
+    detail::IntrusiveFifo<Waiter> waiters_;  // the oldest first; guarded by lock_
 };
 
 }  // namespace spindle

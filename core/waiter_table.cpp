@@ -15,28 +15,17 @@ namespace spindle::detail {
 /// Invariant: every node in the list has kQueued set and its `key` hashes here; `head` is the oldest.
 struct alignas(64) WaiterTable::Bucket {
     SpinLock spin;
-    Waiter* head = nullptr;
-    Waiter* tail = nullptr;
+    IntrusiveFifo<Waiter> list;
 
     void lock() noexcept { spin.lock(); }
     void unlock() noexcept { spin.unlock(); }
 
     void append(Waiter* w) noexcept {
-        w->next = nullptr;
-        w->prev = tail;
-        if (tail != nullptr) {
-            tail->next = w;
-        } else {
-            head = w;
-        }
-        tail = w;
+        list.pushBack(w);
         w->flags |= Waiter::kQueued;
     }
     void unlink(Waiter* w) noexcept {
-        if (w->prev != nullptr) { w->prev->next = w->next; } else { head = w->next; }
-        if (w->next != nullptr) { w->next->prev = w->prev; } else { tail = w->prev; }
-        w->next = nullptr;
-        w->prev = nullptr;
+        list.unlink(w);
         w->flags &= ~Waiter::kQueued;
     }
 };
@@ -124,7 +113,7 @@ WaiterTable::WaiterTable(std::optional<numa::Topology> topology) noexcept : topo
 
 WaiterTable::~WaiterTable() {
     for (size_t shard = 0; shard < shardCount_; ++shard) {
-        SPINDLE_ASSERT(buckets_[shard]->head == nullptr && "a WaiterTable destroyed with waiters in it");
+        SPINDLE_ASSERT(buckets_[shard]->list.empty() && "a WaiterTable destroyed with waiters in it");
     }
     for (const Chunk& c : chunks_) { topology_->freeOnNode(c.memory, c.bytes); }  // Bucket is trivially destructible
 }
@@ -143,7 +132,7 @@ size_t WaiterTable::releaseWaiters(const void* key) noexcept {
     Waiter* first = nullptr;
     Waiter* last = nullptr;
     b.lock();
-    for (Waiter* w = b.head; w != nullptr;) {
+    for (Waiter* w = b.list.front(); w != nullptr;) {
         Waiter* next = w->next;
         if (w->key == key) {
             b.unlink(w);
@@ -160,7 +149,7 @@ size_t WaiterTable::releaseOne(const void* key) noexcept {
     Bucket& b = bucketOf(key);
     Waiter* found = nullptr;
     b.lock();
-    for (Waiter* w = b.head; w != nullptr; w = w->next) {
+    for (Waiter* w = b.list.front(); w != nullptr; w = w->next) {
         if (w->key == key) {
             b.unlink(w);
             found = w;
@@ -185,7 +174,7 @@ size_t WaiterTable::countWaiters(const void* key) const noexcept {
     Bucket& b = bucketOf(key);
     size_t n = 0;
     b.lock();
-    for (const Waiter* w = b.head; w != nullptr; w = w->next) { n += w->key == key ? 1 : 0; }
+    for (const Waiter* w = b.list.front(); w != nullptr; w = w->next) { n += w->key == key ? 1 : 0; }
     b.unlock();
     return n;
 }

@@ -29,6 +29,55 @@ namespace spindle::detail {
 #endif
 }
 
+/// An intrusive FIFO of waiter nodes that carry `Node* next` and `Node* prev`,
+/// guarded by its owner's lock. No allocation; every operation is O(1).
+/// unlink() clears the node's links; popFront() and takeAll() leave the links of
+/// what they return untouched, so the nodes they hand out stay chained through
+/// `next`, oldest first (the owner wakes them after dropping its lock).
+template <class Node>
+class IntrusiveFifo {
+public:
+    [[nodiscard]] bool empty() const noexcept { return head_ == nullptr; }
+    [[nodiscard]] Node* front() const noexcept { return head_; }
+
+    void pushBack(Node* n) noexcept {
+        n->next = nullptr;
+        n->prev = tail_;
+        if (tail_ != nullptr) {
+            tail_->next = n;
+        } else {
+            head_ = n;
+        }
+        tail_ = n;
+    }
+    /// Precondition: n is in this list.
+    void unlink(Node* n) noexcept {
+        if (n->prev != nullptr) { n->prev->next = n->next; } else { head_ = n->next; }
+        if (n->next != nullptr) { n->next->prev = n->prev; } else { tail_ = n->prev; }
+        n->next = nullptr;
+        n->prev = nullptr;
+    }
+    /// The oldest node, removed (its `next` still names the new front); nullptr when empty.
+    Node* popFront() noexcept {
+        Node* n = head_;
+        if (n != nullptr) {
+            head_ = n->next;
+            if (head_ != nullptr) { head_->prev = nullptr; } else { tail_ = nullptr; }
+        }
+        return n;
+    }
+    /// Empties the list and returns its old front; the nodes stay chained through `next`.
+    Node* takeAll() noexcept {
+        Node* n = head_;
+        head_ = tail_ = nullptr;
+        return n;
+    }
+
+private:
+    Node* head_ = nullptr;
+    Node* tail_ = nullptr;
+};
+
 class SpinLock {
 public:
     SpinLock() noexcept = default;

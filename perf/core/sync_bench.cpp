@@ -38,47 +38,29 @@ void onOneCarrier(benchmark::State& state, Body body) {
 
 // ---- uncontended ---------------------------------------------------------------------
 
-void BM_FiberMutexUncontended(benchmark::State& state) {
-    onOneCarrier(state, [&state] {
-        spindle::FiberMutex m;
-        for (auto _ : state) {
-            m.lock();
-            m.unlock();
-        }
-    });
+template <class Mutex>
+void lockUnlockLoop(benchmark::State& state) {
+    Mutex m;
+    for (auto _ : state) {
+        m.lock();
+        m.unlock();
+    }
     state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+}
+
+void BM_FiberMutexUncontended(benchmark::State& state) {
+    onOneCarrier(state, [&state] { lockUnlockLoop<spindle::FiberMutex>(state); });
 }
 BENCHMARK(BM_FiberMutexUncontended)->UseRealTime();
 
-void BM_FiberMutexUncontendedFromThread(benchmark::State& state) {
-    spindle::FiberMutex m;
-    for (auto _ : state) {
-        m.lock();
-        m.unlock();
-    }
-    state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
-}
+void BM_FiberMutexUncontendedFromThread(benchmark::State& state) { lockUnlockLoop<spindle::FiberMutex>(state); }
 BENCHMARK(BM_FiberMutexUncontendedFromThread)->UseRealTime();
 
-void BM_StdMutexUncontended(benchmark::State& state) {
-    std::mutex m;
-    for (auto _ : state) {
-        m.lock();
-        m.unlock();
-    }
-    state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
-}
+void BM_StdMutexUncontended(benchmark::State& state) { lockUnlockLoop<std::mutex>(state); }
 BENCHMARK(BM_StdMutexUncontended)->UseRealTime();
 
 void BM_FairFiberMutexUncontended(benchmark::State& state) {
-    onOneCarrier(state, [&state] {
-        spindle::FairFiberMutex m;
-        for (auto _ : state) {
-            m.lock();
-            m.unlock();
-        }
-    });
-    state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+    onOneCarrier(state, [&state] { lockUnlockLoop<spindle::FairFiberMutex>(state); });
 }
 BENCHMARK(BM_FairFiberMutexUncontended)->UseRealTime();
 
