@@ -19,7 +19,6 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <string>
 #include <thread>
@@ -37,45 +36,10 @@ namespace {
 
 using namespace std::chrono_literals;
 
-std::vector<char> pattern(size_t n, unsigned seed) {
-    std::vector<char> v(n);
-    uint32_t x = seed * 2654435761u + 1;
-    for (auto& c : v) {
-        x = x * 1664525u + 1013904223u;
-        c = static_cast<char>(x >> 24);
-    }
-    return v;
-}
+using testing_support::pattern;
 
 /// A runtime with two carriers and a scratch directory that TearDown removes.
-class IoTest : public testing_support::WithRuntime {
-protected:
-    void SetUp() override {
-        WithRuntime::SetUp();
-        if (HasFatalFailure()) { return; }
-        std::string tmpl = (std::filesystem::temp_directory_path() / "spindle-io-XXXXXX").string();
-        ASSERT_NE(::mkdtemp(tmpl.data()), nullptr) << std::strerror(errno);
-        dir_ = tmpl;
-    }
-    void TearDown() override {
-        WithRuntime::TearDown();
-        if (!dir_.empty()) {
-            std::error_code ec;
-            std::filesystem::remove_all(dir_, ec);
-        }
-    }
-
-    std::string path(const char* name) const { return dir_ + "/" + name; }
-
-    /// A fresh file opened read-write with ::open.
-    int makeFile(const char* name) {
-        const int fd = ::open(path(name).c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-        EXPECT_GE(fd, 0) << std::strerror(errno);
-        return fd;
-    }
-
-    std::string dir_;
-};
+class IoTest : public testing_support::WithScratchDir {};
 
 // ---- data against the kernel's view ------------------------------------------------------------------------
 
@@ -346,14 +310,12 @@ TEST_F(IoTest, CallsFromAPlainThreadWork) {
 }
 
 TEST(IoOffFiber, WorksWithoutAnyRuntime) {
-    std::string tmpl = (std::filesystem::temp_directory_path() / "spindle-io-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    const testing_support::ScratchDir scratch;
+    ASSERT_TRUE(scratch.ok());
     bool ok = false;
-    std::thread t([&] { offFiberRoundTrip(tmpl + "/f", &ok); });
+    std::thread t([&] { offFiberRoundTrip(scratch.path("f"), &ok); });
     t.join();
     EXPECT_TRUE(ok);
-    std::error_code ec;
-    std::filesystem::remove_all(tmpl, ec);
 }
 
 // ---- a ring far smaller than the I/O in flight ---------------------------------------------------------------

@@ -1,9 +1,12 @@
 #pragma once
 /// The fixture and helpers the core and stress tests share (STYLE snippet 5): a runtime of two carriers
 /// (two even on a one-core machine, so that the cross-carrier paths always run), a TearDown that fails the
-/// test if a fiber outlived it, a watchdog that turns a lost wake-up into a loud abort, and polling helpers.
+/// test if a fiber outlived it, a watchdog that turns a lost wake-up into a loud abort, polling helpers,
+/// and a scratch directory for the file-system tests.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
@@ -11,10 +14,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <filesystem>
 #include <optional>
 #include <stop_token>
+#include <string>
+#include <system_error>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "core/fiber.h"
 #include "core/fiber_semaphore.h"
@@ -139,6 +147,70 @@ protected:
     }
 
     std::optional<Runtime> runtime_;
+};
+
+/// `n` bytes of a fixed pseudo-random sequence picked by `seed`.
+inline std::vector<char> pattern(size_t n, unsigned seed) {
+    std::vector<char> v(n);
+    uint32_t x = seed * 2654435761u + 1;
+    for (auto& c : v) {
+        x = x * 1664525u + 1013904223u;
+        c = static_cast<char>(x >> 24);
+    }
+    return v;
+}
+
+/// A fresh directory under the temporary directory, removed with everything in it on destruction.
+class ScratchDir {
+public:
+    ScratchDir() {
+        std::string tmpl = (std::filesystem::temp_directory_path() / "spindle-test-XXXXXX").string();
+        if (::mkdtemp(tmpl.data()) != nullptr) { dir_ = tmpl; }
+    }
+    ~ScratchDir() {
+        if (!dir_.empty()) {
+            std::error_code ec;
+            std::filesystem::remove_all(dir_, ec);
+        }
+    }
+    ScratchDir(const ScratchDir&) = delete;
+    ScratchDir& operator=(const ScratchDir&) = delete;
+
+    /// Whether the directory was made (mkdtemp's errno is lost by then; it is rare enough).
+    [[nodiscard]] bool ok() const { return !dir_.empty(); }
+    [[nodiscard]] const std::string& dir() const { return dir_; }
+    [[nodiscard]] std::string path(const char* name) const { return dir_ + "/" + name; }
+
+private:
+    std::string dir_;  // empty when mkdtemp failed
+};
+
+/// WithRuntime plus a scratch directory that outlives the runtime's TearDown check.
+class WithScratchDir : public WithRuntime {
+protected:
+    void SetUp() override {
+        WithRuntime::SetUp();
+        if (HasFatalFailure()) { return; }
+        scratch_.emplace();
+        ASSERT_TRUE(scratch_->ok()) << "mkdtemp under " << std::filesystem::temp_directory_path();
+        dir_ = scratch_->dir();
+    }
+    void TearDown() override {
+        WithRuntime::TearDown();
+        scratch_.reset();
+    }
+
+    std::string path(const char* name) const { return scratch_->path(name); }
+
+    /// A fresh file opened read-write with ::open.
+    int makeFile(const char* name) {
+        const int fd = ::open(path(name).c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+        EXPECT_GE(fd, 0) << std::strerror(errno);
+        return fd;
+    }
+
+    std::string dir_;  // the scratch directory's path
+    std::optional<ScratchDir> scratch_;
 };
 
 }  // namespace spindle::testing_support
