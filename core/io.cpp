@@ -185,6 +185,126 @@ Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct
         &a));
 }
 
+Result<void> fallocate(int fd, int mode, uint64_t offset, uint64_t len) noexcept {
+    struct Args {
+        int fd;
+        int mode;
+        uint64_t offset;
+        uint64_t len;
+    } a{fd, mode, offset, len};
+    return voidFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const Args*>(p);
+            // Values past INT64_MAX turn negative here, and the kernel answers EINVAL, as fallocate(2) does.
+            io_uring_prep_fallocate(sqe, x->fd, x->mode, static_cast<off_t>(x->offset), static_cast<off_t>(x->len));
+        },
+        &a));
+}
+
+Result<void> unlinkat(int dirfd, const char* path, int flags) noexcept {
+    if (path == nullptr) { return Error{EFAULT}; }
+    struct Args {
+        int dirfd;
+        const char* path;
+        int flags;
+    } a{dirfd, path, flags};
+    return voidFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const Args*>(p);
+            io_uring_prep_unlinkat(sqe, x->dirfd, x->path, x->flags);
+        },
+        &a));
+}
+
+Result<void> renameat(int olddirfd, const char* oldpath, int newdirfd, const char* newpath, unsigned flags) noexcept {
+    if (oldpath == nullptr || newpath == nullptr) { return Error{EFAULT}; }
+    struct Args {
+        int olddirfd;
+        const char* oldpath;
+        int newdirfd;
+        const char* newpath;
+        unsigned flags;
+    } a{olddirfd, oldpath, newdirfd, newpath, flags};
+    return voidFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const Args*>(p);
+            io_uring_prep_renameat(sqe, x->olddirfd, x->oldpath, x->newdirfd, x->newpath, x->flags);
+        },
+        &a));
+}
+
+Result<void> mkdirat(int dirfd, const char* path, mode_t mode) noexcept {
+    if (path == nullptr) { return Error{EFAULT}; }
+    struct Args {
+        int dirfd;
+        const char* path;
+        mode_t mode;
+    } a{dirfd, path, mode};
+    return voidFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const Args*>(p);
+            io_uring_prep_mkdirat(sqe, x->dirfd, x->path, x->mode);
+        },
+        &a));
+}
+
+Result<short> poll(int fd, short events) noexcept {
+    // The mask goes to the kernel as 32 bits: widened through unsigned short, so a negative short cannot
+    // sign-extend into EPOLLONESHOT/EPOLLET/EPOLLEXCLUSIVE; bits that are not poll(2) events are refused.
+    constexpr unsigned kPollEvents =
+        POLLIN | POLLPRI | POLLOUT | POLLRDNORM | POLLRDBAND | POLLWRNORM | POLLWRBAND | POLLMSG | POLLRDHUP |
+        POLLERR | POLLHUP;
+    const unsigned mask = static_cast<unsigned short>(events);
+    if ((mask & ~kPollEvents) != 0) { return Error{EINVAL}; }
+    struct Args {
+        int fd;
+        unsigned mask;
+    } a{fd, mask};
+    const int32_t res = detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const Args*>(p);
+            io_uring_prep_poll_add(sqe, x->fd, x->mask);
+        },
+        &a);
+    if (res < 0) { return Error{-res}; }
+    return static_cast<short>(res);
+}
+
+Result<size_t> splice(int fdIn, int64_t offIn, int fdOut, int64_t offOut, size_t len, unsigned flags) noexcept {
+    if ((flags & SPLICE_F_FD_IN_FIXED) != 0) { return Error{EINVAL}; }
+    struct Args {
+        int fdIn;
+        int64_t offIn;
+        int fdOut;
+        int64_t offOut;
+        unsigned len;
+        unsigned flags;
+    } a{fdIn, offIn, fdOut, offOut, static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw), flags};
+    return sizeFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const Args*>(p);
+            // io_uring reads an offset of -1 as "no offset": splice(2)'s NULL.
+            io_uring_prep_splice(sqe, x->fdIn, x->offIn, x->fdOut, x->offOut, x->len, x->flags);
+        },
+        &a));
+}
+
+Result<size_t> tee(int fdIn, int fdOut, size_t len, unsigned flags) noexcept {
+    if ((flags & SPLICE_F_FD_IN_FIXED) != 0) { return Error{EINVAL}; }
+    struct Args {
+        int fdIn;
+        int fdOut;
+        unsigned len;
+        unsigned flags;
+    } a{fdIn, fdOut, static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw), flags};
+    return sizeFromRes(detail::submitAndWait(
+        [](io_uring_sqe* sqe, const void* p) {
+            auto* x = static_cast<const Args*>(p);
+            io_uring_prep_tee(sqe, x->fdIn, x->fdOut, x->len, x->flags);
+        },
+        &a));
+}
+
 Result<void> sleep(std::chrono::nanoseconds duration) noexcept { return this_fiber::sleep_for(duration); }
 
 }  // namespace spindle

@@ -17,6 +17,7 @@
 /// position, like read(2)/write(2); any other value acts like pread/pwrite.
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -47,6 +48,34 @@ inline Result<int> open(const char* path, int flags, mode_t mode = 0) noexcept {
 }
 Result<void> close(int fd) noexcept;
 Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct statx* out) noexcept;
+/// fallocate(2): allocates, or with `mode` punches or zeroes, [offset, offset + len). Kernel 5.6.
+/// Errors: EINVAL for len 0 or a range past INT64_MAX; EOPNOTSUPP where the file system lacks `mode`.
+Result<void> fallocate(int fd, int mode, uint64_t offset, uint64_t len) noexcept;
+/// unlinkat(2): removes a name, or an empty directory with AT_REMOVEDIR. Kernel 5.11.
+/// Errors: ENOENT, EISDIR, ENOTDIR, ENOTEMPTY as the kernel gives them; EFAULT for a null path.
+Result<void> unlinkat(int dirfd, const char* path, int flags) noexcept;
+/// renameat2(2): `flags` takes RENAME_NOREPLACE, RENAME_EXCHANGE, RENAME_WHITEOUT. Kernel 5.11.
+/// Errors: EEXIST (RENAME_NOREPLACE), ENOENT, ENOTEMPTY as the kernel gives them; EFAULT for a null path.
+Result<void> renameat(int olddirfd, const char* oldpath, int newdirfd, const char* newpath,
+                      unsigned flags = 0) noexcept;
+/// mkdirat(2); the process umask applies to `mode`. Kernel 5.15.
+/// Errors: EEXIST, ENOENT, ENOTDIR as the kernel gives them; EFAULT for a null path.
+Result<void> mkdirat(int dirfd, const char* path, mode_t mode) noexcept;
+/// Parks until `fd` reports one of `events` (or POLLERR/POLLHUP) and returns the revents mask, as a
+/// one-fd poll(2) without a timeout would: the way to await any pollable kernel object (pipe, eventfd,
+/// timerfd, signalfd, pidfd, socket). One-shot: each call arms the poll once. Kernel 5.1.
+/// Errors: EINVAL when `events` holds a bit that poll(2) does not define as an event to wait for
+/// (POLLNVAL, POLLFREE, POLL_BUSY_LOOP, or a sign-extended mask); EBADF; ECANCELED at shutdown.
+Result<short> poll(int fd, short events) noexcept;
+/// splice(2): moves up to `len` bytes (capped like read) between two descriptors, one of them a pipe.
+/// An offset of -1 uses and advances the file position, as a NULL offset does for splice(2); a pipe
+/// takes only -1. Returns 0 at end of input. Kernel 5.7.
+/// Errors: EINVAL when neither fd is a pipe, or for SPLICE_F_FD_IN_FIXED (registered files belong to
+/// one carrier's ring, which a fiber cannot name); ESPIPE for an offset on a pipe; EBADF.
+Result<size_t> splice(int fdIn, int64_t offIn, int fdOut, int64_t offOut, size_t len, unsigned flags) noexcept;
+/// tee(2): copies up to `len` bytes from pipe `fdIn` to pipe `fdOut` without consuming them. Kernel 5.8.
+/// Errors: EINVAL when either fd is not a pipe, both name the same pipe, or for SPLICE_F_FD_IN_FIXED.
+Result<size_t> tee(int fdIn, int fdOut, size_t len, unsigned flags) noexcept;
 /// Parks the fiber for `duration` (the deadline heap, not the ring). Errors: ECANCELED.
 Result<void> sleep(std::chrono::nanoseconds duration) noexcept;
 

@@ -1,0 +1,612 @@
+// Tests for the file-system, poll and splice calls of core/io.h: each call's effect checked against the
+// kernel's own view (::stat, ::lstat, ::access, ::pread), each call's main errors passed through, the null-path
+// EFAULT, poll woken by a write that comes before or after the poller parked, and every call once from a
+// plain thread (the off-fiber ring).
+//
+// No verdict depends on timing: where two orders are possible, both must give the same result, and the
+// test forces each order where it can.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <liburing.h>  // SPLICE_F_FD_IN_FIXED
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "core/fiber.h"
+#include "core/io.h"
+#include "tests/core/with_runtime.h"
+
+namespace spindle {
+namespace {
+
+using testing_support::pattern;
+using testing_support::yieldUntil;
+
+/// Both ends of a pipe, closed on destruction unless closed already.
+struct Pipe {
+    int r = -1;
+    int w = -1;
+    Pipe() {
+        int p[2];
+        if (::pipe2(p, O_CLOEXEC) == 0) {
+            r = p[0];
+            w = p[1];
+        }
+    }
+    ~Pipe() {
+        closeWrite();
+        if (r >= 0) { ::close(r); }
+    }
+    Pipe(const Pipe&) = delete;
+    Pipe& operator=(const Pipe&) = delete;
+    void closeWrite() {
+        if (w >= 0) { ::close(std::exchange(w, -1)); }
+    }
+};
+
+/// errno of a ::stat on `p`, 0 when it exists.
+int statErr(const std::string& p, struct stat* st = nullptr) {
+    struct stat tmp {};
+    return ::stat(p.c_str(), st != nullptr ? st : &tmp) == 0 ? 0 : errno;
+}
+
+mode_t currentUmask() {
+    const mode_t m = ::umask(0);
+    ::umask(m);
+    return m;
+}
+
+/// A runtime with two carriers, a scratch directory and a descriptor for it.
+class IoOpsTest : public testing_support::WithScratchDir {
+protected:
+    void SetUp() override {
+        WithScratchDir::SetUp();
+        if (HasFatalFailure()) { return; }
+        dirfd_ = ::open(dir_.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        ASSERT_GE(dirfd_, 0) << std::strerror(errno);
+    }
+    void TearDown() override {
+        if (dirfd_ >= 0) { ::close(dirfd_); }
+        WithScratchDir::TearDown();
+    }
+
+    /// Creates an empty file `name` in the scratch directory.
+    void touch(const char* name) {
+        const int fd = makeFile(name);
+        if (fd >= 0) { ::close(fd); }
+    }
+
+    int dirfd_ = -1;
+};
+
+// ---- fallocate ---------------------------------------------------------------------------------------------------
+
+TEST_F(IoOpsTest, FallocateAllocatesAndPunchesAsStatSees) {
+    const int fd = makeFile("alloc");
+    constexpr uint64_t kMiB = 1 << 20;
+    const auto [grow, keep] = onFiber([&] {
+        const int g = spindle::fallocate(fd, 0, 0, kMiB).errorCode();
+        const int k = spindle::fallocate(fd, FALLOC_FL_KEEP_SIZE, kMiB, kMiB).errorCode();
+        return std::make_pair(g, k);
+    });
+    if (grow == EOPNOTSUPP) { GTEST_SKIP() << "fallocate: not supported by the scratch file system"; }
+    ASSERT_EQ(grow, 0) << std::strerror(grow);
+    ASSERT_EQ(keep, 0) << std::strerror(keep);
+    struct stat st {};
+    ASSERT_EQ(::fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_size, static_cast<off_t>(kMiB)) << "mode 0 extends the file";
+    EXPECT_GE(static_cast<uint64_t>(st.st_blocks) * 512, 2 * kMiB) << "KEEP_SIZE still allocates past the end";
+
+    // Punch a hole into written data: those bytes read back as zeros, the rest is untouched.
+    auto data = pattern(64 * 1024, 11);
+    ASSERT_EQ(::pwrite(fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+    const int punched = onFiber(
+        [&] { return spindle::fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, 4096, 8192).errorCode(); });
+    if (punched == EOPNOTSUPP) {
+        ::close(fd);
+        GTEST_SKIP() << "FALLOC_FL_PUNCH_HOLE: not supported by the scratch file system";
+    }
+    ASSERT_EQ(punched, 0) << std::strerror(punched);
+    std::memset(data.data() + 4096, 0, 8192);
+    std::vector<char> back(data.size());
+    ASSERT_EQ(::pread(fd, back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+    EXPECT_TRUE(back == data);
+    ASSERT_EQ(::fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_size, static_cast<off_t>(kMiB)) << "a punched hole keeps the size";
+    ::close(fd);
+}
+
+TEST_F(IoOpsTest, FallocateErrorsComeBackAsErrno) {
+    const int rw = makeFile("f");
+    const int ro = ::open(path("f").c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(ro, 0);
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    const auto e = onFiber([&] {
+        std::array<int, 5> r{};
+        r[0] = spindle::fallocate(-1, 0, 0, 4096).errorCode();
+        r[1] = spindle::fallocate(rw, 0, 0, 0).errorCode();
+        r[2] = spindle::fallocate(rw, 0, 0, ~uint64_t{0}).errorCode();
+        r[3] = spindle::fallocate(ro, 0, 0, 4096).errorCode();
+        r[4] = spindle::fallocate(p.w, 0, 0, 4096).errorCode();
+        return r;
+    });
+    EXPECT_EQ(e[0], EBADF) << "a bad fd";
+    EXPECT_EQ(e[1], EINVAL) << "len 0";
+    EXPECT_EQ(e[2], EINVAL) << "a length past INT64_MAX";
+    EXPECT_EQ(e[3], EBADF) << "a read-only fd";
+    EXPECT_EQ(e[4], ESPIPE) << "a pipe";
+    ::close(ro);
+    ::close(rw);
+}
+
+// ---- mkdirat -------------------------------------------------------------------------------------------------
+
+TEST_F(IoOpsTest, MkdiratMakesADirectoryWithTheUmaskedMode) {
+    const std::string abs = path("abs");
+    const auto [rel, absolute] = onFiber([&] {
+        return std::make_pair(spindle::mkdirat(dirfd_, "rel", 0750).errorCode(),
+                              spindle::mkdirat(AT_FDCWD, abs.c_str(), 0700).errorCode());
+    });
+    ASSERT_EQ(rel, 0) << std::strerror(rel);
+    ASSERT_EQ(absolute, 0) << std::strerror(absolute);
+    struct stat st {};
+    ASSERT_EQ(statErr(path("rel"), &st), 0);
+    EXPECT_TRUE(S_ISDIR(st.st_mode));
+    EXPECT_EQ(st.st_mode & 07777, 0750 & ~currentUmask());
+    ASSERT_EQ(statErr(abs, &st), 0);
+    EXPECT_TRUE(S_ISDIR(st.st_mode));
+}
+
+TEST_F(IoOpsTest, MkdiratErrorsComeBackAsErrno) {
+    touch("file");
+    ASSERT_EQ(::mkdir(path("dir").c_str(), 0700), 0);
+    const auto e = onFiber([&] {
+        std::array<int, 5> r{};
+        r[0] = spindle::mkdirat(dirfd_, "dir", 0700).errorCode();
+        r[1] = spindle::mkdirat(dirfd_, "missing/sub", 0700).errorCode();
+        r[2] = spindle::mkdirat(dirfd_, "file/sub", 0700).errorCode();
+        r[3] = spindle::mkdirat(dirfd_, nullptr, 0700).errorCode();
+        r[4] = spindle::mkdirat(-1, "relative", 0700).errorCode();
+        return r;
+    });
+    EXPECT_EQ(e[0], EEXIST);
+    EXPECT_EQ(e[1], ENOENT) << "a missing parent";
+    EXPECT_EQ(e[2], ENOTDIR) << "a parent that is a file";
+    EXPECT_EQ(e[3], EFAULT) << "a null path";
+    EXPECT_EQ(e[4], EBADF) << "a relative path against a bad dirfd";
+    EXPECT_EQ(statErr(path("relative")), ENOENT);
+}
+
+// ---- unlinkat ------------------------------------------------------------------------------------------------
+
+TEST_F(IoOpsTest, UnlinkatRemovesFilesAndEmptyDirectories) {
+    touch("file");
+    ASSERT_EQ(::mkdir(path("dir").c_str(), 0700), 0);
+    ASSERT_EQ(::symlink("file", path("link").c_str()), 0);
+    const std::string abs = path("file");
+    const auto e = onFiber([&] {
+        std::array<int, 3> r{};
+        r[0] = spindle::unlinkat(dirfd_, "link", 0).errorCode();  // the link, not its target
+        r[1] = spindle::unlinkat(AT_FDCWD, abs.c_str(), 0).errorCode();
+        r[2] = spindle::unlinkat(dirfd_, "dir", AT_REMOVEDIR).errorCode();
+        return r;
+    });
+    EXPECT_EQ(e[0], 0);
+    EXPECT_EQ(e[1], 0);
+    EXPECT_EQ(e[2], 0);
+    struct stat st {};
+    errno = 0;
+    EXPECT_EQ(::lstat(path("link").c_str(), &st), -1);
+    EXPECT_EQ(errno, ENOENT);
+    errno = 0;
+    EXPECT_EQ(::access(abs.c_str(), F_OK), -1);
+    EXPECT_EQ(errno, ENOENT);
+    EXPECT_EQ(statErr(path("dir")), ENOENT);
+}
+
+TEST_F(IoOpsTest, UnlinkatErrorsComeBackAsErrno) {
+    touch("file");
+    ASSERT_EQ(::mkdir(path("empty").c_str(), 0700), 0);
+    ASSERT_EQ(::mkdir(path("full").c_str(), 0700), 0);
+    touch("full/inside");
+    const auto e = onFiber([&] {
+        std::array<int, 6> r{};
+        r[0] = spindle::unlinkat(dirfd_, "missing", 0).errorCode();
+        r[1] = spindle::unlinkat(dirfd_, "empty", 0).errorCode();
+        r[2] = spindle::unlinkat(dirfd_, "file", AT_REMOVEDIR).errorCode();
+        r[3] = spindle::unlinkat(dirfd_, "full", AT_REMOVEDIR).errorCode();
+        r[4] = spindle::unlinkat(dirfd_, nullptr, 0).errorCode();
+        r[5] = spindle::unlinkat(-1, "file", 0).errorCode();
+        return r;
+    });
+    EXPECT_EQ(e[0], ENOENT);
+    EXPECT_EQ(e[1], EISDIR) << "a directory without AT_REMOVEDIR";
+    EXPECT_EQ(e[2], ENOTDIR) << "AT_REMOVEDIR on a file";
+    EXPECT_EQ(e[3], ENOTEMPTY);
+    EXPECT_EQ(e[4], EFAULT) << "a null path";
+    EXPECT_EQ(e[5], EBADF);
+    // Nothing was removed by the failed calls.
+    EXPECT_EQ(statErr(path("file")), 0);
+    EXPECT_EQ(statErr(path("empty")), 0);
+    EXPECT_EQ(statErr(path("full/inside")), 0);
+}
+
+// ---- renameat ------------------------------------------------------------------------------------------------
+
+TEST_F(IoOpsTest, RenameatMovesExchangesAndHonoursNoReplace) {
+    touch("a");
+    touch("x");
+    touch("y");
+    ASSERT_EQ(::mkdir(path("sub").c_str(), 0700), 0);
+    const int subfd = ::open(path("sub").c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    ASSERT_GE(subfd, 0);
+    struct stat a {}, x {}, y {};
+    ASSERT_EQ(::lstat(path("a").c_str(), &a), 0);
+    ASSERT_EQ(::lstat(path("x").c_str(), &x), 0);
+    ASSERT_EQ(::lstat(path("y").c_str(), &y), 0);
+
+    const auto e = onFiber([&] {
+        std::array<int, 4> r{};
+        r[0] = spindle::renameat(dirfd_, "a", subfd, "b").errorCode();  // across two dirfds
+        r[1] = spindle::renameat(dirfd_, "x", dirfd_, "y", RENAME_NOREPLACE).errorCode();
+        r[2] = spindle::renameat(dirfd_, "x", dirfd_, "y", RENAME_EXCHANGE).errorCode();
+        r[3] = spindle::renameat(dirfd_, "y", dirfd_, "z", RENAME_NOREPLACE).errorCode();
+        return r;
+    });
+    ::close(subfd);
+    ASSERT_EQ(e[0], 0) << std::strerror(e[0]);
+    EXPECT_EQ(e[1], EEXIST) << "RENAME_NOREPLACE onto an existing name";
+    if (e[2] == EINVAL) { GTEST_SKIP() << "RENAME_EXCHANGE: not supported by the scratch file system"; }
+    EXPECT_EQ(e[2], 0) << std::strerror(e[2]);
+    EXPECT_EQ(e[3], 0) << std::strerror(e[3]);
+
+    struct stat st {};
+    EXPECT_EQ(::lstat(path("a").c_str(), &st), -1) << "the old name is gone";
+    ASSERT_EQ(::lstat(path("sub/b").c_str(), &st), 0);
+    EXPECT_EQ(st.st_ino, a.st_ino) << "the same file under the new name";
+    ASSERT_EQ(::lstat(path("x").c_str(), &st), 0);
+    EXPECT_EQ(st.st_ino, y.st_ino) << "RENAME_EXCHANGE swapped the names";
+    EXPECT_EQ(::lstat(path("y").c_str(), &st), -1) << "y moved on to z";
+    ASSERT_EQ(::lstat(path("z").c_str(), &st), 0);
+    EXPECT_EQ(st.st_ino, x.st_ino);
+}
+
+TEST_F(IoOpsTest, RenameatErrorsComeBackAsErrno) {
+    touch("file");
+    ASSERT_EQ(::mkdir(path("dir").c_str(), 0700), 0);
+    ASSERT_EQ(::mkdir(path("full").c_str(), 0700), 0);
+    touch("full/inside");
+    const auto e = onFiber([&] {
+        std::array<int, 6> r{};
+        r[0] = spindle::renameat(dirfd_, "missing", dirfd_, "other").errorCode();
+        r[1] = spindle::renameat(dirfd_, "dir", dirfd_, "full").errorCode();
+        r[2] = spindle::renameat(dirfd_, "dir", dirfd_, "file").errorCode();
+        r[3] = spindle::renameat(dirfd_, nullptr, dirfd_, "other").errorCode();
+        r[4] = spindle::renameat(dirfd_, "file", dirfd_, nullptr).errorCode();
+        r[5] = spindle::renameat(-1, "file", dirfd_, "other").errorCode();
+        return r;
+    });
+    EXPECT_EQ(e[0], ENOENT);
+    EXPECT_EQ(e[1], ENOTEMPTY) << "a directory onto a non-empty directory";
+    EXPECT_EQ(e[2], ENOTDIR) << "a directory onto a file";
+    EXPECT_EQ(e[3], EFAULT) << "a null old path";
+    EXPECT_EQ(e[4], EFAULT) << "a null new path";
+    EXPECT_EQ(e[5], EBADF);
+    EXPECT_EQ(statErr(path("file")), 0);
+    EXPECT_EQ(statErr(path("dir")), 0);
+    EXPECT_EQ(statErr(path("other")), ENOENT);
+}
+
+// ---- poll ----------------------------------------------------------------------------------------------------
+
+TEST_F(IoOpsTest, PollReportsWritableReadableAndHangup) {
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    const auto got = onFiber([&] {
+        std::array<int, 3> r{};
+        r[0] = spindle::poll(p.w, POLLOUT).valueOr(-1);  // an empty pipe is writable at once
+        char c = 'x';
+        (void)spindle::write(p.w, &c, 1);
+        r[1] = spindle::poll(p.r, POLLIN).valueOr(-1);
+        (void)spindle::read(p.r, &c, 1);
+        p.closeWrite();
+        r[2] = spindle::poll(p.r, POLLIN).valueOr(-1);  // drained, no writer left
+        return r;
+    });
+    EXPECT_EQ(got[0], POLLOUT);
+    EXPECT_EQ(got[1], POLLIN);
+    EXPECT_EQ(got[2], POLLHUP);
+}
+
+TEST_F(IoOpsTest, PollErrorsComeBackAsErrno) {
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    const auto e = onFiber([&] {
+        std::array<int, 4> r{};
+        r[0] = spindle::poll(-1, POLLIN).errorCode();
+        r[1] = spindle::poll(999'999, POLLIN).errorCode();
+        r[2] = spindle::poll(p.r, POLLIN | POLLNVAL).errorCode();
+        r[3] = spindle::poll(p.r, static_cast<short>(0x8000 | POLLIN)).errorCode();  // a negative short
+        return r;
+    });
+    EXPECT_EQ(e[0], EBADF);
+    EXPECT_EQ(e[1], EBADF);
+    EXPECT_EQ(e[2], EINVAL) << "POLLNVAL is an answer, not an event to wait for";
+    EXPECT_EQ(e[3], EINVAL) << "a mask that would sign-extend into epoll flags";
+}
+
+// The writer runs only after the poller has parked and its poll is armed in the kernel: both fibers share
+// carrier 0, the poller raises `armed` and parks without yielding in between, and the writer's own nop on
+// the same ring completes only after the batch that carried the poll SQE was submitted.
+TEST_F(IoOpsTest, PollWakesWhenAnotherFiberWritesAfterItParked) {
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    std::atomic<bool> armed{false}, pollerDone{false};
+    auto poller = on(0, [&] {
+        armed.store(true);
+        auto r = spindle::poll(p.r, POLLIN);
+        pollerDone.store(true);
+        return r.ok() ? static_cast<int>(*r) : -r.errorCode();
+    });
+    auto writer = on(0, [&] {
+        yieldUntil([&] { return armed.load(); });
+        EXPECT_TRUE(spindle::nop());
+        const bool stillParked = !pollerDone.load();  // nothing was written: it cannot have returned
+        char c = 'w';
+        EXPECT_EQ(spindle::write(p.w, &c, 1).valueOr(0), 1u);
+        return stillParked;
+    });
+    EXPECT_TRUE(writer.join());
+    EXPECT_EQ(poller.join(), POLLIN);
+}
+
+// The write lands before the poll is made: the poll completes at once with the same verdict.
+TEST_F(IoOpsTest, PollSeesDataWrittenBeforeItWasMade) {
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    std::atomic<bool> written{false};
+    auto writer = on(1, [&] {
+        char c = 'w';
+        EXPECT_EQ(spindle::write(p.w, &c, 1).valueOr(0), 1u);
+        written.store(true);
+    });
+    auto poller = on(0, [&] {
+        yieldUntil([&] { return written.load(); });
+        return spindle::poll(p.r, POLLIN).valueOr(-1);
+    });
+    writer.join();
+    EXPECT_EQ(poller.join(), POLLIN);
+}
+
+// Unordered: poller and writer on different carriers race; whichever comes first, POLLIN.
+TEST_F(IoOpsTest, PollAndACrossCarrierWriterRaceToTheSameVerdict) {
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    const int rounds = testing_support::kSanitized ? 50 : 300;
+    for (int i = 0; i < rounds; ++i) {
+        auto poller = on(i % 2, [&] { return spindle::poll(p.r, POLLIN).valueOr(-1); });
+        auto writer = on(1 - i % 2, [&] {
+            char c = 'w';
+            return spindle::write(p.w, &c, 1).valueOr(0);
+        });
+        ASSERT_EQ(writer.join(), 1u);
+        ASSERT_EQ(poller.join(), POLLIN) << "round " << i;
+        char c;
+        ASSERT_EQ(::read(p.r, &c, 1), 1);  // drain, so the next round starts unreadable
+    }
+}
+
+// Off-fiber: a plain thread parks in poll on its own ring; a fiber writes once the thread says it is about to
+// poll (before or after the thread's poll reached the kernel: both give POLLIN).
+TEST_F(IoOpsTest, PollFromAPlainThreadWakesOnAFiberWrite) {
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    std::atomic<bool> armed{false};
+    int got = -2;
+    std::thread t([&] {
+        EXPECT_FALSE(this_fiber::inFiber());
+        armed.store(true);
+        got = spindle::poll(p.r, POLLIN).valueOr(-1);
+    });
+    while (!armed.load()) { std::this_thread::yield(); }
+    EXPECT_EQ(onFiber([&] {
+                  char c = 'w';
+                  return spindle::write(p.w, &c, 1).valueOr(0);
+              }),
+              1u);
+    t.join();
+    EXPECT_EQ(got, POLLIN);
+}
+
+// ---- splice and tee ------------------------------------------------------------------------------------------
+
+TEST_F(IoOpsTest, SpliceMovesExactBytesFileToPipeToFile) {
+    const int src = makeFile("src");
+    const int dst = makeFile("dst");
+    const auto data = pattern(200'000, 12);  // three times a default pipe's capacity
+    ASSERT_EQ(::pwrite(src, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+
+    const auto moved = onFiber([&] {
+        uint64_t off = 0;
+        while (off < data.size()) {
+            auto in = spindle::splice(src, static_cast<int64_t>(off), p.w, -1, data.size() - off, 0);
+            if (!in || *in == 0) { return off; }
+            size_t out = 0;
+            while (out < *in) {
+                auto o = spindle::splice(p.r, -1, dst, static_cast<int64_t>(off + out), *in - out, 0);
+                if (!o || *o == 0) { return off + out; }
+                out += *o;
+            }
+            off += *in;
+        }
+        return off;
+    });
+    EXPECT_EQ(moved, data.size());
+    struct stat st {};
+    ASSERT_EQ(::fstat(dst, &st), 0);
+    EXPECT_EQ(st.st_size, static_cast<off_t>(data.size()));
+    std::vector<char> back(data.size());
+    ASSERT_EQ(::pread(dst, back.data(), back.size(), 0), static_cast<ssize_t>(back.size()));
+    EXPECT_TRUE(back == data);
+    EXPECT_EQ(::lseek(src, 0, SEEK_CUR), 0) << "explicit offsets leave the file position alone";
+    EXPECT_EQ(::lseek(dst, 0, SEEK_CUR), 0);
+
+    // Offset -1 uses and advances the file position, like splice(2) with NULL.
+    ASSERT_EQ(::lseek(src, 1000, SEEK_SET), 1000);
+    const auto [n, m] = onFiber([&] {
+        const size_t a = spindle::splice(src, -1, p.w, -1, 500, 0).valueOr(0);
+        std::vector<char> buf(a);
+        const size_t b = spindle::read(p.r, buf.data(), buf.size()).valueOr(0);
+        EXPECT_EQ(std::memcmp(buf.data(), data.data() + 1000, b), 0);
+        return std::make_pair(a, b);
+    });
+    EXPECT_EQ(n, 500u);
+    EXPECT_EQ(m, 500u);
+    EXPECT_EQ(::lseek(src, 0, SEEK_CUR), 1500);
+
+    // Once the pipe is empty and has no writer, splice says end of input.
+    p.closeWrite();
+    EXPECT_EQ(onFiber([&] { return spindle::splice(p.r, -1, dst, 0, 100, 0).errorCode(); }), 0);
+    EXPECT_EQ(onFiber([&] { return spindle::splice(p.r, -1, dst, 0, 100, 0).valueOr(99); }), 0u);
+    ::close(src);
+    ::close(dst);
+}
+
+TEST_F(IoOpsTest, SpliceErrorsComeBackAsErrno) {
+    const int a = makeFile("a");
+    const int b = makeFile("b");
+    ASSERT_EQ(::pwrite(a, "hello", 5, 0), 5);
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    ASSERT_EQ(::write(p.w, "xy", 2), 2);
+    const auto e = onFiber([&] {
+        std::array<int, 5> r{};
+        r[0] = spindle::splice(a, 0, b, 0, 5, 0).errorCode();
+        r[1] = spindle::splice(p.r, 0, b, 0, 2, 0).errorCode();
+        r[2] = spindle::splice(-1, 0, p.w, -1, 5, 0).errorCode();
+        r[3] = spindle::splice(a, 0, -1, -1, 5, 0).errorCode();
+        r[4] = spindle::splice(a, 0, p.w, -1, 5, SPLICE_F_FD_IN_FIXED).errorCode();
+        return r;
+    });
+    EXPECT_EQ(e[0], EINVAL) << "neither end is a pipe";
+    EXPECT_EQ(e[1], ESPIPE) << "an offset on the pipe end";
+    EXPECT_EQ(e[2], EBADF) << "a bad fdIn";
+    EXPECT_EQ(e[3], EBADF) << "a bad fdOut";
+    EXPECT_EQ(e[4], EINVAL) << "SPLICE_F_FD_IN_FIXED";
+    char buf[4];
+    EXPECT_EQ(::read(p.r, buf, sizeof(buf)), 2) << "the failed calls moved nothing";
+    ::close(a);
+    ::close(b);
+}
+
+TEST_F(IoOpsTest, TeeDuplicatesPipeDataWithoutConsumingIt) {
+    Pipe from, to;
+    ASSERT_GE(from.r, 0);
+    ASSERT_GE(to.r, 0);
+    const auto data = pattern(10'000, 13);
+    ASSERT_EQ(::write(from.w, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+    const size_t teed = onFiber([&] { return spindle::tee(from.r, to.w, data.size(), 0).valueOr(0); });
+    EXPECT_EQ(teed, data.size());
+    std::vector<char> a(data.size()), b(data.size());
+    ASSERT_EQ(::read(from.r, a.data(), a.size()), static_cast<ssize_t>(a.size())) << "tee left the source as it was";
+    ASSERT_EQ(::read(to.r, b.data(), b.size()), static_cast<ssize_t>(b.size()));
+    EXPECT_TRUE(a == data);
+    EXPECT_TRUE(b == data);
+}
+
+TEST_F(IoOpsTest, TeeErrorsComeBackAsErrno) {
+    const int f = makeFile("f");
+    Pipe p, q;
+    ASSERT_GE(p.r, 0);
+    ASSERT_GE(q.r, 0);
+    ASSERT_EQ(::write(p.w, "xy", 2), 2);
+    const auto e = onFiber([&] {
+        std::array<int, 5> r{};
+        r[0] = spindle::tee(f, q.w, 2, 0).errorCode();
+        r[1] = spindle::tee(p.r, f, 2, 0).errorCode();
+        r[2] = spindle::tee(p.r, p.w, 2, 0).errorCode();
+        r[3] = spindle::tee(-1, q.w, 2, 0).errorCode();
+        r[4] = spindle::tee(p.r, q.w, 2, SPLICE_F_FD_IN_FIXED).errorCode();
+        return r;
+    });
+    EXPECT_EQ(e[0], EINVAL) << "fdIn is not a pipe";
+    EXPECT_EQ(e[1], EINVAL) << "fdOut is not a pipe";
+    EXPECT_EQ(e[2], EINVAL) << "both ends of the same pipe";
+    EXPECT_EQ(e[3], EBADF);
+    EXPECT_EQ(e[4], EINVAL) << "SPLICE_F_FD_IN_FIXED";
+    ::close(f);
+}
+
+// ---- off-fiber -------------------------------------------------------------------------------------------------
+
+// Every call once from a plain thread, on that thread's own ring, checked the same way.
+TEST_F(IoOpsTest, EveryCallWorksFromAPlainThread) {
+    const auto data = pattern(5000, 14);
+    std::thread t([&] {
+        ASSERT_FALSE(this_fiber::inFiber());
+        EXPECT_EQ(spindle::mkdirat(dirfd_, "d", 0700).errorCode(), 0);
+        EXPECT_EQ(statErr(path("d")), 0);
+        EXPECT_EQ(spindle::mkdirat(dirfd_, "d", 0700).errorCode(), EEXIST);
+
+        auto fd = spindle::openat(dirfd_, "d/f", O_RDWR | O_CREAT | O_EXCL, 0600);
+        ASSERT_TRUE(fd) << fd.error().message();
+        const int fallocErr = spindle::fallocate(*fd, 0, 0, 8192).errorCode();
+        EXPECT_TRUE(fallocErr == 0 || fallocErr == EOPNOTSUPP) << std::strerror(fallocErr);
+        if (fallocErr == 0) {
+            struct stat st {};
+            EXPECT_EQ(::fstat(*fd, &st), 0);
+            EXPECT_EQ(st.st_size, 8192);
+        }
+        EXPECT_EQ(spindle::fallocate(-1, 0, 0, 1).errorCode(), EBADF);
+        ASSERT_EQ(::pwrite(*fd, data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+
+        Pipe p, q;
+        ASSERT_GE(p.r, 0);
+        ASSERT_GE(q.r, 0);
+        EXPECT_EQ(spindle::splice(*fd, 0, p.w, -1, data.size(), 0).valueOr(0), data.size());
+        EXPECT_EQ(spindle::poll(p.r, POLLIN).valueOr(-1), POLLIN);
+        EXPECT_EQ(spindle::tee(p.r, q.w, data.size(), 0).valueOr(0), data.size());
+        std::vector<char> a(data.size()), b(data.size());
+        EXPECT_EQ(::read(p.r, a.data(), a.size()), static_cast<ssize_t>(a.size()));
+        EXPECT_EQ(::read(q.r, b.data(), b.size()), static_cast<ssize_t>(b.size()));
+        EXPECT_TRUE(a == data);
+        EXPECT_TRUE(b == data);
+        EXPECT_EQ(spindle::splice(*fd, 0, *fd, 0, 1, 0).errorCode(), EINVAL);
+        EXPECT_EQ(spindle::tee(*fd, q.w, 1, 0).errorCode(), EINVAL);
+        EXPECT_EQ(spindle::poll(-1, POLLIN).errorCode(), EBADF);
+        EXPECT_TRUE(spindle::close(*fd));
+
+        EXPECT_EQ(spindle::renameat(dirfd_, "d/f", dirfd_, "g").errorCode(), 0);
+        EXPECT_EQ(statErr(path("d/f")), ENOENT);
+        EXPECT_EQ(statErr(path("g")), 0);
+        EXPECT_EQ(spindle::renameat(dirfd_, "d/f", dirfd_, "g").errorCode(), ENOENT);
+        EXPECT_EQ(spindle::unlinkat(dirfd_, "g", 0).errorCode(), 0);
+        EXPECT_EQ(::access(path("g").c_str(), F_OK), -1);
+        EXPECT_EQ(spindle::unlinkat(dirfd_, "d", AT_REMOVEDIR).errorCode(), 0);
+        EXPECT_EQ(statErr(path("d")), ENOENT);
+        EXPECT_EQ(spindle::unlinkat(dirfd_, "d", AT_REMOVEDIR).errorCode(), ENOENT);
+
+        EXPECT_EQ(spindle::mkdirat(dirfd_, nullptr, 0700).errorCode(), EFAULT);
+        EXPECT_EQ(spindle::unlinkat(dirfd_, nullptr, 0).errorCode(), EFAULT);
+        EXPECT_EQ(spindle::renameat(dirfd_, nullptr, dirfd_, nullptr).errorCode(), EFAULT);
+    });
+    t.join();
+}
+
+}  // namespace
+}  // namespace spindle
