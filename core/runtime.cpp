@@ -19,7 +19,8 @@ uint64_t nowNs() noexcept {
     return static_cast<uint64_t>(ts.tv_sec) * 1000000000u + static_cast<uint64_t>(ts.tv_nsec);
 }
 
-RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) noexcept : options_(options) {}
+RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) noexcept
+    : options_(options), offload_(options.offloadThreads) {}
 
 RuntimeImpl::~RuntimeImpl() {
     shutdown();
@@ -50,9 +51,11 @@ Result<void> RuntimeImpl::loadTopology() noexcept {
 }
 
 Result<void> RuntimeImpl::start() noexcept {
-    if (options_.stackSize < 16 * 1024 || options_.ringEntries == 0 || options_.ringEntries > 32768) {
-        log::error("invalid runtime options: stackSize {} (>= 16 KiB), ringEntries {} (1..32768)", options_.stackSize,
-                   options_.ringEntries);
+    if (options_.stackSize < 16 * 1024 || options_.ringEntries == 0 || options_.ringEntries > 32768 ||
+        options_.offloadThreads == 0 || options_.offloadThreads > 1024) {
+        log::error("invalid runtime options: stackSize {} (>= 16 KiB), ringEntries {} (1..32768), offloadThreads {} "
+                   "(1..1024)",
+                   options_.stackSize, options_.ringEntries, options_.offloadThreads);
         return Error{EINVAL};
     }
     if (auto r = loadTopology(); !r) { return r; }
@@ -155,6 +158,7 @@ bool RuntimeImpl::anyStealable(const Carrier* self) const noexcept {
 
 void RuntimeImpl::shutdown() noexcept {
     if (!stopping_.exchange(true, std::memory_order_seq_cst)) { wakeAll(); }
+    offload_.close();  // after stopping_: a later submitOffload() sees either the flag or the closed pool
 }
 
 void RuntimeImpl::join() noexcept {
@@ -162,6 +166,8 @@ void RuntimeImpl::join() noexcept {
     SPINDLE_CHECK_MSG(Carrier::current() == nullptr || Carrier::current()->runtime() != this,
                       "Runtime::join() called on one of its own carriers");
     for (auto& c : carriers_) { c->joinThread(); }
+    // Every fiber is gone, so no offload() caller waits any more; a pool thread may still be leaving.
+    offload_.join();
     joined_ = true;
 }
 

@@ -9,7 +9,8 @@
 /// Shutdown: shutdown() makes every fiber-blocking call return ECANCELED from
 /// then on, cancels the I/O in flight on every ring (the cancelled calls
 /// return ECANCELED once their CQE arrives) and wakes every sleeper with
-/// ECANCELED. The carriers exit when no fiber is left; join() waits for that.
+/// ECANCELED. The carriers exit when no fiber is left; join() waits for that,
+/// and for the offload pool's threads (core/offload.h).
 /// A fiber that never returns keeps the runtime alive: check the results.
 /// Thread-safety: every member may be called from any thread, except join()
 /// and the destructor, which must not run on one of this runtime's fibers.
@@ -35,6 +36,7 @@ struct RuntimeOptions {
     bool bindCarriers = true;       // pin each carrier thread to one PU with hwloc
     std::string topology;           // "" (this machine), "synthetic:<hwloc string>" or "xml:<path>"
     bool deferTaskrun = true;       // ask for IORING_SETUP_DEFER_TASKRUN (probed)
+    unsigned offloadThreads = 2;    // threads of the offload() pool (1..1024), started on first use
 };
 
 /// Counters of one carrier (read racily; for reports and tests).

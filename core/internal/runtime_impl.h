@@ -11,6 +11,7 @@
 
 #include "base/result.h"
 #include "core/internal/carrier.h"
+#include "core/internal/offload_pool.h"
 #include "core/runtime.h"
 #include "numa/topology.h"
 
@@ -32,6 +33,7 @@ public:
     [[nodiscard]] const RuntimeOptions& options() const noexcept { return options_; }
     [[nodiscard]] const std::vector<std::unique_ptr<Carrier>>& carriers() const noexcept { return carriers_; }
     [[nodiscard]] const numa::Topology* topology() const noexcept { return topology_ ? &*topology_ : nullptr; }
+    [[nodiscard]] OffloadPool& offloadPool() noexcept { return offload_; }
 
     /// Counts a new fiber; false (nothing counted) if a stranger spawns during shutdown.
     bool admitFiber(bool fromOwnFiber) noexcept;
@@ -58,6 +60,7 @@ private:
     std::atomic<bool> stopping_{false};
     std::atomic<uint32_t> roundRobin_{0};
     bool joined_ = false;
+    OffloadPool offload_;  // closed by shutdown(), joined by join() after the carriers
 };
 
 /// Monotonic clock in nanoseconds (CLOCK_MONOTONIC, the steady_clock epoch).
