@@ -1,9 +1,13 @@
 #include "core/io.h"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstdint>
 
 #include "base/log.h"
 #include "core/fiber.h"
+#include "core/offload.h"
 #include "core/internal/carrier.h"
 #include "core/internal/io_submit.h"
 #include "uring/ring.h"
@@ -183,6 +187,14 @@ Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct
             io_uring_prep_statx(sqe, x->dirfd, x->path, x->flags, x->mask, x->out);
         },
         &a));
+}
+
+Result<void> ftruncate(int fd, uint64_t length) noexcept {
+    if (length > static_cast<uint64_t>(INT64_MAX)) { return Error{EINVAL}; }
+    auto r = offload([fd, length] { return ::ftruncate(fd, static_cast<off_t>(length)) == 0 ? 0 : errno; });
+    if (!r) { return Error{r.errorCode()}; }
+    if (*r != 0) { return Error{*r}; }
+    return {};
 }
 
 Result<void> fallocate(int fd, int mode, uint64_t offset, uint64_t len) noexcept {

@@ -51,6 +51,10 @@ Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct
 /// fallocate(2): allocates, or with `mode` punches or zeroes, [offset, offset + len). Kernel 5.6.
 /// Errors: EINVAL for len 0 or a range past INT64_MAX; EOPNOTSUPP where the file system lacks `mode`.
 Result<void> fallocate(int fd, int mode, uint64_t offset, uint64_t len) noexcept;
+/// ftruncate(2): sets the file's size to `length`. io_uring's FTRUNCATE needs Linux 6.9 and a liburing
+/// newer than Debian 12's 2.3, so this runs on the runtime's offload pool (off-fiber: inline).
+/// Errors: EINVAL for a length past INT64_MAX; EBADF, EINVAL for a non-regular file; ECANCELED during shutdown.
+Result<void> ftruncate(int fd, uint64_t length) noexcept;
 /// unlinkat(2): removes a name, or an empty directory with AT_REMOVEDIR. Kernel 5.11.
 /// Errors: ENOENT, EISDIR, ENOTDIR, ENOTEMPTY as the kernel gives them; EFAULT for a null path.
 Result<void> unlinkat(int dirfd, const char* path, int flags) noexcept;

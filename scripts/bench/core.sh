@@ -35,7 +35,7 @@ trap 'rm -rf "$out"' EXIT
 
 echo "machine: $(bench_machine_line)"
 echo "pinned to CPU $cpu, $reps repetitions each, median reported"
-for b in switch scheduler nop future sync; do
+for b in switch scheduler nop future sync offload; do
   taskset -c "$cpu" "$bin/spindle_${b}_bench" --benchmark_repetitions="$reps" \
     --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out="$out/$b.json" \
     --benchmark_out_format=json >/dev/null
@@ -113,6 +113,7 @@ line("FairFiberMutex, uncontended", ns("BM_FairFiberMutexUncontended"), ns("BM_S
 line("FiberMutex hand-off, 4 fibers", ns("BM_FiberMutexHandoff"), ns("BM_BoostFiberMutexHandoff"), "boost::fibers::mutex")
 line("FairFiberMutex hand-off, 4 fibers", ns("BM_FairFiberMutexHandoff"), ns("BM_BoostFiberMutexHandoff"), "boost::fibers::mutex")
 line("FiberCondVar ping-pong round trip", ns("BM_FiberCondVarPingPong"), ns("BM_BoostFiberCondVarPingPong"), "boost::fibers::condition_variable")
+line("offload(empty fn) round trip", ns("BM_OffloadEmptyRoundTrip"), ns("BM_StdAsyncEmptyRoundTrip"), "std::async().get()")
 seqr = med("BM_SequencerWakesThousandInOrder", "items_per_second")
 ooo = med("BM_SequencerWakesThousandInOrder", "out_of_order")
 if seqr:

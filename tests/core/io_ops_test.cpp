@@ -128,6 +128,36 @@ TEST_F(IoOpsTest, FallocateAllocatesAndPunchesAsStatSees) {
     ::close(fd);
 }
 
+TEST_F(IoOpsTest, FtruncateSetsTheSizeStatSees) {
+    const int fd = makeFile("t");
+    const auto grown = onFiber([&] { return spindle::ftruncate(fd, 12345).ok(); });
+    ASSERT_TRUE(grown);
+    struct stat st {};
+    ASSERT_EQ(::fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_size, 12345);
+    ASSERT_TRUE(spindle::ftruncate(fd, 100).ok()) << "off-fiber";
+    ASSERT_EQ(::fstat(fd, &st), 0);
+    EXPECT_EQ(st.st_size, 100);
+    const int ro = ::open(path("t").c_str(), O_RDONLY | O_CLOEXEC);
+    ASSERT_GE(ro, 0);
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    const auto e = onFiber([&] {
+        std::array<int, 4> r{};
+        r[0] = spindle::ftruncate(-1, 0).errorCode();
+        r[1] = spindle::ftruncate(fd, ~uint64_t{0}).errorCode();
+        r[2] = spindle::ftruncate(ro, 0).errorCode();
+        r[3] = spindle::ftruncate(p.w, 0).errorCode();
+        return r;
+    });
+    EXPECT_EQ(e[0], EBADF) << "a bad fd";
+    EXPECT_EQ(e[1], EINVAL) << "a length past INT64_MAX";
+    EXPECT_TRUE(e[2] == EBADF || e[2] == EINVAL) << "a read-only fd: " << e[2];
+    EXPECT_EQ(e[3], EINVAL) << "a pipe";
+    ::close(ro);
+    ::close(fd);
+}
+
 TEST_F(IoOpsTest, FallocateErrorsComeBackAsErrno) {
     const int rw = makeFile("f");
     const int ro = ::open(path("f").c_str(), O_RDONLY | O_CLOEXEC);
