@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "uring/inject.h"
 
 namespace spindle::detail {
 namespace {
@@ -38,6 +39,10 @@ Result<Stack> StackPool::map(size_t usableSize) noexcept {
     const size_t page = pageSize();
     const size_t usable = (usableSize + page - 1) & ~(page - 1);
     const size_t total = usable + page;
+    SPINDLE_INJECT(inject::Point::kStackMap, {
+        log::warn("fiber stack mmap of {} bytes failed (injected): {}", total, std::strerror(injectedErrno));
+        return Error{injectedErrno};
+    });
     void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK,
                      -1, 0);
     if (p == MAP_FAILED) {

@@ -6,6 +6,7 @@
 #include <cstring>
 
 #include "base/log.h"
+#include "uring/inject.h"
 
 namespace spindle::uring {
 
@@ -36,6 +37,10 @@ Result<void> Ring::init(const RingOptions& options, OverflowHandler onReap, void
     if (options.coopTaskrun && !(want & IORING_SETUP_DEFER_TASKRUN)) { want |= IORING_SETUP_COOP_TASKRUN; }
     const unsigned dropOrder[] = {IORING_SETUP_DEFER_TASKRUN, IORING_SETUP_COOP_TASKRUN, IORING_SETUP_SINGLE_ISSUER};
 
+    SPINDLE_INJECT(inject::Point::kRingSetup, {
+        log::error("io_uring set-up failed (injected): {}", std::strerror(injectedErrno));
+        return Error{injectedErrno};
+    });
     io_uring_params params{};
     int ret = 0;
     for (size_t i = 0;; ++i) {

@@ -1,0 +1,109 @@
+// Error paths that a healthy kernel never takes, driven by the fault points in
+// uring/inject.h: a ring that cannot be set up (io_uring disabled, memlock) and a
+// stack that cannot be mapped. Each must come back as a clear errno, leave the
+// runtime usable (or cleanly not started), and leak nothing (ASan checks that).
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+
+#include "core/runtime.h"
+#include "tests/core/with_runtime.h"
+#include "uring/inject.h"
+
+namespace spindle {
+namespace {
+
+using testing_support::withCarriers;
+
+/// Arms a fault point for the scope of a test and disarms it on the way out.
+class ArmedFault {
+public:
+    ArmedFault(inject::Point p, int err, uint32_t count = 1, uint32_t skip = 0) : point_(p) {
+        inject::arm(p, err, count, skip);
+    }
+    ~ArmedFault() { inject::disarm(point_); }
+    ArmedFault(const ArmedFault&) = delete;
+    ArmedFault& operator=(const ArmedFault&) = delete;
+
+private:
+    inject::Point point_;
+};
+
+TEST(FaultInjection, ARingThatCannotBeSetUpFailsStartWithItsErrno) {
+    {
+        ArmedFault f(inject::Point::kRingSetup, ENOMEM);
+        auto rt = Runtime::start(withCarriers(1));
+        ASSERT_FALSE(rt);
+        EXPECT_EQ(rt.errorCode(), ENOMEM);
+    }
+    auto rt = Runtime::start(withCarriers(1));  // disarmed: the next start works
+    ASSERT_TRUE(rt) << rt.error().message();
+}
+
+TEST(FaultInjection, ALaterCarrierFailingStopsTheOnesAlreadyRunning) {
+    // Carrier 0 comes up, carrier 1's ring fails: start() must stop and join carrier 0.
+    {
+        ArmedFault f(inject::Point::kRingSetup, EPERM, /*count=*/1, /*skip=*/1);
+        auto rt = Runtime::start(withCarriers(2));
+        ASSERT_FALSE(rt);
+        EXPECT_EQ(rt.errorCode(), EPERM);
+    }
+    auto rt = Runtime::start(withCarriers(2));
+    ASSERT_TRUE(rt) << rt.error().message();
+    EXPECT_EQ(rt->carrierCount(), 2u);
+}
+
+TEST(FaultInjection, RunReportsAStartFailure) {
+    ArmedFault f(inject::Point::kRingSetup, ENOSYS);
+    bool ran = false;
+    auto r = Runtime::run([&] { ran = true; }, withCarriers(1));
+    ASSERT_FALSE(r);
+    EXPECT_EQ(r.errorCode(), ENOSYS);
+    EXPECT_FALSE(ran);
+}
+
+using FaultInjectionTest = testing_support::WithRuntime;
+
+TEST_F(FaultInjectionTest, AStackThatCannotBeMappedFailsSpawnWithEnomem) {
+    // From a plain thread every spawn maps a fresh stack.
+    {
+        ArmedFault f(inject::Point::kStackMap, ENOMEM);
+        auto h = rt().spawn([] { return 1; });
+        ASSERT_FALSE(h);
+        EXPECT_EQ(h.errorCode(), ENOMEM);
+        EXPECT_EQ(rt().liveFibers(), 0u) << "a failed spawn must not be counted";
+    }
+    // The runtime is unharmed: the next spawn runs.
+    auto h = rt().spawn([] { return 2; });
+    ASSERT_TRUE(h) << h.error().message();
+    EXPECT_EQ(h->join(), 2);
+
+    // From a fiber, a stack size outside the pool is always mapped.
+    const auto [code, after] = onFiber([] {
+        ArmedFault f(inject::Point::kStackMap, ENOMEM);
+        auto child = spindle::spawn([] { return 3; }, SpawnOptions{.stackSize = 128 * 1024});
+        const int err = child ? 0 : child.errorCode();
+        // Disarmed again by the time this one maps.
+        inject::disarm(inject::Point::kStackMap);
+        auto next = spindle::spawn([] { return 4; }, SpawnOptions{.stackSize = 128 * 1024});
+        return std::make_pair(err, next ? next->join() : -1);
+    });
+    EXPECT_EQ(code, ENOMEM);
+    EXPECT_EQ(after, 4);
+}
+
+TEST(FaultInjection, PointsConsumeExactlyWhatWasArmed) {
+    inject::arm(inject::Point::kStackMap, EIO, /*count=*/2, /*skip=*/1);
+    EXPECT_EQ(inject::take(inject::Point::kStackMap), 0) << "skipped";
+    EXPECT_EQ(inject::take(inject::Point::kStackMap), EIO);
+    EXPECT_EQ(inject::take(inject::Point::kStackMap), EIO);
+    EXPECT_EQ(inject::take(inject::Point::kStackMap), 0) << "used up";
+    EXPECT_EQ(inject::take(inject::Point::kRingSetup), 0) << "points are independent";
+    inject::arm(inject::Point::kStackMap, EIO, 5);
+    inject::disarm(inject::Point::kStackMap);
+    EXPECT_EQ(inject::take(inject::Point::kStackMap), 0) << "disarmed";
+}
+
+}  // namespace
+}  // namespace spindle

@@ -1,0 +1,53 @@
+#include "uring/inject.h"
+
+#include <atomic>
+
+namespace spindle::inject {
+namespace {
+
+struct Slot {
+    std::atomic<uint32_t> skip{0};
+    std::atomic<uint32_t> count{0};
+    std::atomic<int> err{0};
+};
+
+Slot gSlots[static_cast<size_t>(Point::kCount)];
+
+Slot& slotOf(Point p) noexcept { return gSlots[static_cast<size_t>(p)]; }
+
+// Decrements `v` if it is positive; true if it did.
+bool takeOne(std::atomic<uint32_t>& v) noexcept {
+    uint32_t cur = v.load(std::memory_order_relaxed);
+    while (cur != 0) {
+        if (v.compare_exchange_weak(cur, cur - 1, std::memory_order_acq_rel, std::memory_order_relaxed)) {
+            return true;
+        }
+    }
+    return false;
+}
+
+}  // namespace
+
+void arm(Point point, int err, uint32_t count, uint32_t skip) noexcept {
+    Slot& s = slotOf(point);
+    s.count.store(0, std::memory_order_relaxed);
+    s.err.store(err, std::memory_order_relaxed);
+    s.skip.store(skip, std::memory_order_relaxed);
+    s.count.store(count, std::memory_order_release);
+}
+
+void disarm(Point point) noexcept {
+    Slot& s = slotOf(point);
+    s.count.store(0, std::memory_order_release);
+    s.skip.store(0, std::memory_order_relaxed);
+}
+
+int take(Point point) noexcept {
+    Slot& s = slotOf(point);
+    if (s.count.load(std::memory_order_relaxed) == 0) { return 0; }  // the disarmed fast path
+    if (takeOne(s.skip)) { return 0; }
+    if (!takeOne(s.count)) { return 0; }
+    return s.err.load(std::memory_order_relaxed);
+}
+
+}  // namespace spindle::inject
