@@ -135,52 +135,21 @@ BENCHMARK(BM_BoostFiberMutexHandoff)->UseRealTime();
 
 // ---- condition variable ping-pong ------------------------------------------------------------
 
-void BM_FiberCondVarPingPong(benchmark::State& state) {  // one round trip: A -> B -> A
-    onOneCarrier(state, [&state] {
-        spindle::FiberMutex m;
-        spindle::FiberCondVar cv;
-        int turn = 0;  // 0: A's turn, 1: B's turn, 2: stop
-        auto partner = spindle::spawn(
-            [&] {
-                std::unique_lock lk(m);
-                for (;;) {
-                    cv.wait(lk, [&] { return turn != 0; });
-                    if (turn == 2) { return; }
-                    turn = 0;
-                    cv.notify_one();
-                }
-            },
-            SpawnOptions{.carrier = 0, .pinned = true});
-        const uint64_t allocs = spindle::bench::allocCount();
-        std::unique_lock lk(m);
-        for (auto _ : state) {
-            turn = 1;
-            cv.notify_one();
-            cv.wait(lk, [&] { return turn == 0; });
-        }
-        spindle::bench::setAllocCounters(state, allocs);
-        turn = 2;
+// turn: 0 is the measuring side's turn, 1 the partner's, 2 tells the partner to stop.
+template <class Mutex, class CondVar>
+void pingPongPartner(Mutex& m, CondVar& cv, int& turn) {
+    std::unique_lock lk(m);
+    for (;;) {
+        cv.wait(lk, [&] { return turn != 0; });
+        if (turn == 2) { return; }
+        turn = 0;
         cv.notify_one();
-        lk.unlock();
-        partner->join();
-    });
-    state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+    }
 }
-BENCHMARK(BM_FiberCondVarPingPong)->UseRealTime();
 
-void BM_BoostFiberCondVarPingPong(benchmark::State& state) {
-    boost::fibers::mutex m;
-    boost::fibers::condition_variable cv;
-    int turn = 0;
-    boost::fibers::fiber partner([&] {
-        std::unique_lock lk(m);
-        for (;;) {
-            cv.wait(lk, [&] { return turn != 0; });
-            if (turn == 2) { return; }
-            turn = 0;
-            cv.notify_one();
-        }
-    });
+// One iteration is one round trip: hand the turn over and wait for it to come back.
+template <class Mutex, class CondVar>
+void pingPongMeasure(benchmark::State& state, Mutex& m, CondVar& cv, int& turn) {
     const uint64_t allocs = spindle::bench::allocCount();
     std::unique_lock lk(m);
     for (auto _ : state) {
@@ -191,7 +160,27 @@ void BM_BoostFiberCondVarPingPong(benchmark::State& state) {
     spindle::bench::setAllocCounters(state, allocs);
     turn = 2;
     cv.notify_one();
-    lk.unlock();
+}
+
+void BM_FiberCondVarPingPong(benchmark::State& state) {
+    onOneCarrier(state, [&state] {
+        spindle::FiberMutex m;
+        spindle::FiberCondVar cv;
+        int turn = 0;
+        auto partner = spindle::spawn([&] { pingPongPartner(m, cv, turn); }, SpawnOptions{.carrier = 0, .pinned = true});
+        pingPongMeasure(state, m, cv, turn);
+        partner->join();
+    });
+    state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
+}
+BENCHMARK(BM_FiberCondVarPingPong)->UseRealTime();
+
+void BM_BoostFiberCondVarPingPong(benchmark::State& state) {
+    boost::fibers::mutex m;
+    boost::fibers::condition_variable cv;
+    int turn = 0;
+    boost::fibers::fiber partner([&] { pingPongPartner(m, cv, turn); });
+    pingPongMeasure(state, m, cv, turn);
     partner.join();
     state.SetItemsProcessed(static_cast<int64_t>(state.iterations()));
 }

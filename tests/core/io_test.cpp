@@ -477,21 +477,28 @@ TEST(IoShutdown, CallsMadeAfterShutdownBeganAreCanceled) {
 
 // ---- sleep --------------------------------------------------------------------------------------------------------
 
+/// Three fibers pinned to carrier 0 that sleep until base + 30, 10 and 20 ms and append their delay to
+/// `order` as they wake (a fiber that is woken by shutdown instead appends nothing).
+std::vector<FiberHandle<void>> spawnSleepers(std::vector<int>& order, std::chrono::steady_clock::time_point base) {
+    std::vector<FiberHandle<void>> hs;
+    for (int ms : {30, 10, 20}) {
+        auto h = spindle::spawn(
+            [&order, base, ms] {
+                if (this_fiber::sleep_until(base + std::chrono::milliseconds(ms))) { order.push_back(ms); }
+            },
+            SpawnOptions{.carrier = 0, .pinned = true});
+        if (h) { hs.push_back(std::move(*h)); }
+    }
+    return hs;
+}
+
 TEST_F(IoTest, SleepersWakeInDeadlineOrder) {
     // Deadlines from one base, so the order is the deadlines' whatever the delays in starting the fibers.
     std::vector<int> order;  // carrier 0 only
     auto parent = runtime_->spawn(
         [&order] {
             const auto base = std::chrono::steady_clock::now();
-            std::vector<FiberHandle<void>> hs;
-            for (int ms : {30, 10, 20}) {
-                auto h = spindle::spawn(
-                    [&order, base, ms] {
-                        if (this_fiber::sleep_until(base + std::chrono::milliseconds(ms))) { order.push_back(ms); }
-                    },
-                    SpawnOptions{.carrier = 0, .pinned = true});
-                if (h) { hs.push_back(std::move(*h)); }
-            }
+            auto hs = spawnSleepers(order, base);
             for (auto& h : hs) { h.join(); }
         },
         SpawnOptions{.carrier = 0, .pinned = true});
@@ -506,15 +513,7 @@ TEST_F(IoTest, SleepersThatExpireTogetherWakeInDeadlineOrder) {
     auto parent = runtime_->spawn(
         [&order] {
             const auto base = std::chrono::steady_clock::now();
-            std::vector<FiberHandle<void>> hs;
-            for (int ms : {30, 10, 20}) {
-                auto h = spindle::spawn(
-                    [&order, base, ms] {
-                        if (this_fiber::sleep_until(base + std::chrono::milliseconds(ms))) { order.push_back(ms); }
-                    },
-                    SpawnOptions{.carrier = 0, .pinned = true});
-                if (h) { hs.push_back(std::move(*h)); }
-            }
+            auto hs = spawnSleepers(order, base);
             this_fiber::yield();  // the three run and arm their timers
             while (std::chrono::steady_clock::now() < base + 40ms) {}  // no yield: hold the carrier
             for (auto& h : hs) { h.join(); }
