@@ -23,7 +23,13 @@ struct ThreadRing {
     int setupError = 0;
 };
 
-int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx) noexcept {
+// The answer to a call whose operation the kernel cancelled: ETIMEDOUT when its own deadline did it.
+int32_t mapCancelled(int32_t res, Deadline deadline) noexcept {
+    if ((res == -ECANCELED || res == -EINTR) && deadline.isSet() && deadline.expired()) { return -ETIMEDOUT; }
+    return res;
+}
+
+int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline) noexcept {
     thread_local ThreadRing tr;
     if (!tr.ring.initialized()) {
         if (tr.setupError != 0) { return -tr.setupError; }
@@ -35,36 +41,66 @@ int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx) noexcept {
             return -tr.setupError;
         }
     }
+    if (deadline.expired()) { return -ETIMEDOUT; }
+    // The operation's CQE carries kFuture; a linked timeout's (which may come later, and is then
+    // reaped by the next call) carries kIgnore.
+    tr.ring.reserveSqes(2);
     io_uring_sqe* sqe = tr.ring.acquireSqe();
     prepare(sqe, ctx);
     io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kFuture));
+    __kernel_timespec ts{};
+    if (deadline.isSet()) {
+        sqe->flags |= IOSQE_IO_LINK;
+        ts = toKernelTimespec(deadline.ns());
+        io_uring_sqe* t = tr.ring.acquireSqe();
+        io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
+        io_uring_sqe_set_data64(t, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
+    }
     bool done = false;
     int32_t res = 0;
     while (!done) {
         int w = tr.ring.submitAndWait(nullptr);
         if (w < 0 && w != -EINTR && w != -ETIME) { return w; }
         tr.ring.reap([&](const io_uring_cqe* cqe) {
-            res = cqe->res;
-            done = true;
+            if (uring::tagOf(cqe->user_data) == uring::Tag::kFuture) {
+                res = cqe->res;
+                done = true;
+            }
         });
     }
-    return res;
+    return mapCancelled(res, deadline);
 }
 
 constexpr size_t kMaxRw = 0x7ffff000;  // what read(2)/write(2) transfer at most
 
 }  // namespace
 
-int32_t submitAndWait(PrepareSqe prepare, const void* ctx) noexcept {
+int32_t submitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline) noexcept {
     Carrier* c = Carrier::current();
-    if (c == nullptr || c->running() == nullptr) { return threadSubmitAndWait(prepare, ctx); }
+    if (c == nullptr || c->running() == nullptr) { return threadSubmitAndWait(prepare, ctx, deadline); }
     if (c->stopping()) { return -ECANCELED; }
     FiberFuture done;
+    if (!deadline.isSet()) {
+        io_uring_sqe* sqe = c->acquireSqe();
+        prepare(sqe, ctx);
+        io_uring_sqe_set_data64(sqe, uring::encodeUserData(&done, uring::Tag::kLocalFuture));
+        c->running()->waitReason_ = "io";
+        return done.waitLocal();
+    }
+    if (deadline.expired()) { return -ETIMEDOUT; }
+    // The kernel copies the timespec when it takes the SQE, during the carrier's next submission,
+    // while this frame is parked and alive.
+    __kernel_timespec ts = toKernelTimespec(deadline.ns());
+    c->ring().reserveSqes(2);
     io_uring_sqe* sqe = c->acquireSqe();
     prepare(sqe, ctx);
+    sqe->flags |= IOSQE_IO_LINK;
     io_uring_sqe_set_data64(sqe, uring::encodeUserData(&done, uring::Tag::kLocalFuture));
+    io_uring_sqe* t = c->acquireUntrackedSqe();
+    io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
+    io_uring_sqe_set_data64(t, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
     c->running()->waitReason_ = "io";
-    return done.waitLocal();
+    return mapCancelled(done.waitLocal(), deadline);
 }
 
 }  // namespace detail
@@ -89,21 +125,21 @@ struct VecArgs {
 };
 }  // namespace
 
-Result<void> nop() noexcept {
-    return voidFromRes(detail::submitAndWait([](io_uring_sqe* sqe, const void*) { io_uring_prep_nop(sqe); }, nullptr));
+Result<void> nop(Deadline deadline) noexcept {
+    return voidFromRes(detail::submitAndWait([](io_uring_sqe* sqe, const void*) { io_uring_prep_nop(sqe); }, nullptr, deadline));
 }
 
-Result<size_t> read(int fd, void* buf, size_t len, uint64_t offset) noexcept {
+Result<size_t> read(int fd, void* buf, size_t len, uint64_t offset, Deadline deadline) noexcept {
     const RwArgs a{fd, buf, static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw), offset};
     return sizeFromRes(detail::submitAndWait(
         [](io_uring_sqe* sqe, const void* p) {
             auto* x = static_cast<const RwArgs*>(p);
             io_uring_prep_read(sqe, x->fd, x->buf, x->len, x->offset);
         },
-        &a));
+        &a, deadline));
 }
 
-Result<size_t> write(int fd, const void* buf, size_t len, uint64_t offset) noexcept {
+Result<size_t> write(int fd, const void* buf, size_t len, uint64_t offset, Deadline deadline) noexcept {
     const RwArgs a{fd, const_cast<void*>(buf), static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw),
                    offset};
     return sizeFromRes(detail::submitAndWait(
@@ -111,10 +147,10 @@ Result<size_t> write(int fd, const void* buf, size_t len, uint64_t offset) noexc
             auto* x = static_cast<const RwArgs*>(p);
             io_uring_prep_write(sqe, x->fd, x->buf, x->len, x->offset);
         },
-        &a));
+        &a, deadline));
 }
 
-Result<size_t> readv(int fd, const iovec* iov, int iovcnt, uint64_t offset) noexcept {
+Result<size_t> readv(int fd, const iovec* iov, int iovcnt, uint64_t offset, Deadline deadline) noexcept {
     if (iovcnt < 0) { return Error{EINVAL}; }
     const VecArgs a{fd, iov, iovcnt, offset};
     return sizeFromRes(detail::submitAndWait(
@@ -122,10 +158,10 @@ Result<size_t> readv(int fd, const iovec* iov, int iovcnt, uint64_t offset) noex
             auto* x = static_cast<const VecArgs*>(p);
             io_uring_prep_readv(sqe, x->fd, x->iov, static_cast<unsigned>(x->iovcnt), x->offset);
         },
-        &a));
+        &a, deadline));
 }
 
-Result<size_t> writev(int fd, const iovec* iov, int iovcnt, uint64_t offset) noexcept {
+Result<size_t> writev(int fd, const iovec* iov, int iovcnt, uint64_t offset, Deadline deadline) noexcept {
     if (iovcnt < 0) { return Error{EINVAL}; }
     const VecArgs a{fd, iov, iovcnt, offset};
     return sizeFromRes(detail::submitAndWait(
@@ -133,23 +169,23 @@ Result<size_t> writev(int fd, const iovec* iov, int iovcnt, uint64_t offset) noe
             auto* x = static_cast<const VecArgs*>(p);
             io_uring_prep_writev(sqe, x->fd, x->iov, static_cast<unsigned>(x->iovcnt), x->offset);
         },
-        &a));
+        &a, deadline));
 }
 
-Result<void> fsync(int fd) noexcept {
+Result<void> fsync(int fd, Deadline deadline) noexcept {
     return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) { io_uring_prep_fsync(sqe, *static_cast<const int*>(p), 0); }, &fd));
+        [](io_uring_sqe* sqe, const void* p) { io_uring_prep_fsync(sqe, *static_cast<const int*>(p), 0); }, &fd, deadline));
 }
 
-Result<void> fdatasync(int fd) noexcept {
+Result<void> fdatasync(int fd, Deadline deadline) noexcept {
     return voidFromRes(detail::submitAndWait(
         [](io_uring_sqe* sqe, const void* p) {
             io_uring_prep_fsync(sqe, *static_cast<const int*>(p), IORING_FSYNC_DATASYNC);
         },
-        &fd));
+        &fd, deadline));
 }
 
-Result<int> openat(int dirfd, const char* path, int flags, mode_t mode) noexcept {
+Result<int> openat(int dirfd, const char* path, int flags, mode_t mode, Deadline deadline) noexcept {
     if (path == nullptr) { return Error{EFAULT}; }
     struct Args {
         int dirfd;
@@ -162,17 +198,17 @@ Result<int> openat(int dirfd, const char* path, int flags, mode_t mode) noexcept
             auto* x = static_cast<const Args*>(p);
             io_uring_prep_openat(sqe, x->dirfd, x->path, x->flags, x->mode);
         },
-        &a);
+        &a, deadline);
     if (res < 0) { return Error{-res}; }
     return static_cast<int>(res);
 }
 
-Result<void> close(int fd) noexcept {
+Result<void> close(int fd, Deadline deadline) noexcept {
     return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) { io_uring_prep_close(sqe, *static_cast<const int*>(p)); }, &fd));
+        [](io_uring_sqe* sqe, const void* p) { io_uring_prep_close(sqe, *static_cast<const int*>(p)); }, &fd, deadline));
 }
 
-Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct statx* out) noexcept {
+Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct statx* out, Deadline deadline) noexcept {
     if (path == nullptr || out == nullptr) { return Error{EFAULT}; }
     struct Args {
         int dirfd;
@@ -186,7 +222,7 @@ Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct
             auto* x = static_cast<const Args*>(p);
             io_uring_prep_statx(sqe, x->dirfd, x->path, x->flags, x->mask, x->out);
         },
-        &a));
+        &a, deadline));
 }
 
 Result<void> ftruncate(int fd, uint64_t length) noexcept {
@@ -197,7 +233,7 @@ Result<void> ftruncate(int fd, uint64_t length) noexcept {
     return {};
 }
 
-Result<void> fallocate(int fd, int mode, uint64_t offset, uint64_t len) noexcept {
+Result<void> fallocate(int fd, int mode, uint64_t offset, uint64_t len, Deadline deadline) noexcept {
     struct Args {
         int fd;
         int mode;
@@ -210,10 +246,10 @@ Result<void> fallocate(int fd, int mode, uint64_t offset, uint64_t len) noexcept
             // Values past INT64_MAX turn negative here, and the kernel answers EINVAL, as fallocate(2) does.
             io_uring_prep_fallocate(sqe, x->fd, x->mode, static_cast<off_t>(x->offset), static_cast<off_t>(x->len));
         },
-        &a));
+        &a, deadline));
 }
 
-Result<void> unlinkat(int dirfd, const char* path, int flags) noexcept {
+Result<void> unlinkat(int dirfd, const char* path, int flags, Deadline deadline) noexcept {
     if (path == nullptr) { return Error{EFAULT}; }
     struct Args {
         int dirfd;
@@ -225,10 +261,10 @@ Result<void> unlinkat(int dirfd, const char* path, int flags) noexcept {
             auto* x = static_cast<const Args*>(p);
             io_uring_prep_unlinkat(sqe, x->dirfd, x->path, x->flags);
         },
-        &a));
+        &a, deadline));
 }
 
-Result<void> renameat(int olddirfd, const char* oldpath, int newdirfd, const char* newpath, unsigned flags) noexcept {
+Result<void> renameat(int olddirfd, const char* oldpath, int newdirfd, const char* newpath, unsigned flags, Deadline deadline) noexcept {
     if (oldpath == nullptr || newpath == nullptr) { return Error{EFAULT}; }
     struct Args {
         int olddirfd;
@@ -242,10 +278,10 @@ Result<void> renameat(int olddirfd, const char* oldpath, int newdirfd, const cha
             auto* x = static_cast<const Args*>(p);
             io_uring_prep_renameat(sqe, x->olddirfd, x->oldpath, x->newdirfd, x->newpath, x->flags);
         },
-        &a));
+        &a, deadline));
 }
 
-Result<void> mkdirat(int dirfd, const char* path, mode_t mode) noexcept {
+Result<void> mkdirat(int dirfd, const char* path, mode_t mode, Deadline deadline) noexcept {
     if (path == nullptr) { return Error{EFAULT}; }
     struct Args {
         int dirfd;
@@ -257,10 +293,10 @@ Result<void> mkdirat(int dirfd, const char* path, mode_t mode) noexcept {
             auto* x = static_cast<const Args*>(p);
             io_uring_prep_mkdirat(sqe, x->dirfd, x->path, x->mode);
         },
-        &a));
+        &a, deadline));
 }
 
-Result<short> poll(int fd, short events) noexcept {
+Result<short> poll(int fd, short events, Deadline deadline) noexcept {
     // The mask goes to the kernel as 32 bits: widened through unsigned short, so a negative short cannot
     // sign-extend into EPOLLONESHOT/EPOLLET/EPOLLEXCLUSIVE; bits that are not poll(2) events are refused.
     constexpr unsigned kPollEvents =
@@ -277,12 +313,12 @@ Result<short> poll(int fd, short events) noexcept {
             auto* x = static_cast<const Args*>(p);
             io_uring_prep_poll_add(sqe, x->fd, x->mask);
         },
-        &a);
+        &a, deadline);
     if (res < 0) { return Error{-res}; }
     return static_cast<short>(res);
 }
 
-Result<size_t> splice(int fdIn, int64_t offIn, int fdOut, int64_t offOut, size_t len, unsigned flags) noexcept {
+Result<size_t> splice(int fdIn, int64_t offIn, int fdOut, int64_t offOut, size_t len, unsigned flags, Deadline deadline) noexcept {
     if ((flags & SPLICE_F_FD_IN_FIXED) != 0) { return Error{EINVAL}; }
     struct Args {
         int fdIn;
@@ -298,10 +334,10 @@ Result<size_t> splice(int fdIn, int64_t offIn, int fdOut, int64_t offOut, size_t
             // io_uring reads an offset of -1 as "no offset": splice(2)'s NULL.
             io_uring_prep_splice(sqe, x->fdIn, x->offIn, x->fdOut, x->offOut, x->len, x->flags);
         },
-        &a));
+        &a, deadline));
 }
 
-Result<size_t> tee(int fdIn, int fdOut, size_t len, unsigned flags) noexcept {
+Result<size_t> tee(int fdIn, int fdOut, size_t len, unsigned flags, Deadline deadline) noexcept {
     if ((flags & SPLICE_F_FD_IN_FIXED) != 0) { return Error{EINVAL}; }
     struct Args {
         int fdIn;
@@ -314,7 +350,7 @@ Result<size_t> tee(int fdIn, int fdOut, size_t len, unsigned flags) noexcept {
             auto* x = static_cast<const Args*>(p);
             io_uring_prep_tee(sqe, x->fdIn, x->fdOut, x->len, x->flags);
         },
-        &a));
+        &a, deadline));
 }
 
 Result<void> sleep(std::chrono::nanoseconds duration) noexcept { return this_fiber::sleep_for(duration); }

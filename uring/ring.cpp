@@ -111,6 +111,18 @@ io_uring_sqe* Ring::acquireSqe() noexcept {
     }
 }
 
+void Ring::reserveSqes(unsigned n) noexcept {
+    SPINDLE_ASSERT(n <= features_.sqEntries);
+    while (io_uring_sq_space_left(&ring_) < n) {
+        RingStats::bump(stats_.sqFull);
+        int ret = submit(false);
+        if (ret < 0 && ret != -EBUSY && ret != -EAGAIN) {
+            log::error("io_uring submit failed with the SQ full: {}", std::strerror(-ret));
+            SPINDLE_CHECK_MSG(false, "io_uring submission failed while the SQ was full");
+        }
+    }
+}
+
 void Ring::reapIntoHandler() noexcept {
     SPINDLE_CHECK(onReap_ != nullptr);
     reap([this](const io_uring_cqe* cqe) { onReap_(onReapCtx_, cqe); });

@@ -105,6 +105,11 @@ public:
     /// (reaping through the overflow handler if the kernel answers -EBUSY) and retries.
     io_uring_sqe* acquireSqe() noexcept;
 
+    /// Makes sure the next `n` acquireSqe() calls find room without submitting in between, so a
+    /// linked chain (an operation and its IORING_OP_LINK_TIMEOUT) leaves in one submission.
+    /// Precondition: n <= the SQ size.
+    void reserveSqes(unsigned n) noexcept;
+
     /// SQEs filled but not yet submitted.
     [[nodiscard]] unsigned pending() const noexcept;
 
