@@ -483,14 +483,63 @@ void Carrier::drainInbox() noexcept {
                 auto* e = static_cast<TimerEntry*>(m->target);
                 if (e->inHeap()) {
                     timers_.remove(e);
-                    e->fired->set(-ECANCELED);
+                    fireTimer(e, -ECANCELED);
                 }
                 e->cancelAck.set(0);  // the last touch of e
                 break;
             }
+            case Message::Kind::kCancelWait:
+                handleCancelWait(static_cast<Fiber*>(m->target));
+                break;
         }
         n = next;
     }
+}
+
+void Carrier::handleCancelWait(Fiber* fiber) noexcept {
+    // Cleared first: a cancel() that finds the flag set from here on relies on the checks below.
+    fiber->cancelMsgQueued_.store(false, std::memory_order_seq_cst);
+    if (fiber->cancelRequested_.load(std::memory_order_seq_cst)) {
+        Carrier* on = fiber->waitOn_.load(std::memory_order_seq_cst);
+        if (on == this) {
+            cancelWaitHere(fiber);
+        } else if (on != nullptr && !fiber->cancelMsgQueued_.exchange(true, std::memory_order_seq_cst)) {
+            // The wait this message was sent for ended, and the fiber waits elsewhere now (a wait it
+            // began before the request): pass the message, and the reference it holds, on.
+            on->post(&fiber->cancelMsg_);
+            return;
+        }
+    }
+    releaseFiber(fiber);
+}
+
+void Carrier::cancelWaitHere(Fiber* fiber) noexcept {
+    // waitOn_ names this carrier, and only this thread clears it: the wait is still on.
+    const CancelPoint point = fiber->waitPoint_;
+    switch (point.kind) {
+        case CancelPoint::Kind::kIo: {
+            // Queued behind the operation's own SQE, so the kernel sees the operation first. The
+            // operation completes with -ECANCELED (or its result, had it finished); its CQE ends the wait.
+            io_uring_sqe* sqe = acquireUntrackedSqe();
+            io_uring_prep_cancel64(sqe, uring::encodeUserData(point.what, uring::Tag::kLocalFuture), 0);
+            io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
+            break;
+        }
+        case CancelPoint::Kind::kTimer: {
+            auto* e = static_cast<TimerEntry*>(point.what);
+            if (e->inHeap()) {
+                timers_.remove(e);
+                fireTimer(e, -ECANCELED);
+            }
+            break;
+        }
+    }
+    stats_.cancelsSent.store(stats_.cancelsSent.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+}
+
+void Carrier::fireTimer(TimerEntry* entry, int32_t res) noexcept {
+    if (entry->waiter != nullptr) { entry->waiter->waitOn_.store(nullptr, std::memory_order_relaxed); }
+    entry->fired->set(res);
 }
 
 void Carrier::pollRing(bool getEvents) noexcept {
@@ -537,7 +586,7 @@ void Carrier::expireTimers() noexcept {
     while (HeapNode* n = timers_.top()) {
         if (n->deadline > now) { break; }
         timers_.pop();
-        static_cast<TimerEntry*>(n)->fired->set(0);
+        fireTimer(static_cast<TimerEntry*>(n), 0);
     }
 }
 
@@ -554,7 +603,7 @@ void Carrier::cancelTimer(TimerEntry* entry) noexcept {
     if (self == entry->owner) {
         if (entry->inHeap()) {
             self->timers_.remove(entry);
-            entry->fired->set(-ECANCELED);
+            fireTimer(entry, -ECANCELED);
         }
         return;
     }
@@ -578,7 +627,7 @@ void Carrier::beginShutdown() noexcept {
                       "shutdown waits for {} operations to finish", config_.index, inflight_);
         }
     }
-    while (HeapNode* n = timers_.pop()) { static_cast<TimerEntry*>(n)->fired->set(-ECANCELED); }
+    while (HeapNode* n = timers_.pop()) { fireTimer(static_cast<TimerEntry*>(n), -ECANCELED); }
     (void)ring_.submit(false);
 }
 

@@ -149,6 +149,19 @@ void waitForFiberPeeks() noexcept {
     }
 }
 
+void requestCancel(Fiber* fiber) noexcept {
+    // Only the request that sets the flag looks for a wait: a wait that begins later sees the flag.
+    if (fiber->cancelRequested_.exchange(true, std::memory_order_seq_cst)) { return; }
+    Carrier* on = fiber->waitOn_.load(std::memory_order_seq_cst);
+    if (on == nullptr) { return; }
+    // A message already queued reads the fiber's state afresh when handled, and so sees this request.
+    if (fiber->cancelMsgQueued_.exchange(true, std::memory_order_seq_cst)) { return; }
+    fiber->refs_.fetch_add(1, std::memory_order_relaxed);  // dropped by the carrier that handles it
+    fiber->cancelMsg_.kind = Message::Kind::kCancelWait;
+    fiber->cancelMsg_.target = fiber;
+    on->post(&fiber->cancelMsg_);
+}
+
 void releaseFiber(Fiber* fiber) noexcept {
     if (fiber->refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) { return; }
     waitForFiberPeeks();  // the stack, and the Fiber at its top, may be reused or unmapped below
@@ -283,11 +296,17 @@ Result<void> sleep_until(std::chrono::steady_clock::time_point deadline) noexcep
         while (::clock_nanosleep(CLOCK_MONOTONIC, TIMER_ABSTIME, &ts, nullptr) == EINTR) {}
         return {};
     }
+    detail::Fiber* self = c->running();
     FiberFuture fired;
     detail::TimerEntry entry;
     entry.fired = &fired;
-    if (!c->addTimer(&entry, deadlineNs)) { return Error{ECANCELED}; }
-    c->running()->waitReason_ = "sleep";
+    entry.waiter = self;
+    if (!detail::beginCancellableWait(self, c, detail::CancelPoint::Kind::kTimer, &entry)) { return Error{ECANCELED}; }
+    if (!c->addTimer(&entry, deadlineNs)) {
+        self->waitOn_.store(nullptr, std::memory_order_relaxed);
+        return Error{ECANCELED};
+    }
+    self->waitReason_ = "sleep";
     const int32_t r = fired.wait();
     if (r < 0) { return Error{-r}; }
     return {};
@@ -300,6 +319,16 @@ Result<void> sleep_for(std::chrono::nanoseconds duration) noexcept {
 FiberId id() noexcept { return detail::currentFiber()->id(); }
 
 std::string_view name() noexcept { return detail::currentFiber()->name(); }
+
+bool cancellationRequested() noexcept {
+    detail::Fiber* f = detail::runningFiber();
+    return f != nullptr && f->cancelRequested_.load(std::memory_order_seq_cst);
+}
+
+bool acknowledgeCancellation() noexcept {
+    detail::Fiber* f = detail::runningFiber();
+    return f != nullptr && f->cancelRequested_.exchange(false, std::memory_order_seq_cst);
+}
 
 bool inFiber() noexcept { return detail::runningFiber() != nullptr; }
 

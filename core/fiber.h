@@ -122,6 +122,22 @@ public:
         }
     }
 
+    /// Asks the fiber to stop: from now until it calls this_fiber::acknowledgeCancellation(), every
+    /// cancellable call it makes fails with ECANCELED, and the one it may be blocked in now ends
+    /// early with ECANCELED. Cancellable: the calls of core/io.h and core/fixed.h (an operation in
+    /// flight is cancelled on the ring that holds it, by the carrier that owns that ring, and the
+    /// call returns once the kernel answered; an operation that completed first keeps its result),
+    /// this_fiber::sleep_for/sleep_until, and every timed wait of the sync primitives (they all end
+    /// in FiberFuture::waitWithTimeout: FiberFutex::waitFor, FiberCondVar::wait_for/wait_until,
+    /// FiberSemaphore::try_acquire_for, ...). Untimed waits (lock(), wait(), join()) and offload()
+    /// cannot report ECANCELED and are not interrupted; the fiber sees the request at its next
+    /// cancellable call. Returns at once; no effect on a fiber that has finished.
+    /// Thread-safety: any fiber or thread. Precondition: joinable().
+    void cancel() noexcept {
+        SPINDLE_CHECK_MSG(fiber_ != nullptr, "cancel() on an empty FiberHandle");
+        detail::requestCancel(fiber_);
+    }
+
     /// Lets the fiber run on unobserved; an exception it throws then aborts the process.
     void detach() noexcept {
         if (fiber_ != nullptr) { detail::releaseFiber(std::exchange(fiber_, nullptr)); }
@@ -143,6 +159,12 @@ Result<void> sleep_for(std::chrono::nanoseconds duration) noexcept;
 FiberId id() noexcept;
 /// The running fiber's name ("" when unnamed; "thread" for a plain thread).
 std::string_view name() noexcept;
+/// Whether FiberHandle::cancel() was called for the running fiber and not yet acknowledged
+/// (false on a plain thread).
+bool cancellationRequested() noexcept;
+/// Clears a pending cancellation of the running fiber, so that its blocking calls work again (to
+/// clean up, say); returns whether one was pending. False on a plain thread.
+bool acknowledgeCancellation() noexcept;
 /// Whether the caller runs on a fiber (not a plain thread or a scheduler).
 bool inFiber() noexcept;
 /// The index of the carrier running the caller, or -1 off-carrier.

@@ -76,7 +76,9 @@ void FiberFuture::setLocal(int32_t res) noexcept {
     const uint64_t old = state_.load(std::memory_order_relaxed);
     state_.store(kSet, std::memory_order_relaxed);
     SPINDLE_ASSERT(old != 0 && (old & kTagBits) == 0);
-    detail::makeRunnable(reinterpret_cast<detail::Fiber*>(old));
+    auto* fiber = reinterpret_cast<detail::Fiber*>(old);
+    fiber->waitOn_.store(nullptr, std::memory_order_relaxed);  // its I/O wait ends here, on the owner
+    detail::makeRunnable(fiber);
 }
 
 size_t FiberFuture::waitForMultiple(FiberFuture* const* futures, size_t count) noexcept {
@@ -160,7 +162,15 @@ int32_t FiberFuture::waitWithTimeout(FiberFuture* future, std::chrono::nanosecon
     FiberFuture fired;
     detail::TimerEntry entry;
     entry.fired = &fired;
-    if (!c->addTimer(&entry, deadline)) { return future->isSet() ? future->res_ : -ECANCELED; }
+    entry.waiter = self;
+    // FiberHandle::cancel() ends the wait by firing the timer early with -ECANCELED.
+    if (!detail::beginCancellableWait(self, c, detail::CancelPoint::Kind::kTimer, &entry)) {
+        return future->isSet() ? future->res_ : -ECANCELED;
+    }
+    if (!c->addTimer(&entry, deadline)) {
+        self->waitOn_.store(nullptr, std::memory_order_relaxed);
+        return future->isSet() ? future->res_ : -ECANCELED;
+    }
     FiberFuture* both[2] = {future, &fired};
     (void)waitForMultiple(both, 2);
     if (!fired.isSet()) { detail::Carrier::cancelTimer(&entry); }

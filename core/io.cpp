@@ -23,9 +23,12 @@ struct ThreadRing {
     int setupError = 0;
 };
 
-// The answer to a call whose operation the kernel cancelled: ETIMEDOUT when its own deadline did it.
-int32_t mapCancelled(int32_t res, Deadline deadline) noexcept {
-    if ((res == -ECANCELED || res == -EINTR) && deadline.isSet() && deadline.expired()) { return -ETIMEDOUT; }
+// The answer to a call whose operation the kernel cancelled: ETIMEDOUT when its own deadline did
+// it, not a FiberHandle::cancel() (`cancelled`) or shutdown.
+int32_t mapCancelled(int32_t res, Deadline deadline, bool cancelled) noexcept {
+    if ((res == -ECANCELED || res == -EINTR) && !cancelled && deadline.isSet() && deadline.expired()) {
+        return -ETIMEDOUT;
+    }
     return res;
 }
 
@@ -68,7 +71,7 @@ int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadli
             }
         });
     }
-    return mapCancelled(res, deadline);
+    return mapCancelled(res, deadline, false);
 }
 
 constexpr size_t kMaxRw = 0x7ffff000;  // what read(2)/write(2) transfer at most
@@ -79,15 +82,21 @@ int32_t submitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline) no
     Carrier* c = Carrier::current();
     if (c == nullptr || c->running() == nullptr) { return threadSubmitAndWait(prepare, ctx, deadline); }
     if (c->stopping()) { return -ECANCELED; }
+    Fiber* self = c->running();
     FiberFuture done;
+    // Before the SQE exists: a cancellation found here costs nothing to undo.
+    if (!beginCancellableWait(self, c, CancelPoint::Kind::kIo, &done)) { return -ECANCELED; }
     if (!deadline.isSet()) {
         io_uring_sqe* sqe = c->acquireSqe();
         prepare(sqe, ctx);
         io_uring_sqe_set_data64(sqe, uring::encodeUserData(&done, uring::Tag::kLocalFuture));
-        c->running()->waitReason_ = "io";
+        self->waitReason_ = "io";
         return done.waitLocal();
     }
-    if (deadline.expired()) { return -ETIMEDOUT; }
+    if (deadline.expired()) {
+        self->waitOn_.store(nullptr, std::memory_order_relaxed);
+        return -ETIMEDOUT;
+    }
     // The kernel copies the timespec when it takes the SQE, during the carrier's next submission,
     // while this frame is parked and alive.
     __kernel_timespec ts = toKernelTimespec(deadline.ns());
@@ -99,8 +108,9 @@ int32_t submitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline) no
     io_uring_sqe* t = c->acquireUntrackedSqe();
     io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
     io_uring_sqe_set_data64(t, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
-    c->running()->waitReason_ = "io";
-    return mapCancelled(done.waitLocal(), deadline);
+    self->waitReason_ = "io";
+    const int32_t res = done.waitLocal();
+    return mapCancelled(res, deadline, self->cancelRequested_.load(std::memory_order_relaxed));
 }
 
 }  // namespace detail

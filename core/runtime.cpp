@@ -224,6 +224,7 @@ std::vector<CarrierStats> Runtime::stats() const {
         s.cqesReaped = rs.cqesReaped.load(std::memory_order_relaxed);
         s.sqFull = rs.sqFull.load(std::memory_order_relaxed);
         s.stacksMapped = c->stackPool().mapped();
+        s.waitsCancelled = c->stats().cancelsSent.load(std::memory_order_relaxed);
         s.ring = c->ring().features().describe();
         out.push_back(std::move(s));
     }

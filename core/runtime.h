@@ -52,6 +52,7 @@ struct CarrierStats {
     uint64_t cqesReaped = 0;
     uint64_t sqFull = 0;
     uint64_t stacksMapped = 0;      // stacks obtained from mmap (pool misses)
+    uint64_t waitsCancelled = 0;    // waits it ended early for FiberHandle::cancel() (I/O cancel SQEs, timers)
     std::string ring;               // the ring's probed features
 };
 

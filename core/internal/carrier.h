@@ -34,6 +34,7 @@ class RuntimeImpl;
 struct TimerEntry : HeapNode {
     FiberFuture* fired = nullptr;  // set(0) on expiry, set(-ECANCELED) on cancel/shutdown
     class Carrier* owner = nullptr;
+    Fiber* waiter = nullptr;       // a fiber in a cancellable wait on this entry: its waitOn_ is cleared on firing
     Message cancelMsg;             // kCancelTimer, for a cancel from another thread
     FiberFuture cancelAck;         // set by the owner once it no longer touches this entry
 };
@@ -125,6 +126,7 @@ public:
         std::atomic<uint64_t> steals{0};
         std::atomic<uint64_t> parks{0};
         std::atomic<uint64_t> wakesSent{0};
+        std::atomic<uint64_t> cancelsSent{0};  // waits this carrier ended for FiberHandle::cancel()
     };
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
     [[nodiscard]] int boundPu() const noexcept { return boundPu_; }
@@ -145,6 +147,11 @@ private:
     void dispatch(const io_uring_cqe* cqe) noexcept;
     static void onOverflowReap(void* self, const io_uring_cqe* cqe);
     void expireTimers() noexcept;
+    /// Ends a timer wait (owner thread): clears its fiber's cancellable wait, then sets `fired`.
+    static void fireTimer(TimerEntry* entry, int32_t res) noexcept;
+    /// Ends `fiber`'s cancellable wait on this carrier early (kCancelWait; owner thread).
+    void cancelWaitHere(Fiber* fiber) noexcept;
+    void handleCancelWait(Fiber* fiber) noexcept;
     void park() noexcept;
     Fiber* trySteal() noexcept;
     void beginShutdown() noexcept;

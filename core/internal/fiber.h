@@ -42,9 +42,9 @@ struct Stack {
 
 /// Work handed to a carrier by another thread through its inbox.
 struct Message : MpscNode {
-    enum class Kind : uint8_t { kRunFiber, kCancelTimer };
+    enum class Kind : uint8_t { kRunFiber, kCancelTimer, kCancelWait };
     Kind kind = Kind::kRunFiber;
-    void* target = nullptr;  // the Fiber* or TimerEntry* it concerns
+    void* target = nullptr;  // the Fiber* (kRunFiber, kCancelWait) or TimerEntry* it concerns
 };
 
 /// A callback the scheduler runs right after a fiber has switched out, on the
@@ -53,6 +53,14 @@ struct Message : MpscNode {
 struct SuspendAction {
     void (*fn)(class Fiber* fiber, void* arg) = nullptr;
     void* arg = nullptr;
+};
+
+/// What a fiber in a cancellable wait is waiting for, so that the carrier it waits on can end the
+/// wait: the FiberFuture its in-flight SQE points at (kIo), or its TimerEntry (kTimer).
+struct CancelPoint {
+    enum class Kind : uint8_t { kIo, kTimer };
+    Kind kind = Kind::kIo;
+    void* what = nullptr;
 };
 
 class alignas(64) Fiber {
@@ -87,6 +95,17 @@ public:
     Stack stack_;
     uint64_t id_ = 0;
     const char* waitReason_ = nullptr;   // introspection: what a suspended fiber waits for
+
+    // --- cancellation (FiberHandle::cancel; see beginCancellableWait) ---
+    std::atomic<bool> cancelRequested_{false};  // set by cancel(), cleared by acknowledgeCancellation()
+    // The carrier whose ring or timer heap holds the fiber's cancellable wait, or null. Set by the
+    // fiber on that carrier's thread; cleared only by that carrier's thread, in the same step that
+    // ends the wait (CQE dispatch, timer expiry or removal). So a carrier that reads itself here
+    // knows the wait, and waitPoint_, stay put while it acts on them.
+    std::atomic<Carrier*> waitOn_{nullptr};
+    CancelPoint waitPoint_;                     // written before waitOn_, on the same thread
+    std::atomic<bool> cancelMsgQueued_{false};  // cancelMsg_ is in some carrier's inbox
+    Message cancelMsg_;                         // kCancelWait; holds a reference while queued
     char name_[32] = {};
 
 #if defined(SPINDLE_ASAN)
@@ -141,6 +160,26 @@ public:
 
 /// Returns once no FiberPeek is alive; called before a Fiber's memory is given up.
 void waitForFiberPeeks() noexcept;
+
+/// Enters a cancellable wait on `carrier` (the caller's): records what to cancel, then checks for a
+/// pending cancellation. Returns false, with nothing registered, when one is pending: the caller
+/// must then fail with ECANCELED instead of waiting. The seq_cst store and load pair with
+/// requestCancel()'s: either the fiber sees the request, or the canceller sees the wait.
+/// Cost: one locked instruction (the seq_cst store).
+inline bool beginCancellableWait(Fiber* fiber, Carrier* carrier, CancelPoint::Kind kind, void* what) noexcept {
+    fiber->waitPoint_ = CancelPoint{kind, what};
+    fiber->waitOn_.store(carrier, std::memory_order_seq_cst);
+    if (fiber->cancelRequested_.load(std::memory_order_seq_cst)) {
+        fiber->waitOn_.store(nullptr, std::memory_order_relaxed);
+        return false;
+    }
+    return true;
+}
+
+/// FiberHandle::cancel(): marks `fiber` cancelled and, if it is in a cancellable wait, sends the
+/// carrier holding that wait a kCancelWait message (which keeps the fiber alive until handled).
+/// Thread-safety: any thread; idempotent until the fiber acknowledges.
+void requestCancel(Fiber* fiber) noexcept;
 
 /// Drops one reference; the last one destroys the payload and frees the stack.
 /// An exception that escaped a fiber nobody joined is logged, then the process aborts.
