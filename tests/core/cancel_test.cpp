@@ -13,10 +13,12 @@
 #include <sys/ioctl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
+#include <string>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -157,6 +159,43 @@ TEST_F(Deadlines, WorkOffFiberOnTheThreadRing) {
     ASSERT_TRUE(again);
     EXPECT_EQ(*again, 2u);
     EXPECT_EQ(spindle::nop(Deadline(std::chrono::steady_clock::now() - 1ms)).errorCode(), ETIMEDOUT);
+}
+
+// Deadlines short enough to fire while a file write is running (in io_uring's worker, where the kernel
+// may answer the timeout's cancel with EALREADY): whatever the timing, a call that reports success wrote
+// all its bytes, and one that timed out returned only after its operation's completion.
+TEST(DeadlineRaces, ShortDeadlinesOnFileWritesNeverMisreportAResult) {
+    testing_support::ScratchDir dir;
+    ASSERT_TRUE(dir.ok());
+    const std::string file = dir.path("deadline-writes");
+    const int fd = ::open(file.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    ASSERT_GE(fd, 0);
+    const int rounds = kSanitized ? 64 : 256;
+    constexpr size_t kBlock = 64 * 1024;
+    int wrote = 0;
+    int timedOut = 0;
+    auto r = Runtime::run([&] {
+        for (int i = 0; i < rounds; ++i) {
+            const auto data = testing_support::pattern(kBlock, static_cast<unsigned>(i));
+            const uint64_t off = static_cast<uint64_t>(i) * kBlock;
+            auto w = spindle::write(fd, data.data(), kBlock, off, std::chrono::microseconds(i % 40));
+            if (w) {
+                ASSERT_GT(*w, 0u);
+                std::vector<char> back(*w);
+                ASSERT_EQ(::pread(fd, back.data(), back.size(), static_cast<off_t>(off)), static_cast<ssize_t>(*w));
+                ASSERT_TRUE(std::equal(back.begin(), back.end(), data.begin()));
+                ++wrote;
+            } else {
+                ASSERT_TRUE(w.errorCode() == ETIMEDOUT) << w.error().message();
+                ++timedOut;
+            }
+            auto s = spindle::fsync(fd, std::chrono::microseconds(i % 7));
+            ASSERT_TRUE(s || s.errorCode() == ETIMEDOUT) << s.error().message();
+        }
+    }, testing_support::withCarriers(1));
+    ASSERT_TRUE(r);
+    EXPECT_EQ(wrote + timedOut, rounds);
+    ::close(fd);
 }
 
 TEST(DeadlineType, ConversionsSaturateAndOrder) {
