@@ -83,6 +83,7 @@ struct Options {
     bool direct = false;
     bool fixedBuffers = false;
     bool json = false;
+    bool noBind = false;
     uint64_t seed = 0x5eed;
 
     Rw rw = Rw::kRandRead;
@@ -358,6 +359,8 @@ int main(int argc, char** argv) {
     app.add_flag("--direct", o.direct, "open with O_DIRECT (bypass the page cache)");
     app.add_flag("--fixed-buffers", o.fixedBuffers,
                  "use registered buffers (acquireFixedBuffer, read_fixed/write_fixed from core/fixed.h)");
+    app.add_flag("--no-bind", o.noBind,
+                 "leave the carrier threads unbound (the scheduler may move them within the process cpuset)");
     app.add_option("--seed", o.seed, "seed of the fibers' offset generators");
     app.add_flag("--json", o.json, "print one JSON object instead of the text report");
     try {
@@ -432,6 +435,7 @@ int main(int argc, char** argv) {
 
     spindle::RuntimeOptions ro;
     ro.carriers = o.carriers;
+    ro.bindCarriers = !o.noBind;
     ro.ringEntries = std::max(256u, std::bit_ceil(o.depth + 16));  // a whole depth fits in one batch
     if (o.fixedBuffers) { sizeFixedPool(ro, o.depth, static_cast<size_t>((o.bs + 4095) / 4096 * 4096)); }
     auto rt = spindle::Runtime::start(ro);
