@@ -2,7 +2,14 @@
 
 #include <atomic>
 
+#include "base/check.h"
+
 namespace spindle::inject {
+
+namespace detail {
+std::atomic<uint32_t> gArmedMask{0};
+}  // namespace detail
+
 namespace {
 
 struct Slot {
@@ -29,17 +36,20 @@ bool takeOne(std::atomic<uint32_t>& v) noexcept {
 }  // namespace
 
 void arm(Point point, int err, uint32_t count, uint32_t skip) noexcept {
+    SPINDLE_CHECK_MSG(err > 0, "inject::arm needs a positive param: take() reads 0 as 'go ahead'");
     Slot& s = slotOf(point);
     s.count.store(0, std::memory_order_relaxed);
     s.err.store(err, std::memory_order_relaxed);
     s.skip.store(skip, std::memory_order_relaxed);
     s.count.store(count, std::memory_order_release);
+    detail::gArmedMask.fetch_or(bit(point), std::memory_order_release);
 }
 
 void disarm(Point point) noexcept {
     Slot& s = slotOf(point);
     s.count.store(0, std::memory_order_release);
     s.skip.store(0, std::memory_order_relaxed);
+    detail::gArmedMask.fetch_and(~bit(point), std::memory_order_release);
 }
 
 int take(Point point) noexcept {
@@ -49,5 +59,7 @@ int take(Point point) noexcept {
     if (!takeOne(s.count)) { return 0; }
     return s.err.load(std::memory_order_relaxed);
 }
+
+uint32_t remaining(Point point) noexcept { return slotOf(point).count.load(std::memory_order_acquire); }
 
 }  // namespace spindle::inject

@@ -1,9 +1,11 @@
 #include "uring/ring.h"
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 
 #include <cerrno>
 #include <cstring>
+#include <vector>
 
 #include "base/log.h"
 #include "uring/inject.h"
@@ -15,7 +17,35 @@ std::string RingFeatures::describe() const {
                        sqEntries, cqEntries, singleIssuer, deferTaskrun, coopTaskrun, msgRing, cancelAny, extArg);
 }
 
-Ring::~Ring() { close(); }
+// Fault injection state (uring/inject.h); defined here so that ~Ring can delete it.
+struct Ring::FaultState {
+    enum class Kind : uint8_t { kFail, kShort };
+    /// What to do to the CQE that carries `userData`: replace its res (kFail), or maybe shorten it (kShort).
+    struct Rewrite {
+        uint64_t userData;
+        int32_t res;
+        Kind kind;
+    };
+    /// A CQE copied out of the CQ, delivered once passesLeft reaches 0.
+    struct Held {
+        uint64_t userData;
+        int32_t res;
+        uint32_t flags;
+        uint32_t passesLeft;
+    };
+    std::vector<Rewrite> rewrites;  // few at a time: searched linearly
+    std::vector<Held> held;
+    // True while the submit walk is inside a chain (IOSQE_IO_LINK) whose head was failed; a chain
+    // may go on into the next submission.
+    bool chainFailing = false;
+
+    [[nodiscard]] bool live() const noexcept { return !rewrites.empty() || !held.empty() || chainFailing; }
+};
+
+Ring::~Ring() {
+    close();
+    delete faults_;
+}
 
 void Ring::close() noexcept {
     if (initialized()) {
@@ -99,15 +129,23 @@ unsigned Ring::pending() const noexcept { return io_uring_sq_ready(&ring_); }
 bool Ring::overflowed() const noexcept { return IO_URING_READ_ONCE(*ring_.sq.kflags) & IORING_SQ_CQ_OVERFLOW; }
 
 io_uring_sqe* Ring::acquireSqe() noexcept {
+#if defined(SPINDLE_FAULT_INJECTION)
+    // kSqFull: take the SQ-full path once, as if io_uring_get_sqe had found no room.
+    if (injectSqFull_ && sqFullInjected()) { onSqFull(); }
+#endif
     for (;;) {
         if (io_uring_sqe* sqe = io_uring_get_sqe(&ring_)) { return sqe; }
-        RingStats::bump(stats_.sqFull);
-        int ret = submit(false);
-        if (ret < 0 && ret != -EBUSY && ret != -EAGAIN) {
-            // The SQ cannot drain: the ring is unusable (EBADR would mean lost CQEs).
-            log::error("io_uring submit failed with the SQ full: {}", std::strerror(-ret));
-            SPINDLE_CHECK_MSG(false, "io_uring submission failed while the SQ was full");
-        }
+        onSqFull();
+    }
+}
+
+void Ring::onSqFull() noexcept {
+    RingStats::bump(stats_.sqFull);
+    int ret = submit(false);
+    if (ret < 0 && ret != -EBUSY && ret != -EAGAIN) {
+        // The SQ cannot drain: the ring is unusable (EBADR would mean lost CQEs).
+        log::error("io_uring submit failed with the SQ full: {}", std::strerror(-ret));
+        SPINDLE_CHECK_MSG(false, "io_uring submission failed while the SQ was full");
     }
 }
 
@@ -130,6 +168,15 @@ void Ring::reapIntoHandler() noexcept {
 
 int Ring::enter(bool wait, const __kernel_timespec* timeout) noexcept {
     RingStats::bump(stats_.enters);
+#if defined(SPINDLE_FAULT_INJECTION)
+    // Disarmed: one relaxed load of a global and one member test per submission.
+    const uint32_t armed = inject::armedMask();
+    injectSqFull_ = (armed & inject::bit(inject::Point::kSqFull)) != 0;
+    if ((armed & (inject::bit(inject::Point::kSubmitFail) | inject::bit(inject::Point::kShortIo))) != 0 ||
+        faultsLive_) [[unlikely]] {
+        applySubmitFaults(armed);
+    }
+#endif
     if (!wait) {
         return features_.deferTaskrun ? io_uring_submit_and_get_events(&ring_) : io_uring_submit(&ring_);
     }
@@ -162,6 +209,14 @@ int Ring::submit(bool getEvents) noexcept {
 }
 
 int Ring::submitAndWait(const __kernel_timespec* timeout) noexcept {
+#if defined(SPINDLE_FAULT_INJECTION)
+    // A held CQE is a completion someone waits for: never sleep on it. Make them all due and
+    // only submit, so that the caller's next reap delivers them.
+    if (faultsLive_ && releaseHeldCqes()) {
+        const int ret = submit(true);
+        return ret < 0 ? ret : 0;
+    }
+#endif
     for (;;) {
         unsigned queued = pending();
         int ret = enter(true, timeout);
@@ -176,6 +231,163 @@ int Ring::submitAndWait(const __kernel_timespec* timeout) noexcept {
         }
         return ret;
     }
+}
+
+// ---- fault injection (uring/inject.h) --------------------------------------------------------------------
+
+namespace {
+
+// Only the operations a caller waits on take faults; the runtime's own SQEs never do.
+bool waitedOn(uint64_t userData) noexcept {
+    const Tag t = tagOf(userData);
+    return t == Tag::kFuture || t == Tag::kLocalFuture;
+}
+
+bool isReadWrite(uint8_t opcode) noexcept {
+    switch (opcode) {
+        case IORING_OP_READ:
+        case IORING_OP_WRITE:
+        case IORING_OP_READV:
+        case IORING_OP_WRITEV:
+        case IORING_OP_READ_FIXED:
+        case IORING_OP_WRITE_FIXED:
+            return true;
+        default:
+            return false;
+    }
+}
+
+// Whether a short count reported for this read or write is one the kernel could legally give and a
+// retry loop recovers from: an explicit offset on a regular file or block device.
+bool canShorten(const io_uring_sqe* sqe) noexcept {
+    if (!isReadWrite(sqe->opcode) || sqe->off == ~uint64_t{0} || (sqe->flags & IOSQE_FIXED_FILE) != 0) {
+        return false;
+    }
+    struct stat st {};
+    if (::fstat(sqe->fd, &st) != 0) { return false; }
+    return S_ISREG(st.st_mode) || S_ISBLK(st.st_mode);
+}
+
+// Turns `sqe` into a NOP with the same user_data and chain flags: no side effect, and a CQE that
+// always comes (CQE_SKIP_SUCCESS dropped).
+void makeNop(io_uring_sqe* sqe) noexcept {
+    const uint64_t userData = sqe->user_data;
+    const uint8_t keep = sqe->flags & (IOSQE_IO_LINK | IOSQE_IO_HARDLINK | IOSQE_IO_DRAIN);
+    io_uring_prep_nop(sqe);
+    sqe->flags = keep;
+    sqe->user_data = userData;
+}
+
+}  // namespace
+
+Ring::FaultState& Ring::faults() noexcept {
+    if (faults_ == nullptr) { faults_ = new FaultState; }
+    return *faults_;
+}
+
+void Ring::applySubmitFaults(uint32_t armed) noexcept {
+    FaultState& fs = faults();
+    io_uring_sq& sq = ring_.sq;
+    const unsigned shift = (ring_.flags & IORING_SETUP_SQE128) != 0 ? 1 : 0;
+    // [sqe_head, sqe_tail) are the SQEs filled since the last flush to the kernel: each is seen once.
+    for (unsigned i = sq.sqe_head; i != sq.sqe_tail; ++i) {
+        io_uring_sqe* sqe = &sq.sqes[(i & sq.ring_mask) << shift];
+        const bool links = (sqe->flags & (IOSQE_IO_LINK | IOSQE_IO_HARDLINK)) != 0;
+        if (fs.chainFailing) {
+            // The rest of a failed chain fails as the kernel fails a broken chain. A linked timeout stays:
+            // the NOP before it completes at once and cancels it.
+            if (sqe->opcode != IORING_OP_LINK_TIMEOUT) {
+                if (waitedOn(sqe->user_data)) { fs.rewrites.push_back({sqe->user_data, -ECANCELED, FaultState::Kind::kFail}); }
+                makeNop(sqe);
+            }
+            fs.chainFailing = links;
+            continue;
+        }
+        if (!waitedOn(sqe->user_data) || sqe->opcode == IORING_OP_LINK_TIMEOUT) { continue; }
+        if ((armed & inject::bit(inject::Point::kSubmitFail)) != 0) {
+            if (const int err = inject::take(inject::Point::kSubmitFail); err != 0) {
+                fs.rewrites.push_back({sqe->user_data, -err, FaultState::Kind::kFail});
+                makeNop(sqe);
+                fs.chainFailing = links;
+                continue;
+            }
+        }
+        if ((armed & inject::bit(inject::Point::kShortIo)) != 0 && canShorten(sqe)) {
+            fs.rewrites.push_back({sqe->user_data, 0, FaultState::Kind::kShort});
+        }
+    }
+    faultsLive_ = fs.live();
+}
+
+bool Ring::sqFullInjected() noexcept {
+    // Never between the members of a chain: reserveSqes() promised the chain one submission.
+    io_uring_sq& sq = ring_.sq;
+    if (sq.sqe_tail != sq.sqe_head) {
+        const unsigned shift = (ring_.flags & IORING_SETUP_SQE128) != 0 ? 1 : 0;
+        const io_uring_sqe* last = &sq.sqes[((sq.sqe_tail - 1) & sq.ring_mask) << shift];
+        if ((last->flags & (IOSQE_IO_LINK | IOSQE_IO_HARDLINK)) != 0) { return false; }
+    }
+    return inject::take(inject::Point::kSqFull) != 0;
+}
+
+void Ring::beginFaultReap() noexcept {
+    if (faults_ == nullptr) { return; }
+    for (FaultState::Held& h : faults_->held) {
+        if (h.passesLeft > 0) { --h.passesLeft; }
+    }
+}
+
+bool Ring::filterCqe(const io_uring_cqe* in, io_uring_cqe* out) noexcept {
+    out->user_data = in->user_data;
+    out->res = in->res;
+    out->flags = in->flags;
+    if (!waitedOn(in->user_data)) { return true; }
+    FaultState& fs = faults();
+    for (size_t i = 0; i < fs.rewrites.size(); ++i) {
+        if (fs.rewrites[i].userData != in->user_data) { continue; }
+        const FaultState::Rewrite r = fs.rewrites[i];
+        fs.rewrites[i] = fs.rewrites.back();
+        fs.rewrites.pop_back();
+        if (r.kind == FaultState::Kind::kFail) {
+            out->res = r.res;
+        } else if (out->res >= 2) {
+            if (const int divisor = inject::take(inject::Point::kShortIo); divisor != 0) {
+                const int32_t shorter = out->res / divisor;
+                out->res = shorter >= 1 ? shorter : 1;
+            }
+        }
+        break;
+    }
+    bool deliver = true;
+    if ((inject::armedMask() & inject::bit(inject::Point::kDelayCompletion)) != 0) {
+        if (const int passes = inject::take(inject::Point::kDelayCompletion); passes != 0) {
+            fs.held.push_back({out->user_data, out->res, out->flags, static_cast<uint32_t>(passes)});
+            deliver = false;
+        }
+    }
+    faultsLive_ = fs.live();
+    return deliver;
+}
+
+bool Ring::takeDueCqe(io_uring_cqe* out) noexcept {
+    if (faults_ == nullptr) { return false; }
+    std::vector<FaultState::Held>& held = faults_->held;
+    for (size_t i = 0; i < held.size(); ++i) {
+        if (held[i].passesLeft != 0) { continue; }
+        out->user_data = held[i].userData;
+        out->res = held[i].res;
+        out->flags = held[i].flags;
+        held.erase(held.begin() + static_cast<std::ptrdiff_t>(i));  // keeps the held ones in order
+        faultsLive_ = faults_->live();
+        return true;
+    }
+    return false;
+}
+
+bool Ring::releaseHeldCqes() noexcept {
+    if (faults_ == nullptr || faults_->held.empty()) { return false; }
+    for (FaultState::Held& h : faults_->held) { h.passesLeft = 0; }
+    return true;
 }
 
 }  // namespace spindle::uring

@@ -24,6 +24,7 @@
 #include <string>
 
 #include "base/result.h"
+#include "uring/inject.h"
 
 namespace spindle::uring {
 
@@ -126,8 +127,16 @@ public:
     int submitAndWait(const __kernel_timespec* timeout) noexcept;
 
     /// Calls fn(const io_uring_cqe*) for each ready CQE and marks them seen.
+    /// Returns the number of CQEs taken from the CQ (with kDelayCompletion armed,
+    /// some may be handed to fn in a later call instead).
     template <class Fn>
     unsigned reap(Fn&& fn) noexcept {
+#if defined(SPINDLE_FAULT_INJECTION)
+        // Disarmed: one relaxed load of a global and one member test per batch.
+        if ((inject::armedMask() & inject::bit(inject::Point::kDelayCompletion)) != 0 || faultsLive_) [[unlikely]] {
+            return reapWithFaults(fn);
+        }
+#endif
         unsigned head;
         unsigned n = 0;
         io_uring_cqe* cqe;
@@ -146,14 +155,55 @@ public:
     [[nodiscard]] bool overflowed() const noexcept;
 
 private:
+    struct FaultState;
+
     int enter(bool wait, const __kernel_timespec* timeout) noexcept;
     void reapIntoHandler() noexcept;
+    void onSqFull() noexcept;
+
+    // Fault injection (uring/inject.h): called only in builds with SPINDLE_FAULT_INJECTION.
+    FaultState& faults() noexcept;
+    void applySubmitFaults(uint32_t armed) noexcept;
+    [[nodiscard]] bool sqFullInjected() noexcept;
+    /// Ages the held CQEs by one reap pass.
+    void beginFaultReap() noexcept;
+    /// Copies `in` to `out` with any injected fault applied; false when the CQE is held back.
+    [[nodiscard]] bool filterCqe(const io_uring_cqe* in, io_uring_cqe* out) noexcept;
+    /// Takes one held CQE that is due into `out`; false when none is.
+    [[nodiscard]] bool takeDueCqe(io_uring_cqe* out) noexcept;
+    /// Makes every held CQE due; false when none is held.
+    bool releaseHeldCqes() noexcept;
+
+    template <class Fn>
+    unsigned reapWithFaults(Fn& fn) noexcept {
+        beginFaultReap();
+        unsigned head;
+        unsigned n = 0;
+        io_uring_cqe* cqe;
+        io_uring_cqe out{};
+        io_uring_for_each_cqe(&ring_, head, cqe) {
+            if (filterCqe(cqe, &out)) { fn(static_cast<const io_uring_cqe*>(&out)); }
+            ++n;
+        }
+        if (n != 0) {
+            io_uring_cq_advance(&ring_, n);
+            RingStats::bump(stats_.cqesReaped, n);
+        }
+        // Taken out one at a time, so that a reap nested in fn (SQ full, -EBUSY) cannot deliver one twice.
+        while (takeDueCqe(&out)) { fn(static_cast<const io_uring_cqe*>(&out)); }
+        return n;
+    }
 
     io_uring ring_{};
     RingFeatures features_;
     RingStats stats_;
     OverflowHandler onReap_ = nullptr;
     void* onReapCtx_ = nullptr;
+    // Fault injection state, made on first use. Invariant: faultsLive_ is true while faults_ holds a
+    // rewrite, a held CQE or an open failed chain, so reap() and submit visit it.
+    FaultState* faults_ = nullptr;  // owned; deleted by ~Ring (a unique_ptr would need the type here)
+    bool faultsLive_ = false;
+    bool injectSqFull_ = false;  // kSqFull was armed at this ring's last submission
 };
 
 }  // namespace spindle::uring
