@@ -45,8 +45,8 @@ int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadli
         }
     }
     if (deadline.expired()) { return -ETIMEDOUT; }
-    // The operation's CQE carries kFuture; a linked timeout's (which may come later, and is then
-    // reaped by the next call) carries kIgnore.
+    // The operation's CQE carries kFuture, a linked timeout's kIgnore; both are awaited (see the
+    // fiber path below for why the timeout's matters).
     tr.ring.reserveSqes(2);
     io_uring_sqe* sqe = tr.ring.acquireSqe();
     prepare(sqe, ctx);
@@ -60,14 +60,17 @@ int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadli
         io_uring_sqe_set_data64(t, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
     }
     bool done = false;
+    bool timeoutDone = !deadline.isSet();
     int32_t res = 0;
-    while (!done) {
+    while (!done || !timeoutDone) {
         int w = tr.ring.submitAndWait(nullptr);
         if (w < 0 && w != -EINTR && w != -ETIME) { return w; }
         tr.ring.reap([&](const io_uring_cqe* cqe) {
             if (uring::tagOf(cqe->user_data) == uring::Tag::kFuture) {
                 res = cqe->res;
                 done = true;
+            } else {
+                timeoutDone = true;
             }
         });
     }
@@ -100,16 +103,24 @@ int32_t submitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline) no
     // The kernel copies the timespec when it takes the SQE, during the carrier's next submission,
     // while this frame is parked and alive.
     __kernel_timespec ts = toKernelTimespec(deadline.ns());
+    // The call also waits for the timeout's own CQE. The kernel's linked timeout cancels its operation
+    // by user_data, and this frame's next call reuses the same user_data (the same stack address): a
+    // timeout that fired just as its operation completed could otherwise cancel the next operation.
+    // Usually both CQEs come in one batch. The timeout's future is a general one (set() from the
+    // owner's dispatch), since the fiber may wait for it on another carrier.
+    FiberFuture timeoutDone;
     c->ring().reserveSqes(2);
     io_uring_sqe* sqe = c->acquireSqe();
     prepare(sqe, ctx);
     sqe->flags |= IOSQE_IO_LINK;
     io_uring_sqe_set_data64(sqe, uring::encodeUserData(&done, uring::Tag::kLocalFuture));
-    io_uring_sqe* t = c->acquireUntrackedSqe();
+    io_uring_sqe* t = c->acquireSqe();
     io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
-    io_uring_sqe_set_data64(t, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
+    io_uring_sqe_set_data64(t, uring::encodeUserData(&timeoutDone, uring::Tag::kFuture));
     self->waitReason_ = "io";
     const int32_t res = done.waitLocal();
+    self->waitReason_ = "io (linked timeout)";
+    (void)timeoutDone.wait();
     return mapCancelled(res, deadline, self->cancelRequested_.load(std::memory_order_relaxed));
 }
 
