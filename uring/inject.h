@@ -6,7 +6,7 @@
 /// The points exist only in builds with SPINDLE_FAULT_INJECTION (every build
 /// that has the tests); elsewhere SPINDLE_INJECT expands to nothing. Each point
 /// costs one relaxed load when disarmed, and they sit on cold paths only
-/// (ring set-up, stack mapping), never on the submit or switch path.
+/// (ring set-up, stack mapping, registration), never on the submit or switch path.
 ///
 /// Thread-safety: arm() and take() may race freely; each armed failure is
 /// consumed by exactly one take().
@@ -18,6 +18,8 @@ namespace spindle::inject {
 enum class Point : uint8_t {
     kRingSetup,  // uring::Ring::init, before io_uring_queue_init_params
     kStackMap,   // core's StackPool::map, before mmap
+    kRegisterBuffers,  // uring::Ring::registerBuffers, before io_uring_register_buffers
+    kRegisterFiles,    // uring::Ring::registerFilesSparse, before io_uring_register_files_sparse
     kCount,
 };
 
