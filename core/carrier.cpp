@@ -117,6 +117,10 @@ Carrier::Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept
 
 Carrier::~Carrier() {
     joinThread();
+    // Every carrier thread has been joined (RuntimeImpl::join), so no fiber and no carrier can touch a
+    // buffer or a slot any more; what users still hold is a precondition violation, checked here.
+    fixedBuffers_.destroy();
+    fixedFiles_.destroy();
     // Closed only now, with every carrier thread joined: until then another
     // thread may still be waking this one through its eventfd or ring fd, and
     // a descriptor closed earlier could be reused under its feet.
@@ -218,10 +222,24 @@ Result<void> Carrier::setUp() noexcept {
     };
     armEventFd();
     ring_.submit(false);
+
+    // Registered resources last: their set-up only logs when the kernel refuses a registration.
+    if (auto r = fixedBuffers_.setUp(ring_, config_.index, config_.fixedBufferCount, config_.fixedBufferSize,
+                                     runtime_->topology(), boundPu_);
+        !r) {
+        return r;
+    }
+    if (auto r = fixedFiles_.setUp(this, ring_, config_.fixedFileSlots); !r) { return r; }
     return {};
 }
 
 void Carrier::tearDown() noexcept {
+    // On this thread, with the ring still open and nothing in flight (the loop has drained it); the
+    // memory itself is freed by ~Carrier once every carrier thread is gone.
+    if (ring_.initialized()) {
+        fixedBuffers_.unregister();
+        fixedFiles_.unregister();
+    }
     if (altStack_ != nullptr) {
         stack_t ss{};
         ss.ss_flags = SS_DISABLE;
@@ -490,6 +508,9 @@ void Carrier::drainInbox() noexcept {
             }
             case Message::Kind::kCancelWait:
                 handleCancelWait(static_cast<Fiber*>(m->target));
+                break;
+            case Message::Kind::kRemoveFixedFile:
+                static_cast<FixedFileTable*>(m->target)->onRemoveMessage(m);
                 break;
         }
         n = next;

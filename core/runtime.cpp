@@ -13,6 +13,44 @@
 namespace spindle {
 namespace detail {
 
+namespace {
+
+// The kernel's limits: IORING_MAX_REG_BUFFERS, 1 GiB per registered buffer, IORING_MAX_FIXED_FILES.
+constexpr unsigned kMaxFixedBuffers = 16384;
+constexpr size_t kMaxFixedBufferSize = size_t{1} << 30;
+constexpr unsigned kMaxFixedFileSlots = 1u << 20;
+// No carrier needs more pinned memory than this; a larger pool is a typo (a size in KiB taken for pages).
+constexpr size_t kMaxFixedPoolBytes = size_t{16} << 30;
+constexpr size_t kFixedBufferAlign = 4096;
+
+Result<void> validateFixedOptions(const RuntimeOptions& o) noexcept {
+    if (o.fixedBufferCount > kMaxFixedBuffers) {
+        log::error("invalid runtime options: fixedBufferCount {} (0..{})", o.fixedBufferCount, kMaxFixedBuffers);
+        return Error{EINVAL};
+    }
+    if (o.fixedBufferCount > 0) {
+        if (o.fixedBufferSize == 0 || o.fixedBufferSize % kFixedBufferAlign != 0 ||
+            o.fixedBufferSize > kMaxFixedBufferSize) {
+            log::error("invalid runtime options: fixedBufferSize {} (a non-zero multiple of {}, at most 1 GiB)",
+                       o.fixedBufferSize, kFixedBufferAlign);
+            return Error{EINVAL};
+        }
+        if (o.fixedBufferSize > kMaxFixedPoolBytes / o.fixedBufferCount) {
+            log::error("invalid runtime options: fixedBufferCount {} x fixedBufferSize {} is more than {} GiB of "
+                       "pinned memory per carrier",
+                       o.fixedBufferCount, o.fixedBufferSize, kMaxFixedPoolBytes >> 30);
+            return Error{EINVAL};
+        }
+    }
+    if (o.fixedFileSlots > kMaxFixedFileSlots) {
+        log::error("invalid runtime options: fixedFileSlots {} (0..{})", o.fixedFileSlots, kMaxFixedFileSlots);
+        return Error{EINVAL};
+    }
+    return {};
+}
+
+}  // namespace
+
 uint64_t nowNs() noexcept {
     timespec ts;
     ::clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -58,6 +96,7 @@ Result<void> RuntimeImpl::start() noexcept {
                    options_.stackSize, options_.ringEntries, options_.offloadThreads);
         return Error{EINVAL};
     }
+    if (auto r = validateFixedOptions(options_); !r) { return r; }
     if (auto r = loadTopology(); !r) { return r; }
     // The waiter table sizes itself and places its buckets from the machine's topology as seen by the
     // calling thread; built later, from a pinned carrier, it would see one PU.
@@ -77,6 +116,9 @@ Result<void> RuntimeImpl::start() noexcept {
             cfg.ring.entries = options_.ringEntries;
             cfg.ring.deferTaskrun = options_.deferTaskrun;
             cfg.stackSize = options_.stackSize;
+            cfg.fixedBufferCount = options_.fixedBufferCount;
+            cfg.fixedBufferSize = options_.fixedBufferSize;
+            cfg.fixedFileSlots = options_.fixedFileSlots;
             carriers_.push_back(std::make_unique<Carrier>(this, cfg));
         }
     } catch (const std::bad_alloc&) {
@@ -225,6 +267,12 @@ std::vector<CarrierStats> Runtime::stats() const {
         s.sqFull = rs.sqFull.load(std::memory_order_relaxed);
         s.stacksMapped = c->stackPool().mapped();
         s.waitsCancelled = c->stats().cancelsSent.load(std::memory_order_relaxed);
+        s.fixedBuffersRegistered = c->fixedBuffers().registered();
+        s.fixedFilesRegistered = c->fixedFiles().registered();
+        s.fixedIo = c->stats().fixedIo.load(std::memory_order_relaxed);
+        s.fixedFallbackIo = c->stats().fixedFallbackIo.load(std::memory_order_relaxed);
+        s.fixedFileIo = c->stats().fixedFileIo.load(std::memory_order_relaxed);
+        s.fixedFileFallbackIo = c->stats().fixedFileFallbackIo.load(std::memory_order_relaxed);
         s.ring = c->ring().features().describe();
         out.push_back(std::move(s));
     }

@@ -14,10 +14,12 @@
 /// A fiber that never returns keeps the runtime alive: check the results.
 /// Thread-safety: every member may be called from any thread, except join()
 /// and the destructor, which must not run on one of this runtime's fibers.
-/// Errors: start() returns the errno of the first carrier that failed to come
-/// up (ring set-up: ENOMEM for the memlock limit, EPERM when io_uring is
-/// disabled) and logs why; carrier binding failures are logged and the
-/// carrier runs unbound.
+/// Errors: start() returns EINVAL for options out of range (logged), or the
+/// errno of the first carrier that failed to come up (ring set-up: ENOMEM for
+/// the memlock limit, EPERM when io_uring is disabled; ENOMEM when its fixed
+/// buffers cannot be mapped) and logs why; carrier binding failures are logged
+/// and the carrier runs unbound; a refused registration of fixed buffers or
+/// files is logged and the carrier runs with the plain fallback (core/fixed.h).
 
 #include <memory>
 #include <string>
@@ -37,6 +39,11 @@ struct RuntimeOptions {
     std::string topology;           // "" (this machine), "synthetic:<hwloc string>" or "xml:<path>"
     bool deferTaskrun = true;       // ask for IORING_SETUP_DEFER_TASKRUN (probed)
     unsigned offloadThreads = 2;    // threads of the offload() pool (1..1024), started on first use
+    // Registered resources per carrier (core/fixed.h). The buffers are pinned memory: count * size
+    // bytes per carrier, counted against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.
+    unsigned fixedBufferCount = 64;        // registered buffers per carrier (0..16384; 0: no pool)
+    size_t fixedBufferSize = 64 * 1024;    // bytes each: a multiple of 4096, at most 1 GiB (checked when count > 0)
+    unsigned fixedFileSlots = 1024;        // registered-file slots per carrier (0..1048576; 0: no table)
 };
 
 /// Counters of one carrier (read racily; for reports and tests).
@@ -53,6 +60,12 @@ struct CarrierStats {
     uint64_t sqFull = 0;
     uint64_t stacksMapped = 0;      // stacks obtained from mmap (pool misses)
     uint64_t waitsCancelled = 0;    // waits it ended early for FiberHandle::cancel() (I/O cancel SQEs, timers)
+    bool fixedBuffersRegistered = false;  // its buffer pool is registered with its ring
+    bool fixedFilesRegistered = false;    // its file table is registered with its ring
+    uint64_t fixedIo = 0;           // read_fixed/write_fixed submitted here with the registered buffer
+    uint64_t fixedFallbackIo = 0;   // ... submitted here as plain read/write (buffer of another carrier, or unregistered)
+    uint64_t fixedFileIo = 0;       // FixedFile calls submitted here with the registered slot
+    uint64_t fixedFileFallbackIo = 0;  // ... submitted here with the plain fd
     std::string ring;               // the ring's probed features
 };
 

@@ -4,8 +4,8 @@
 /// returns a clear error and leaks nothing (STYLE: SPINDLE_INJECT).
 ///
 /// Two kinds of point:
-/// - Call-site points (kRingSetup, kStackMap) sit at one system call on a cold
-///   path; SPINDLE_INJECT there costs one relaxed load when disarmed.
+/// - Call-site points (kRingSetup, kStackMap, kRegisterBuffers, kRegisterFiles)
+///   sit at one system call on a cold path; SPINDLE_INJECT there costs one relaxed load when disarmed.
 /// - I/O fault classes (kSubmitFail, kShortIo, kSqFull, kDelayCompletion) are
 ///   applied by uring::Ring to the operations a caller waits on (user_data
 ///   tagged kFuture or kLocalFuture: every fiber-blocking call). The runtime's
@@ -69,6 +69,8 @@ enum class Point : uint8_t {
     kShortIo,          // uring::Ring, each eligible read/write CQE at reap
     kSqFull,           // uring::Ring::acquireSqe
     kDelayCompletion,  // uring::Ring, each waited-on CQE at reap
+    kRegisterBuffers,  // uring::Ring::registerBuffers, before io_uring_register_buffers
+    kRegisterFiles,    // uring::Ring::registerFilesSparse, before io_uring_register_files_sparse
     kCount,
 };
 

@@ -47,6 +47,41 @@ Ring::~Ring() {
     delete faults_;
 }
 
+Result<void> Ring::registerBuffers(const iovec* iov, unsigned count) noexcept {
+    SPINDLE_INJECT(inject::Point::kRegisterBuffers, { return Error{injectedErrno}; });
+    const int r = io_uring_register_buffers(&ring_, iov, count);
+    if (r < 0) { return errorFromRes(r); }
+    return {};
+}
+
+Result<void> Ring::unregisterBuffers() noexcept {
+    const int r = io_uring_unregister_buffers(&ring_);
+    if (r < 0) { return errorFromRes(r); }
+    return {};
+}
+
+Result<void> Ring::registerFilesSparse(unsigned slots) noexcept {
+    SPINDLE_INJECT(inject::Point::kRegisterFiles, { return Error{injectedErrno}; });
+    const int r = io_uring_register_files_sparse(&ring_, slots);
+    if (r < 0) { return errorFromRes(r); }
+    return {};
+}
+
+Result<void> Ring::updateFile(unsigned slot, int fd) noexcept {
+    int one = fd;
+    const int r = io_uring_register_files_update(&ring_, slot, &one, 1);
+    if (r < 0) { return errorFromRes(r); }
+    // The kernel reports how many slots it updated; fewer than asked means it stopped at an error.
+    if (r != 1) { return Error{EINVAL}; }
+    return {};
+}
+
+Result<void> Ring::unregisterFiles() noexcept {
+    const int r = io_uring_unregister_files(&ring_);
+    if (r < 0) { return errorFromRes(r); }
+    return {};
+}
+
 void Ring::close() noexcept {
     if (initialized()) {
         io_uring_queue_exit(&ring_);

@@ -18,6 +18,7 @@
 /// `-errno` like liburing.
 
 #include <liburing.h>
+#include <sys/uio.h>
 
 #include <atomic>
 #include <cstdint>
@@ -150,6 +151,27 @@ public:
 
     /// Whether the kernel holds completions that did not fit the CQ (NODROP backlog).
     [[nodiscard]] bool overflowed() const noexcept;
+
+    // --- registered resources (owner thread only: with SINGLE_ISSUER the kernel answers EEXIST to
+    // a registration from any other task) ---
+
+    /// Registers `count` buffers (io_uring_register_buffers, 5.1); their indexes are positions in `iov`.
+    /// Errors: the kernel's errno, not logged here: ENOMEM when the pages would pass RLIMIT_MEMLOCK
+    /// (without CAP_IPC_LOCK), EBUSY when buffers are already registered, EFAULT/EINVAL for a bad iovec
+    /// (a buffer over 1 GiB, file-backed memory), EOVERFLOW, EPERM; the injected errno at kRegisterBuffers.
+    [[nodiscard]] Result<void> registerBuffers(const iovec* iov, unsigned count) noexcept;
+    /// Drops the registered buffers (io_uring_unregister_buffers). Errors: ENXIO when none are registered.
+    [[nodiscard]] Result<void> unregisterBuffers() noexcept;
+    /// Registers an empty table of `slots` direct descriptors (io_uring_register_files_sparse, 5.19).
+    /// Errors: the kernel's errno, not logged here: EMFILE past RLIMIT_NOFILE, EINVAL for 0 or more than
+    /// the kernel's maximum, EBUSY when a table exists, ENOMEM; the injected errno at kRegisterFiles.
+    [[nodiscard]] Result<void> registerFilesSparse(unsigned slots) noexcept;
+    /// Puts `fd` (or -1: empties the slot) into slot `slot` of the table (io_uring_register_files_update).
+    /// The slot takes its own reference to the file; `fd` stays the caller's.
+    /// Errors: EBADF for a bad `fd`, EINVAL for a slot outside the table, ENXIO without a table.
+    [[nodiscard]] Result<void> updateFile(unsigned slot, int fd) noexcept;
+    /// Drops the file table (io_uring_unregister_files). Errors: ENXIO when none is registered.
+    [[nodiscard]] Result<void> unregisterFiles() noexcept;
 
 private:
     struct FaultState;

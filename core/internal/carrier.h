@@ -22,6 +22,7 @@
 #include "core/internal/chase_lev_deque.h"
 #include "core/internal/deadline_heap.h"
 #include "core/internal/fiber.h"
+#include "core/internal/fixed_pool.h"
 #include "core/internal/mpsc_queue.h"
 #include "core/internal/stack_pool.h"
 #include "uring/ring.h"
@@ -49,6 +50,9 @@ struct CarrierConfig {
     int pu = -1;                  // OS index to bind to; -1: do not bind
     uring::RingOptions ring;
     size_t stackSize = 64 * 1024;
+    unsigned fixedBufferCount = 0;  // registered buffers (RuntimeOptions::fixedBufferCount)
+    size_t fixedBufferSize = 0;
+    unsigned fixedFileSlots = 0;    // registered-file table size (RuntimeOptions::fixedFileSlots)
 };
 
 class alignas(64) Carrier {
@@ -73,6 +77,9 @@ public:
     [[nodiscard]] Fiber* running() const noexcept { return current_; }
     [[nodiscard]] StackPool& stackPool() noexcept { return pool_; }
     [[nodiscard]] uring::Ring& ring() noexcept { return ring_; }
+    /// This carrier's registered buffers and files (core/fixed.h); see core/internal/fixed_pool.h.
+    [[nodiscard]] FixedBufferPool& fixedBuffers() noexcept { return fixedBuffers_; }
+    [[nodiscard]] FixedFileTable& fixedFiles() noexcept { return fixedFiles_; }
     /// Whether the runtime is shutting down (one relaxed load).
     [[nodiscard]] bool stopping() const noexcept { return stoppingFlag_->load(std::memory_order_relaxed); }
 
@@ -127,8 +134,19 @@ public:
         std::atomic<uint64_t> parks{0};
         std::atomic<uint64_t> wakesSent{0};
         std::atomic<uint64_t> cancelsSent{0};  // waits this carrier ended for FiberHandle::cancel()
+        std::atomic<uint64_t> fixedIo{0};              // read_fixed/write_fixed through the registered buffer
+        std::atomic<uint64_t> fixedFallbackIo{0};      // ... through plain read/write (other carrier, unregistered)
+        std::atomic<uint64_t> fixedFileIo{0};          // FixedFile calls through the registered slot
+        std::atomic<uint64_t> fixedFileFallbackIo{0};  // ... through the plain fd
+
+        /// One more, from the owner (a relaxed load and store, no locked instruction).
+        static void bump(std::atomic<uint64_t>& counter) noexcept {
+            counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        }
     };
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
+    /// The counters, for the owner to bump. Precondition: on this carrier's thread.
+    [[nodiscard]] Stats& ownStats() noexcept { return stats_; }
     [[nodiscard]] int boundPu() const noexcept { return boundPu_; }
 
 private:
@@ -183,6 +201,8 @@ private:
     DeadlineHeap timers_;
     uring::Ring ring_;
     StackPool pool_;
+    FixedBufferPool fixedBuffers_;
+    FixedFileTable fixedFiles_;
     std::vector<Carrier*> victims_;
 
     // Shared with other threads.

@@ -42,9 +42,9 @@ struct Stack {
 
 /// Work handed to a carrier by another thread through its inbox.
 struct Message : MpscNode {
-    enum class Kind : uint8_t { kRunFiber, kCancelTimer, kCancelWait };
+    enum class Kind : uint8_t { kRunFiber, kCancelTimer, kCancelWait, kRemoveFixedFile };
     Kind kind = Kind::kRunFiber;
-    void* target = nullptr;  // the Fiber* (kRunFiber, kCancelWait) or TimerEntry* it concerns
+    void* target = nullptr;  // the Fiber* (kRunFiber, kCancelWait), TimerEntry* or FixedFileTable* it concerns
 };
 
 /// A callback the scheduler runs right after a fiber has switched out, on the
