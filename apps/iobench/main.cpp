@@ -49,26 +49,6 @@ using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC
 constexpr int kExitIoError = 1;
 constexpr int kExitUsage = 2;
 
-// The registered-buffer pool is sized through RuntimeOptions::fixedBufferCount/fixedBufferSize,
-// which arrive with core/fixed.h's implementation. Until a build has them, --fixed-buffers is
-// refused with a message; the code that uses them is compiled either way, and linked only here.
-template <class Opts>
-concept HasFixedBufferPool = requires(Opts o) {
-    o.fixedBufferCount = 1u;
-    o.fixedBufferSize = size_t{1};
-};
-constexpr bool kFixedBuffersBuilt = HasFixedBufferPool<spindle::RuntimeOptions>;
-
-template <class Opts>
-void sizeFixedPool(Opts& ro, unsigned count, size_t bytes) {
-    if constexpr (HasFixedBufferPool<Opts>) {
-        ro.fixedBufferCount = count;
-        ro.fixedBufferSize = bytes;
-    } else {
-        (void)ro, (void)count, (void)bytes;
-    }
-}
-
 enum class Rw { kRandRead, kRandWrite, kRead, kWrite };
 
 struct Options {
@@ -249,10 +229,7 @@ void plainFiber(Shared& sh, CarrierState& cs, SplitMix64 rng) noexcept {
     }
 }
 
-// One fiber with a buffer from its carrier's registered pool (core/fixed.h). A template so that it
-// is instantiated (and core/fixed.h's functions linked) only where a call is not discarded by
-// `if constexpr (kFixedBuffersBuilt)`.
-template <class = void>
+// One fiber with a buffer from its carrier's registered pool (core/fixed.h).
 void fixedFiber(Shared& sh, CarrierState& cs, SplitMix64 rng) noexcept {
     auto fb = spindle::acquireFixedBuffer();
     if (!fb) {
@@ -392,10 +369,6 @@ int main(int argc, char** argv) {
     if (o.direct && o.bs % 512 != 0) {
         return usage(fmt::format("--direct needs --bs to be a multiple of 512 (got {})", o.bs));
     }
-    if (o.fixedBuffers && !kFixedBuffersBuilt) {
-        return usage("--fixed-buffers: this build's runtime has no registered-buffer pool yet "
-                     "(RuntimeOptions::fixedBufferCount, core/fixed.h's implementation)");
-    }
 
     auto usable = prepareFile(o);
     if (!usable) { return kExitIoError; }
@@ -437,7 +410,11 @@ int main(int argc, char** argv) {
     ro.carriers = o.carriers;
     ro.bindCarriers = !o.noBind;
     ro.ringEntries = std::max(256u, std::bit_ceil(o.depth + 16));  // a whole depth fits in one batch
-    if (o.fixedBuffers) { sizeFixedPool(ro, o.depth, static_cast<size_t>((o.bs + 4095) / 4096 * 4096)); }
+    if (o.fixedBuffers) {
+        // One registered buffer per fiber in flight on each carrier, rounded up to whole pages.
+        ro.fixedBufferCount = o.depth;
+        ro.fixedBufferSize = static_cast<size_t>((o.bs + 4095) / 4096 * 4096);
+    }
     auto rt = spindle::Runtime::start(ro);
     if (!rt) {
         fmt::print(stderr, "spindle-iobench: the runtime did not start: {}\n", rt.error().message());
@@ -459,13 +436,11 @@ int main(int argc, char** argv) {
             spindle::SpawnOptions so{.name = "iobench", .carrier = static_cast<int>(c), .pinned = true};
             auto h = rt->spawn(
                 [&shared, &cs, rng] {
-                    if constexpr (kFixedBuffersBuilt) {
-                        if (shared.o.fixedBuffers) {
-                            fixedFiber(shared, cs, rng);
-                            return;
-                        }
+                    if (shared.o.fixedBuffers) {
+                        fixedFiber(shared, cs, rng);
+                    } else {
+                        plainFiber(shared, cs, rng);
                     }
-                    plainFiber(shared, cs, rng);
                 },
                 so);
             if (!h) {
