@@ -18,6 +18,7 @@ namespace spindle::inject {
 enum class Point : uint8_t {
     kRingSetup,  // uring::Ring::init, before io_uring_queue_init_params
     kStackMap,   // core's StackPool::map, before mmap
+    kSqpollSetup,  // uring::Ring::init, before setting up a ring with SQPOLL (then it runs without)
     kCount,
 };
 
