@@ -16,9 +16,11 @@
 /// and the destructor, which must not run on one of this runtime's fibers.
 /// Errors: start() returns the errno of the first carrier that failed to come
 /// up (ring set-up: ENOMEM for the memlock limit, EPERM when io_uring is
-/// disabled) and logs why; carrier binding failures are logged and the
-/// carrier runs unbound.
+/// disabled) and logs why, or EINVAL for an option out of range (logged with
+/// its name); carrier binding failures are logged and the carrier runs
+/// unbound, and a refused SQPOLL is logged and the ring runs without it.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -29,6 +31,14 @@
 
 namespace spindle {
 
+/// What an idle carrier does (RuntimeOptions::pollMode; docs/RUNTIME.md, "Poll modes").
+enum class PollMode : uint8_t {
+    kBlock,   // park in io_uring_enter until a completion, a wake-up or the next timer: ~0% CPU idle
+    kSpin,    // never sleep in the kernel: poll the CQ, inbox, timers and other carriers' deques;
+              // burns 100% of each carrier's CPU when idle, and no waker ever pays for a wake-up
+    kHybrid,  // spin for spinMicros after running out of work, then park as kBlock does
+};
+
 struct RuntimeOptions {
     unsigned carriers = 0;          // 0: one per core of the process cpuset
     unsigned ringEntries = 256;     // SQ entries per carrier ring
@@ -37,6 +47,13 @@ struct RuntimeOptions {
     std::string topology;           // "" (this machine), "synthetic:<hwloc string>" or "xml:<path>"
     bool deferTaskrun = true;       // ask for IORING_SETUP_DEFER_TASKRUN (probed)
     unsigned offloadThreads = 2;    // threads of the offload() pool (1..1024), started on first use
+    PollMode pollMode = PollMode::kBlock;
+    unsigned spinMicros = 50;       // kHybrid: µs an idle carrier spins before it parks (1..1,000,000)
+    // IORING_SETUP_SQPOLL: a kernel thread per ring takes SQEs from the SQ, so submitting costs no system
+    // call while that thread is awake. Its thread is pinned next to its carrier (SMT sibling, else the next
+    // PU) when carriers are bound. Excludes DEFER_TASKRUN. Refused by the kernel: logged, ring runs without.
+    bool sqpoll = false;
+    unsigned sqThreadIdleMs = 10;   // with sqpoll: the SQ thread sleeps after this long idle (1..60,000)
 };
 
 /// Counters of one carrier (read racily; for reports and tests).
@@ -46,13 +63,14 @@ struct CarrierStats {
     uint64_t fibersRun = 0;         // switches into a fiber
     uint64_t steals = 0;            // fibers taken from other carriers
     uint64_t parks = 0;             // times it blocked in io_uring_enter
+    uint64_t idleSpins = 0;         // idle spells spent spinning instead of parking (kSpin, kHybrid)
     uint64_t wakesSent = 0;         // MSG_RING or eventfd wake-ups sent to parked carriers
     uint64_t enters = 0;            // io_uring_enter calls
     uint64_t sqesSubmitted = 0;
     uint64_t cqesReaped = 0;
     uint64_t sqFull = 0;
     uint64_t stacksMapped = 0;      // stacks obtained from mmap (pool misses)
-    std::string ring;               // the ring's probed features
+    std::string ring;               // the ring's probed features (sqpoll, sq_thread_cpu, taskrun_flag, ...)
 };
 
 namespace detail {

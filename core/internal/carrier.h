@@ -7,8 +7,9 @@
 ///
 /// The loop: run local work; every kMaintenanceInterval fibers, or when out of
 /// work, do maintenance (drain the inbox, submit the batch of SQEs and reap
-/// CQEs, expire timers); then steal; then park in io_uring_enter with the
-/// nearest deadline as the timeout.
+/// CQEs, expire timers); then steal; then, as the poll mode says, park in
+/// io_uring_enter with the nearest deadline as the timeout (kBlock), spin back
+/// into maintenance with a PAUSE (kSpin), or spin for a while, then park (kHybrid).
 ///
 /// Thread-safety: everything is owner-only except post() (any thread), the
 /// deque's steal side, parked_, and the stats (read racily).
@@ -24,6 +25,7 @@
 #include "core/internal/fiber.h"
 #include "core/internal/mpsc_queue.h"
 #include "core/internal/stack_pool.h"
+#include "core/runtime.h"
 #include "uring/ring.h"
 
 namespace spindle::detail {
@@ -48,6 +50,8 @@ struct CarrierConfig {
     int pu = -1;                  // OS index to bind to; -1: do not bind
     uring::RingOptions ring;
     size_t stackSize = 64 * 1024;
+    PollMode pollMode = PollMode::kBlock;
+    uint64_t spinNs = 50'000;     // kHybrid: how long an idle spell spins before parking
 };
 
 class alignas(64) Carrier {
@@ -124,6 +128,7 @@ public:
         std::atomic<uint64_t> fibersRun{0};
         std::atomic<uint64_t> steals{0};
         std::atomic<uint64_t> parks{0};
+        std::atomic<uint64_t> idleSpins{0};   // idle spells begun by spinning (kSpin, kHybrid)
         std::atomic<uint64_t> wakesSent{0};
     };
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
@@ -145,6 +150,8 @@ private:
     void dispatch(const io_uring_cqe* cqe) noexcept;
     static void onOverflowReap(void* self, const io_uring_cqe* cqe);
     void expireTimers() noexcept;
+    void idle() noexcept;
+    void endSpin() noexcept;
     void park() noexcept;
     Fiber* trySteal() noexcept;
     void beginShutdown() noexcept;
@@ -169,6 +176,8 @@ private:
     bool shutdownSeen_ = false;
     bool exiting_ = false;              // the loop ended; do not re-arm the eventfd read
     bool eventFdArmed_ = false;
+    bool spinning_ = false;             // in an idle spell, polling (counted in runtime_->spinningCount_)
+    uint64_t spinSince_ = 0;            // when the current idle spell began (kHybrid)
     void* schedFakeStack_ = nullptr;    // ASan's fake stack of the scheduler context
     Fiber* fifoHead_ = nullptr;         // yielded and pinned fibers, FIFO
     Fiber* fifoTail_ = nullptr;
