@@ -41,6 +41,8 @@ idle="$SPINDLE_REPO_ROOT/build/release/apps/spindle-idle"
 bench="$SPINDLE_REPO_ROOT/build/release/perf/spindle_poll_mode_bench"
 
 echo "machine: $(bench_machine_line)"
+# Spinning carriers get only the CPU that other processes leave them: say how loaded the machine was.
+echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 echo "idle CPU, $seconds s per configuration, % of one CPU per carrier"
 for t in 0 "$tick"; do
   for cfg in "block" "hybrid" "spin" "block --sqpoll" "spin --sqpoll"; do
@@ -49,6 +51,7 @@ for t in 0 "$tick"; do
     "$idle" --carriers "$carriers" --seconds "$seconds" --tick-ms "$t" --mode "$@"
   done
 done
+echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 ((latency)) || exit 0
 command -v python3 >/dev/null || { echo "idle_cpu.sh: python3 is needed to read the JSON results" >&2; exit 1; }
