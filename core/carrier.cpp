@@ -261,6 +261,7 @@ void Carrier::armEventFd() noexcept {
 void Carrier::loop() noexcept {
     for (;;) {
         if (Fiber* f = nextLocal()) {
+            if (spinning_) { endSpin(); }
             runFiber(f);
             if (++sinceMaintenance_ >= kMaintenanceInterval) { maintenance(); }
             continue;
@@ -268,12 +269,14 @@ void Carrier::loop() noexcept {
         maintenance();
         if (!deque_.emptyApprox() || fifoHead_ != nullptr) { continue; }
         if (Fiber* f = trySteal()) {
+            if (spinning_) { endSpin(); }
             runFiber(f);
             continue;
         }
         if (readyToExit()) { break; }
-        park();
+        idle();
     }
+    if (spinning_) { endSpin(); }
     // Exit: take the eventfd read back so no completion can outlive the ring.
     exiting_ = true;
     if (eventFdArmed_) {
@@ -468,7 +471,8 @@ void Carrier::maintenance() noexcept {
     if (!timers_.empty()) { expireTimers(); }
     inMaintenance_ = false;
     pool_.reclaimRemote();
-    if (runtime_->parkedCount_.load(std::memory_order_relaxed) > 0) {
+    if (runtime_->parkedCount_.load(std::memory_order_relaxed) > 0 ||
+        runtime_->spinningCount_.load(std::memory_order_relaxed) > 0) {
         // Idle carriers can only steal from the deque: hand them the yielded fibers too.
         Fiber* keep = nullptr;
         Fiber* keepTail = nullptr;
@@ -564,7 +568,7 @@ void Carrier::fireTimer(TimerEntry* entry, int32_t res) noexcept {
 }
 
 void Carrier::pollRing(bool getEvents) noexcept {
-    if (ring_.pending() == 0 && inflight_ == 0 && !ring_.overflowed()) {
+    if (ring_.pending() == 0 && inflight_ == 0 && !ring_.needsEnter()) {
         // Nothing of ours in flight; only the eventfd read, whose CQE a wait would show.
         if (!ring_.features().deferTaskrun) {
             ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
@@ -673,6 +677,36 @@ Fiber* Carrier::trySteal() noexcept {
         }
     }
     return nullptr;
+}
+
+// Out of work: park, or (kSpin, kHybrid) pause once and let the loop poll again.
+// A spinning carrier is never parked_, so nobody sends it a wake-up: it finds
+// new work in its inbox, its CQ or another carrier's deque on its next pass.
+void Carrier::idle() noexcept {
+    if (config_.pollMode == PollMode::kBlock) {
+        park();
+        return;
+    }
+    if (!spinning_) {
+        spinning_ = true;
+        runtime_->spinningCount_.fetch_add(1, std::memory_order_relaxed);
+        stats_.idleSpins.store(stats_.idleSpins.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        if (config_.pollMode == PollMode::kHybrid) { spinSince_ = nowNs(); }
+    } else if (config_.pollMode == PollMode::kHybrid && nowNs() - spinSince_ >= config_.spinNs) {
+        endSpin();
+        park();
+        return;
+    }
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    asm volatile("yield" ::: "memory");
+#endif
+}
+
+void Carrier::endSpin() noexcept {
+    spinning_ = false;
+    runtime_->spinningCount_.fetch_sub(1, std::memory_order_relaxed);
 }
 
 void Carrier::park() noexcept {

@@ -97,6 +97,14 @@ Result<void> RuntimeImpl::start() noexcept {
         return Error{EINVAL};
     }
     if (auto r = validateFixedOptions(options_); !r) { return r; }
+    const auto mode = static_cast<unsigned>(options_.pollMode);
+    if (mode > static_cast<unsigned>(PollMode::kHybrid) || options_.spinMicros == 0 ||
+        options_.spinMicros > 1'000'000 || options_.sqThreadIdleMs == 0 || options_.sqThreadIdleMs > 60'000) {
+        log::error("invalid runtime options: pollMode {} (0 block, 1 spin, 2 hybrid), spinMicros {} (1..1000000), "
+                   "sqThreadIdleMs {} (1..60000)",
+                   mode, options_.spinMicros, options_.sqThreadIdleMs);
+        return Error{EINVAL};
+    }
     if (auto r = loadTopology(); !r) { return r; }
     // The waiter table sizes itself and places its buckets from the machine's topology as seen by the
     // calling thread; built later, from a pinned carrier, it would see one PU.
@@ -115,10 +123,15 @@ Result<void> RuntimeImpl::start() noexcept {
             cfg.pu = canBind ? static_cast<int>(topology_->pus()[i % topology_->pus().size()].os) : -1;
             cfg.ring.entries = options_.ringEntries;
             cfg.ring.deferTaskrun = options_.deferTaskrun;
+            cfg.ring.sqpoll = options_.sqpoll;
+            cfg.ring.sqThreadIdleMs = options_.sqThreadIdleMs;
+            if (options_.sqpoll) { cfg.ring.sqThreadCpu = canBind ? sqThreadCpuFor(cfg.pu) : -1; }
             cfg.stackSize = options_.stackSize;
             cfg.fixedBufferCount = options_.fixedBufferCount;
             cfg.fixedBufferSize = options_.fixedBufferSize;
             cfg.fixedFileSlots = options_.fixedFileSlots;
+            cfg.pollMode = options_.pollMode;
+            cfg.spinNs = uint64_t{options_.spinMicros} * 1000u;
             carriers_.push_back(std::make_unique<Carrier>(this, cfg));
         }
     } catch (const std::bad_alloc&) {
@@ -149,6 +162,27 @@ Result<void> RuntimeImpl::start() noexcept {
         }
     }
     return {};
+}
+
+int RuntimeImpl::sqThreadCpuFor(int pu) const noexcept {
+    // The carrier's SMT sibling shares its core's caches; else the next allowed PU in OS order.
+    const std::vector<numa::Pu>& pus = topology_->pus();
+    const auto self = std::find_if(pus.begin(), pus.end(), [pu](const numa::Pu& p) { return int(p.os) == pu; });
+    if (self == pus.end() || pus.size() < 2) {
+        log::info("no PU next to PU {} for its SQPOLL thread; the kernel places it", pu);
+        return -1;
+    }
+    for (const numa::Pu& p : pus) {
+        if (p.core == self->core && p.os != self->os) { return static_cast<int>(p.os); }
+    }
+    const numa::Pu* next = nullptr;  // smallest OS index above pu, else the smallest overall
+    const numa::Pu* lowest = nullptr;
+    for (const numa::Pu& p : pus) {
+        if (p.os == self->os) { continue; }
+        if (p.os > self->os && (next == nullptr || p.os < next->os)) { next = &p; }
+        if (lowest == nullptr || p.os < lowest->os) { lowest = &p; }
+    }
+    return static_cast<int>((next != nullptr ? next : lowest)->os);
 }
 
 bool RuntimeImpl::admitFiber(bool fromOwnFiber) noexcept {
@@ -259,6 +293,7 @@ std::vector<CarrierStats> Runtime::stats() const {
         s.fibersRun = c->stats().fibersRun.load(std::memory_order_relaxed);
         s.steals = c->stats().steals.load(std::memory_order_relaxed);
         s.parks = c->stats().parks.load(std::memory_order_relaxed);
+        s.idleSpins = c->stats().idleSpins.load(std::memory_order_relaxed);
         s.wakesSent = c->stats().wakesSent.load(std::memory_order_relaxed);
         const uring::RingStats& rs = c->ring().stats();
         s.enters = rs.enters.load(std::memory_order_relaxed);

@@ -14,13 +14,16 @@
 /// A fiber that never returns keeps the runtime alive: check the results.
 /// Thread-safety: every member may be called from any thread, except join()
 /// and the destructor, which must not run on one of this runtime's fibers.
-/// Errors: start() returns EINVAL for options out of range (logged), or the
-/// errno of the first carrier that failed to come up (ring set-up: ENOMEM for
-/// the memlock limit, EPERM when io_uring is disabled; ENOMEM when its fixed
-/// buffers cannot be mapped) and logs why; carrier binding failures are logged
-/// and the carrier runs unbound; a refused registration of fixed buffers or
-/// files is logged and the carrier runs with the plain fallback (core/fixed.h).
+/// Errors: start() returns EINVAL for an option out of range (logged with its
+/// name), or the errno of the first carrier that failed to come up (ring
+/// set-up: ENOMEM for the memlock limit, EPERM when io_uring is disabled;
+/// ENOMEM when its fixed buffers cannot be mapped) and logs why. Carrier
+/// binding failures are logged and the carrier runs unbound; a refused
+/// registration of fixed buffers or files is logged and the carrier runs with
+/// the plain fallback (core/fixed.h); a refused SQPOLL is logged and the ring
+/// runs without it.
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <type_traits>
@@ -30,6 +33,14 @@
 #include "core/fiber.h"
 
 namespace spindle {
+
+/// What an idle carrier does (RuntimeOptions::pollMode; docs/RUNTIME.md, "Poll modes").
+enum class PollMode : uint8_t {
+    kBlock,   // park in io_uring_enter until a completion, a wake-up or the next timer: ~0% CPU idle
+    kSpin,    // never sleep in the kernel: poll the CQ, inbox, timers and other carriers' deques;
+              // burns 100% of each carrier's CPU when idle, and no waker ever pays for a wake-up
+    kHybrid,  // spin for spinMicros after running out of work, then park as kBlock does
+};
 
 struct RuntimeOptions {
     unsigned carriers = 0;          // 0: one per core of the process cpuset
@@ -44,6 +55,13 @@ struct RuntimeOptions {
     unsigned fixedBufferCount = 64;        // registered buffers per carrier (0..16384; 0: no pool)
     size_t fixedBufferSize = 64 * 1024;    // bytes each: a multiple of 4096, at most 1 GiB (checked when count > 0)
     unsigned fixedFileSlots = 1024;        // registered-file slots per carrier (0..1048576; 0: no table)
+    PollMode pollMode = PollMode::kBlock;
+    unsigned spinMicros = 50;       // kHybrid: µs an idle carrier spins before it parks (1..1,000,000)
+    // IORING_SETUP_SQPOLL: a kernel thread per ring takes SQEs from the SQ, so submitting costs no system
+    // call while that thread is awake. Its thread is pinned next to its carrier (SMT sibling, else the next
+    // PU) when carriers are bound. Excludes DEFER_TASKRUN. Refused by the kernel: logged, ring runs without.
+    bool sqpoll = false;
+    unsigned sqThreadIdleMs = 10;   // with sqpoll: the SQ thread sleeps after this long idle (1..60,000)
 };
 
 /// Counters of one carrier (read racily; for reports and tests).
@@ -53,6 +71,7 @@ struct CarrierStats {
     uint64_t fibersRun = 0;         // switches into a fiber
     uint64_t steals = 0;            // fibers taken from other carriers
     uint64_t parks = 0;             // times it blocked in io_uring_enter
+    uint64_t idleSpins = 0;         // idle spells spent spinning instead of parking (kSpin, kHybrid)
     uint64_t wakesSent = 0;         // MSG_RING or eventfd wake-ups sent to parked carriers
     uint64_t enters = 0;            // io_uring_enter calls
     uint64_t sqesSubmitted = 0;
@@ -66,7 +85,7 @@ struct CarrierStats {
     uint64_t fixedFallbackIo = 0;   // ... submitted here as plain read/write (buffer of another carrier, or unregistered)
     uint64_t fixedFileIo = 0;       // FixedFile calls submitted here with the registered slot
     uint64_t fixedFileFallbackIo = 0;  // ... submitted here with the plain fd
-    std::string ring;               // the ring's probed features
+    std::string ring;               // the ring's probed features (sqpoll, sq_thread_cpu, taskrun_flag, ...)
 };
 
 namespace detail {

@@ -71,6 +71,7 @@ enum class Point : uint8_t {
     kDelayCompletion,  // uring::Ring, each waited-on CQE at reap
     kRegisterBuffers,  // uring::Ring::registerBuffers, before io_uring_register_buffers
     kRegisterFiles,    // uring::Ring::registerFilesSparse, before io_uring_register_files_sparse
+    kSqpollSetup,      // uring::Ring::init, before setting up a ring with SQPOLL (then it runs without)
     kCount,
 };
 

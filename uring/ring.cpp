@@ -13,8 +13,10 @@
 namespace spindle::uring {
 
 std::string RingFeatures::describe() const {
-    return fmt::format("sq={} cq={} single_issuer={} defer_taskrun={} coop_taskrun={} msg_ring={} cancel_any={} ext_arg={}",
-                       sqEntries, cqEntries, singleIssuer, deferTaskrun, coopTaskrun, msgRing, cancelAny, extArg);
+    return fmt::format("sq={} cq={} single_issuer={} defer_taskrun={} coop_taskrun={} taskrun_flag={} sqpoll={} "
+                       "sq_thread_cpu={} msg_ring={} cancel_any={} ext_arg={}",
+                       sqEntries, cqEntries, singleIssuer, deferTaskrun, coopTaskrun, taskrunFlag, sqpoll,
+                       sqThreadCpu, msgRing, cancelAny, extArg);
 }
 
 // Fault injection state (uring/inject.h); defined here so that ~Ring can delete it.
@@ -96,10 +98,16 @@ Result<void> Ring::init(const RingOptions& options, OverflowHandler onReap, void
 
     // Ask for the most useful flag set first and drop flags one by one as the
     // kernel refuses them: DEFER_TASKRUN needs SINGLE_ISSUER, so it goes first.
-    unsigned want = 0;
-    if (options.singleIssuer) { want |= IORING_SETUP_SINGLE_ISSUER; }
-    if (options.singleIssuer && options.deferTaskrun) { want |= IORING_SETUP_DEFER_TASKRUN; }
-    if (options.coopTaskrun && !(want & IORING_SETUP_DEFER_TASKRUN)) { want |= IORING_SETUP_COOP_TASKRUN; }
+    // SQPOLL excludes DEFER_TASKRUN, COOP_TASKRUN and TASKRUN_FLAG (6.x answers EINVAL):
+    // the SQ thread issues the requests, so it runs their task work, not the owner.
+    const auto flagsFor = [&options](bool sqpoll) {
+        unsigned want = 0;
+        if (options.singleIssuer) { want |= IORING_SETUP_SINGLE_ISSUER; }
+        if (sqpoll) { return want; }
+        if (options.singleIssuer && options.deferTaskrun) { want |= IORING_SETUP_DEFER_TASKRUN; }
+        if (options.coopTaskrun && !(want & IORING_SETUP_DEFER_TASKRUN)) { want |= IORING_SETUP_COOP_TASKRUN; }
+        return want;
+    };
     const unsigned dropOrder[] = {IORING_SETUP_DEFER_TASKRUN, IORING_SETUP_COOP_TASKRUN, IORING_SETUP_SINGLE_ISSUER};
 
     SPINDLE_INJECT(inject::Point::kRingSetup, {
@@ -107,25 +115,64 @@ Result<void> Ring::init(const RingOptions& options, OverflowHandler onReap, void
         return Error{injectedErrno};
     });
     io_uring_params params{};
-    int ret = 0;
-    for (size_t i = 0;; ++i) {
-        std::memset(&params, 0, sizeof(params));
-        params.flags = want;
-        ret = io_uring_queue_init_params(options.entries, &ring_, &params);
-        if (ret != -EINVAL || want == 0) { break; }
-        // Find the next flag we still hold and drop it; COOP_TASKRUN is the useful
-        // fallback once DEFER_TASKRUN is gone.
-        while (i < 3 && !(want & dropOrder[i])) { ++i; }
-        if (i >= 3) {
-            want = 0;
-        } else {
-            if (dropOrder[i] == IORING_SETUP_DEFER_TASKRUN && options.coopTaskrun) {
-                want |= IORING_SETUP_COOP_TASKRUN;
+    unsigned want = 0;
+    // One set-up attempt with `sq` (SQPOLL, SQ_AFF or nothing) kept and the other
+    // flags dropped one by one while the kernel answers EINVAL.
+    const auto initDropping = [&](unsigned flags, unsigned sq) {
+        want = flags;
+        int ret = 0;
+        for (size_t i = 0;; ++i) {
+            std::memset(&params, 0, sizeof(params));
+            // TASKRUN_FLAG needs COOP_TASKRUN; it rides along with it and is dropped with it.
+            const bool taskrunFlag = options.taskrunFlag && (want & IORING_SETUP_COOP_TASKRUN) != 0;
+            params.flags = want | sq | (taskrunFlag ? IORING_SETUP_TASKRUN_FLAG : 0u);
+            params.sq_thread_idle = options.sqThreadIdleMs;
+            params.sq_thread_cpu = options.sqThreadCpu >= 0 ? static_cast<unsigned>(options.sqThreadCpu) : 0u;
+            ret = io_uring_queue_init_params(options.entries, &ring_, &params);
+            if (ret != -EINVAL || want == 0) { break; }
+            // Find the next flag we still hold and drop it; COOP_TASKRUN is the useful
+            // fallback once DEFER_TASKRUN is gone.
+            while (i < 3 && !(want & dropOrder[i])) { ++i; }
+            if (i >= 3) {
+                want = 0;
+            } else {
+                if (dropOrder[i] == IORING_SETUP_DEFER_TASKRUN && options.coopTaskrun) {
+                    want |= IORING_SETUP_COOP_TASKRUN;
+                }
+                want &= ~dropOrder[i];
             }
-            want &= ~dropOrder[i];
+            log::info("io_uring set-up refused flags; retrying with 0x{:x}", want | sq);
         }
-        log::info("io_uring set-up refused flags; retrying with 0x{:x}", want);
+        return ret;
+    };
+    int ret = -EINVAL;
+    bool sqpoll = false;
+    if (options.sqpoll) {
+        // SQPOLL, pinned next to the owner where a CPU was given; then unpinned; then none.
+        bool injected = false;
+        SPINDLE_INJECT(inject::Point::kSqpollSetup, {
+            injected = true;
+            log::warn("io_uring SQPOLL refused (injected): {}; the ring runs without an SQ thread",
+                      std::strerror(injectedErrno));
+        });
+        if (!injected) {
+            if (options.sqThreadCpu >= 0) {
+                ret = initDropping(flagsFor(true), IORING_SETUP_SQPOLL | IORING_SETUP_SQ_AFF);
+                if (ret < 0) {
+                    log::warn("io_uring SQPOLL with its thread on CPU {} refused: {}; trying an unpinned SQ thread",
+                              options.sqThreadCpu, std::strerror(-ret));
+                }
+            }
+            if (ret < 0) { ret = initDropping(flagsFor(true), IORING_SETUP_SQPOLL); }
+            if (ret < 0) {
+                log::warn("io_uring SQPOLL refused: {} (it needs Linux 5.11 unprivileged, 5.4 with CAP_SYS_ADMIN); "
+                          "the ring runs without an SQ thread",
+                          std::strerror(-ret));
+            }
+            sqpoll = ret >= 0;
+        }
     }
+    if (!sqpoll) { ret = initDropping(flagsFor(false), 0); }
     if (ret < 0) {
         rlimit lim{};
         ::getrlimit(RLIMIT_MEMLOCK, &lim);
@@ -146,6 +193,10 @@ Result<void> Ring::init(const RingOptions& options, OverflowHandler onReap, void
     features_.singleIssuer = (params.flags & IORING_SETUP_SINGLE_ISSUER) != 0;
     features_.deferTaskrun = (params.flags & IORING_SETUP_DEFER_TASKRUN) != 0;
     features_.coopTaskrun = (params.flags & IORING_SETUP_COOP_TASKRUN) != 0;
+    features_.taskrunFlag = (params.flags & IORING_SETUP_TASKRUN_FLAG) != 0;
+    features_.sqpoll = (params.flags & IORING_SETUP_SQPOLL) != 0;
+    features_.sqThreadCpu =
+        features_.sqpoll && (params.flags & IORING_SETUP_SQ_AFF) != 0 ? static_cast<int>(params.sq_thread_cpu) : -1;
     features_.extArg = (params.features & IORING_FEAT_EXT_ARG) != 0;
     features_.sqEntries = params.sq_entries;
     features_.cqEntries = params.cq_entries;
@@ -162,6 +213,10 @@ Result<void> Ring::init(const RingOptions& options, OverflowHandler onReap, void
 unsigned Ring::pending() const noexcept { return io_uring_sq_ready(&ring_); }
 
 bool Ring::overflowed() const noexcept { return IO_URING_READ_ONCE(*ring_.sq.kflags) & IORING_SQ_CQ_OVERFLOW; }
+
+bool Ring::needsEnter() const noexcept {
+    return IO_URING_READ_ONCE(*ring_.sq.kflags) & (IORING_SQ_CQ_OVERFLOW | IORING_SQ_TASKRUN);
+}
 
 io_uring_sqe* Ring::acquireSqe() noexcept {
 #if defined(SPINDLE_FAULT_INJECTION)
@@ -224,7 +279,7 @@ int Ring::enter(bool wait, const __kernel_timespec* timeout) noexcept {
 
 int Ring::submit(bool getEvents) noexcept {
     unsigned queued = pending();
-    if (queued == 0 && !(getEvents && features_.deferTaskrun) && !overflowed()) { return 0; }
+    if (queued == 0 && !(getEvents && features_.deferTaskrun) && !needsEnter()) { return 0; }
     for (;;) {
         int ret = enter(false, nullptr);
         if (ret >= 0) {

@@ -6,8 +6,11 @@
 /// user_data with encodeUserData(), and later receives the CQE through reap().
 ///
 /// Set-up probes the kernel: it asks for SINGLE_ISSUER (6.0), DEFER_TASKRUN (6.1)
-/// and COOP_TASKRUN (5.19), drops what the kernel refuses, and records (and logs)
-/// what it got. IORING_FEAT_NODROP (5.5) is required: with it the kernel keeps
+/// and COOP_TASKRUN with TASKRUN_FLAG (5.19), drops what the kernel refuses, and
+/// records (and logs) what it got. Asked for SQPOLL (5.11 unprivileged), it sets
+/// up a kernel submission thread (pinned with SQ_AFF when given a CPU) instead of
+/// DEFER_TASKRUN, which SQPOLL excludes; when the kernel refuses SQPOLL it logs
+/// why and sets the ring up without it. IORING_FEAT_NODROP (5.5) is required: with it the kernel keeps
 /// overflowing completions instead of dropping them, so no CQE is ever lost.
 ///
 /// Thread-safety: none. With SINGLE_ISSUER the thread that calls init() is the
@@ -53,6 +56,10 @@ struct RingOptions {
     bool singleIssuer = true;   // IORING_SETUP_SINGLE_ISSUER where the kernel has it
     bool deferTaskrun = true;   // IORING_SETUP_DEFER_TASKRUN where the kernel has it
     bool coopTaskrun = true;    // IORING_SETUP_COOP_TASKRUN where the kernel has it
+    bool taskrunFlag = true;    // with COOP_TASKRUN: IORING_SETUP_TASKRUN_FLAG (5.19), see needsEnter()
+    bool sqpoll = false;        // IORING_SETUP_SQPOLL (excludes DEFER_TASKRUN); falls back to none if refused
+    int sqThreadCpu = -1;       // with sqpoll: pin the SQ thread there (IORING_SETUP_SQ_AFF); -1: do not pin
+    unsigned sqThreadIdleMs = 10;  // with sqpoll: the SQ thread sleeps after this long without submissions
 };
 
 /// What set-up obtained from this kernel.
@@ -60,6 +67,9 @@ struct RingFeatures {
     bool singleIssuer = false;
     bool deferTaskrun = false;
     bool coopTaskrun = false;
+    bool taskrunFlag = false;     // IORING_SQ_TASKRUN tells when deferred completions wait for an enter
+    bool sqpoll = false;          // a kernel thread polls the SQ; submit enters only to wake it
+    int sqThreadCpu = -1;         // the CPU the SQ thread is pinned to; -1: not pinned (or no SQ thread)
     bool msgRing = false;         // IORING_OP_MSG_RING (5.18)
     bool cancelAny = false;       // IORING_ASYNC_CANCEL_ANY (5.19)
     bool extArg = false;          // IORING_FEAT_EXT_ARG: wait with a timeout in one syscall (5.11)
@@ -172,6 +182,11 @@ public:
     [[nodiscard]] Result<void> updateFile(unsigned slot, int fd) noexcept;
     /// Drops the file table (io_uring_unregister_files). Errors: ENXIO when none is registered.
     [[nodiscard]] Result<void> unregisterFiles() noexcept;
+    /// Whether reap() can miss completions that an io_uring_enter with GETEVENTS would
+    /// post: an overflow backlog, or (TASKRUN_FLAG) completions queued as task work.
+    /// One load of the SQ flags, no system call. With DEFER_TASKRUN it cannot tell:
+    /// deferred completions show only after an enter, so callers enter while I/O is in flight.
+    [[nodiscard]] bool needsEnter() const noexcept;
 
 private:
     struct FaultState;

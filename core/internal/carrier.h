@@ -7,8 +7,9 @@
 ///
 /// The loop: run local work; every kMaintenanceInterval fibers, or when out of
 /// work, do maintenance (drain the inbox, submit the batch of SQEs and reap
-/// CQEs, expire timers); then steal; then park in io_uring_enter with the
-/// nearest deadline as the timeout.
+/// CQEs, expire timers); then steal; then, as the poll mode says, park in
+/// io_uring_enter with the nearest deadline as the timeout (kBlock), spin back
+/// into maintenance with a PAUSE (kSpin), or spin for a while, then park (kHybrid).
 ///
 /// Thread-safety: everything is owner-only except post() (any thread), the
 /// deque's steal side, parked_, and the stats (read racily).
@@ -25,6 +26,7 @@
 #include "core/internal/fixed_pool.h"
 #include "core/internal/mpsc_queue.h"
 #include "core/internal/stack_pool.h"
+#include "core/runtime.h"
 #include "uring/ring.h"
 
 namespace spindle::detail {
@@ -53,6 +55,8 @@ struct CarrierConfig {
     unsigned fixedBufferCount = 0;  // registered buffers (RuntimeOptions::fixedBufferCount)
     size_t fixedBufferSize = 0;
     unsigned fixedFileSlots = 0;    // registered-file table size (RuntimeOptions::fixedFileSlots)
+    PollMode pollMode = PollMode::kBlock;
+    uint64_t spinNs = 50'000;     // kHybrid: how long an idle spell spins before parking
 };
 
 class alignas(64) Carrier {
@@ -132,6 +136,7 @@ public:
         std::atomic<uint64_t> fibersRun{0};
         std::atomic<uint64_t> steals{0};
         std::atomic<uint64_t> parks{0};
+        std::atomic<uint64_t> idleSpins{0};   // idle spells begun by spinning (kSpin, kHybrid)
         std::atomic<uint64_t> wakesSent{0};
         std::atomic<uint64_t> cancelsSent{0};  // waits this carrier ended for FiberHandle::cancel()
         std::atomic<uint64_t> fixedIo{0};              // read_fixed/write_fixed through the registered buffer
@@ -170,6 +175,8 @@ private:
     /// Ends `fiber`'s cancellable wait on this carrier early (kCancelWait; owner thread).
     void cancelWaitHere(Fiber* fiber) noexcept;
     void handleCancelWait(Fiber* fiber) noexcept;
+    void idle() noexcept;
+    void endSpin() noexcept;
     void park() noexcept;
     Fiber* trySteal() noexcept;
     void beginShutdown() noexcept;
@@ -194,6 +201,8 @@ private:
     bool shutdownSeen_ = false;
     bool exiting_ = false;              // the loop ended; do not re-arm the eventfd read
     bool eventFdArmed_ = false;
+    bool spinning_ = false;             // in an idle spell, polling (counted in runtime_->spinningCount_)
+    uint64_t spinSince_ = 0;            // when the current idle spell began (kHybrid)
     void* schedFakeStack_ = nullptr;    // ASan's fake stack of the scheduler context
     Fiber* fifoHead_ = nullptr;         // yielded and pinned fibers, FIFO
     Fiber* fifoTail_ = nullptr;

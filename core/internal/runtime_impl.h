@@ -49,9 +49,13 @@ public:
     bool anyStealable(const Carrier* self) const noexcept;
 
     std::atomic<uint32_t> parkedCount_{0};
+    /// Carriers idle but spinning (kSpin, kHybrid): they steal, and need no wake-up.
+    std::atomic<uint32_t> spinningCount_{0};
 
 private:
     Result<void> loadTopology() noexcept;
+    /// The CPU for the SQPOLL thread of the carrier on PU `pu`, or -1 (logged) when there is none.
+    int sqThreadCpuFor(int pu) const noexcept;
 
     RuntimeOptions options_;
     std::optional<numa::Topology> topology_;
