@@ -141,7 +141,8 @@ const char* toString(Distance d) noexcept {
         case Distance::kSameCore: return "same-core";
         case Distance::kSameCache: return "same-cache";
         case Distance::kSameNode: return "same-node";
-        case Distance::kRemoteNode: return "remote-node";
+        case Distance::kSamePackage: return "same-package";
+        case Distance::kRemotePackage: return "remote-package";
     }
     return "unknown";
 }
@@ -305,11 +306,11 @@ Distance Topology::distance(unsigned osA, unsigned osB) const noexcept {
     if (osA == osB) { return Distance::kSamePu; }
     int32_t a = slotOf(osA);
     int32_t b = slotOf(osB);
-    if (a < 0 || b < 0) { return Distance::kRemoteNode; }
+    if (a < 0 || b < 0) { return Distance::kRemotePackage; }
     const Pu& pa = pus_[static_cast<size_t>(a)];
     const Pu& pb = pus_[static_cast<size_t>(b)];
     if (pa.core == pb.core) { return Distance::kSameCore; }
-    if (pa.node != pb.node) { return Distance::kRemoteNode; }
+    if (pa.node != pb.node) { return pa.package == pb.package ? Distance::kSamePackage : Distance::kRemotePackage; }
     int32_t cache = cacheOf_[static_cast<size_t>(a)];
     if (cache >= 0 && cache == cacheOf_[static_cast<size_t>(b)]) { return Distance::kSameCache; }
     return Distance::kSameNode;

@@ -27,9 +27,21 @@ namespace spindle::numa {
 
 /// How far apart two PUs are, for steal order and for counting steals by class.
 /// Ordered nearest first, so the enumerators compare as distances.
-enum class Distance : uint8_t { kSamePu = 0, kSameCore = 1, kSameCache = 2, kSameNode = 3, kRemoteNode = 4 };
+/// kSamePackage: different NUMA nodes of one package; kRemotePackage: different packages (or a PU
+/// not in the topology). A steal "crosses a node" at kSamePackage and beyond.
+enum class Distance : uint8_t {
+    kSamePu = 0,
+    kSameCore = 1,
+    kSameCache = 2,
+    kSameNode = 3,
+    kSamePackage = 4,
+    kRemotePackage = 5,
+};
+inline constexpr size_t kDistanceClassCount = 6;
+/// Whether a move between PUs this far apart leaves the NUMA node.
+[[nodiscard]] constexpr bool crossesNode(Distance d) noexcept { return d >= Distance::kSamePackage; }
 
-/// "same-pu", "same-core", "same-cache", "same-node", "remote-node"; "unknown" otherwise.
+/// "same-pu", "same-core", "same-cache", "same-node", "same-package", "remote-package"; "unknown" otherwise.
 const char* toString(Distance d) noexcept;
 
 /// One processing unit (hardware thread) the process may run on.
@@ -79,14 +91,14 @@ public:
     [[nodiscard]] bool isSynthetic() const noexcept { return source_ != Source::kMachine; }
 
     /// The distance class between two PUs. kSameCache: different cores that share a data
-    /// cache (L2/L3) on the same NUMA node. PUs on different nodes are kRemoteNode even
+    /// cache (L2/L3) on the same NUMA node. PUs on different nodes are kSamePackage or kRemotePackage even
     /// when they share a cache (sub-NUMA clustering), because a steal between them moves
     /// a fiber away from the node its stack lives on.
-    /// An OS index that is not among pus() is kRemoteNode from everything but itself.
+    /// An OS index that is not among pus() is kRemotePackage from everything but itself.
     [[nodiscard]] Distance distance(unsigned osA, unsigned osB) const noexcept;
 
     /// `candidates` (OS indexes) stably sorted by distance from `os`, nearest first, with
-    /// every occurrence of `os` removed. Unknown candidates sort as kRemoteNode.
+    /// every occurrence of `os` removed. Unknown candidates sort as kRemotePackage.
     [[nodiscard]] std::vector<unsigned> victimOrder(unsigned os, const std::vector<unsigned>& candidates) const;
 
     /// Logical index of the NUMA node of PU `os`; 0 for an OS index not among pus().

@@ -107,7 +107,7 @@ TEST(Topology, DistanceClasses) {
     EXPECT_EQ(t.distance(3, 3), Distance::kSamePu);
     EXPECT_EQ(t.distance(2, 3), Distance::kSameCore);
     EXPECT_EQ(t.distance(0, 7), Distance::kSameCache);
-    EXPECT_EQ(t.distance(1, 8), Distance::kRemoteNode);
+    EXPECT_EQ(t.distance(1, 8), Distance::kRemotePackage);
     for (unsigned a = 0; a < 16; ++a) {
         for (unsigned b = 0; b < 16; ++b) { EXPECT_EQ(t.distance(a, b), t.distance(b, a)) << a << " " << b; }
     }
@@ -116,25 +116,25 @@ TEST(Topology, DistanceClasses) {
     SPINDLE_SYNTHETIC(split, "pack:2 numa:1 l3:2 core:2 pu:2");
     EXPECT_EQ(split.distance(0, 2), Distance::kSameCache);
     EXPECT_EQ(split.distance(0, 4), Distance::kSameNode);
-    EXPECT_EQ(split.distance(0, 8), Distance::kRemoteNode);
+    EXPECT_EQ(split.distance(0, 8), Distance::kRemotePackage);
 
     // No caches at all: same node is as close as two cores get.
     SPINDLE_SYNTHETIC(bare, "pack:2 numa:1 core:2 pu:2");
     EXPECT_EQ(bare.distance(0, 1), Distance::kSameCore);
     EXPECT_EQ(bare.distance(0, 2), Distance::kSameNode);
-    EXPECT_EQ(bare.distance(0, 4), Distance::kRemoteNode);
+    EXPECT_EQ(bare.distance(0, 4), Distance::kRemotePackage);
 
     // Sub-NUMA clustering: one L3 over two nodes. Crossing the node boundary stays remote.
     SPINDLE_SYNTHETIC(snc, "pack:1 l3:1 numa:2 core:2 pu:1");
     EXPECT_EQ(snc.nodeCount(), 2u);
     EXPECT_EQ(snc.distance(0, 1), Distance::kSameCache);
-    EXPECT_EQ(snc.distance(0, 2), Distance::kRemoteNode);
+    EXPECT_EQ(snc.distance(0, 2), Distance::kSamePackage);
 }
 
 TEST(Topology, DistanceToUnknownPuIsRemote) {
     SPINDLE_SYNTHETIC(t, kTwoNodes);
-    EXPECT_EQ(t.distance(0, 99999), Distance::kRemoteNode);
-    EXPECT_EQ(t.distance(99999, 0), Distance::kRemoteNode);
+    EXPECT_EQ(t.distance(0, 99999), Distance::kRemotePackage);
+    EXPECT_EQ(t.distance(99999, 0), Distance::kRemotePackage);
     EXPECT_EQ(t.distance(16, 16), Distance::kSamePu);
 }
 
@@ -168,7 +168,8 @@ TEST(Topology, DistanceNames) {
     EXPECT_STREQ(toString(Distance::kSameCore), "same-core");
     EXPECT_STREQ(toString(Distance::kSameCache), "same-cache");
     EXPECT_STREQ(toString(Distance::kSameNode), "same-node");
-    EXPECT_STREQ(toString(Distance::kRemoteNode), "remote-node");
+    EXPECT_STREQ(toString(Distance::kSamePackage), "same-package");
+    EXPECT_STREQ(toString(Distance::kRemotePackage), "remote-package");
     EXPECT_STREQ(toString(static_cast<Distance>(42)), "unknown");
 }
 
@@ -380,7 +381,7 @@ TEST(Topology, MovedFromIsEmpty) {
     SPINDLE_SYNTHETIC(a, kTwoNodes);
     Topology b = std::move(a);
     EXPECT_EQ(b.pus().size(), 16u);
-    EXPECT_EQ(b.distance(0, 8), Distance::kRemoteNode);
+    EXPECT_EQ(b.distance(0, 8), Distance::kRemotePackage);
     EXPECT_TRUE(a.pus().empty());  // NOLINT(bugprone-use-after-move): the moved-from state is specified
     EXPECT_EQ(a.coreCount(), 0u);
     EXPECT_EQ(a.nodeCount(), 0u);
