@@ -120,7 +120,8 @@ Result<void> RuntimeImpl::start() noexcept {
         for (unsigned i = 0; i < count; ++i) {
             CarrierConfig cfg;
             cfg.index = i;
-            cfg.pu = canBind ? static_cast<int>(topology_->pus()[i % topology_->pus().size()].os) : -1;
+            cfg.logicalPu = topology_ ? static_cast<int>(topology_->pus()[i % topology_->pus().size()].os) : -1;
+            cfg.pu = canBind ? cfg.logicalPu : -1;
             cfg.ring.entries = options_.ringEntries;
             cfg.ring.deferTaskrun = options_.deferTaskrun;
             cfg.ring.sqpoll = options_.sqpoll;

@@ -50,6 +50,7 @@ struct Completion {
 struct CarrierConfig {
     unsigned index = 0;
     int pu = -1;                  // OS index to bind to; -1: do not bind
+    int logicalPu = -1;           // the PU it stands for in the topology, bound or not (simulation); -1: none
     uring::RingOptions ring;
     size_t stackSize = 64 * 1024;
     unsigned fixedBufferCount = 0;  // registered buffers (RuntimeOptions::fixedBufferCount)
@@ -153,6 +154,9 @@ public:
     /// The counters, for the owner to bump. Precondition: on this carrier's thread.
     [[nodiscard]] Stats& ownStats() noexcept { return stats_; }
     [[nodiscard]] int boundPu() const noexcept { return boundPu_; }
+    /// The topology PU (OS index) this carrier stands for, even when it runs unbound (a synthetic or
+    /// XML topology); -1 without a topology. Steal order and distance classes use it.
+    [[nodiscard]] int logicalPu() const noexcept { return config_.logicalPu; }
 
 private:
     void threadMain() noexcept;
