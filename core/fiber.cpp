@@ -154,6 +154,12 @@ void requestCancel(Fiber* fiber) noexcept {
     if (fiber->cancelRequested_.exchange(true, std::memory_order_seq_cst)) { return; }
     Carrier* on = fiber->waitOn_.load(std::memory_order_seq_cst);
     if (on == nullptr) { return; }
+    if (on == Carrier::current()) {
+        // The canceller runs on the carrier that holds the wait: end it now, no message. Only this
+        // thread clears waitOn_, so the wait is still on.
+        on->cancelWaitHere(fiber);
+        return;
+    }
     // A message already queued reads the fiber's state afresh when handled, and so sees this request.
     if (fiber->cancelMsgQueued_.exchange(true, std::memory_order_seq_cst)) { return; }
     fiber->refs_.fetch_add(1, std::memory_order_relaxed);  // dropped by the carrier that handles it

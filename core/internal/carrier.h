@@ -116,6 +116,11 @@ public:
     /// An SQE that produces no CQE to wait for (tag kIgnore, skip-success).
     io_uring_sqe* acquireUntrackedSqe() noexcept { return ring_.acquireSqe(); }
 
+    /// Ends `fiber`'s cancellable wait on this carrier early: queues an ASYNC_CANCEL for its I/O, or
+    /// fires its timer with -ECANCELED. Precondition: on this carrier's thread, and fiber->waitOn_
+    /// names this carrier (kCancelWait handling, or a cancel() made on this carrier).
+    void cancelWaitHere(Fiber* fiber) noexcept;
+
     // --- timers ---
     /// Arms `entry` to fire at `deadlineNs`. Returns false (nothing armed) during shutdown.
     bool addTimer(TimerEntry* entry, uint64_t deadlineNs) noexcept;
@@ -176,8 +181,6 @@ private:
     void expireTimers() noexcept;
     /// Ends a timer wait (owner thread): clears its fiber's cancellable wait, then sets `fired`.
     static void fireTimer(TimerEntry* entry, int32_t res) noexcept;
-    /// Ends `fiber`'s cancellable wait on this carrier early (kCancelWait; owner thread).
-    void cancelWaitHere(Fiber* fiber) noexcept;
     void handleCancelWait(Fiber* fiber) noexcept;
     void idle() noexcept;
     void endSpin() noexcept;
