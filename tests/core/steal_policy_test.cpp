@@ -406,10 +406,10 @@ TEST_P(PinnedUnderPolicy, PinnedFibersNeverMove) {
     std::vector<FiberHandle<void>> pinned;
     // All on carrier 0: a pinned fiber that never waits would keep its own carrier busy, and a busy
     // carrier does not steal.
+    constexpr int home = 0;
     for (unsigned i = 0; i < 12; ++i) {
-        const int home = 0;
         auto h = rt->spawn(
-            [&, home] {
+            [&] {
                 if (this_fiber::carrierIndex() != home) { pinnedMoves.fetch_add(1); }
                 while (!baitDone.load(std::memory_order_relaxed)) {
                     this_fiber::yield();
