@@ -113,6 +113,11 @@ __attribute__((noinline)) Carrier* Carrier::current() noexcept {
 Carrier::Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept
     : deque_(8), pool_(config.stackSize), runtime_(runtime), stoppingFlag_(&runtime->stoppingFlag()), config_(config) {
     eventCompletion_.fn = nullptr;
+    // Distinct, non-zero xorshift seeds per carrier (splitmix64 of the index).
+    uint64_t z = (uint64_t{config.index} + 1) * 0x9E3779B97F4A7C15ull;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    rng_ = (z ^ (z >> 31)) | 1;
 }
 
 Carrier::~Carrier() {
@@ -341,6 +346,8 @@ void Carrier::pushYielded(Fiber* fiber) noexcept {
 
 void Carrier::prepareToRun(Fiber* fiber) noexcept {
     current_ = fiber;
+    if (fiber->carrier_ != this && fiber->hasRun_) { Stats::bump(stats_.fibersMigrated); }
+    fiber->hasRun_ = true;
     fiber->carrier_ = this;
     fiber->waitReason_ = nullptr;
     fiber->state_.store(FiberState::kRunning, std::memory_order_relaxed);
@@ -669,14 +676,94 @@ Fiber* Carrier::stealOne() noexcept {
     return nullptr;
 }
 
+void Carrier::setVictims(std::vector<StealVictim> victims) noexcept {
+    victims_ = std::move(victims);
+    localVictims_ = 0;
+    while (localVictims_ < victims_.size() && !numa::crossesNode(victims_[localVictims_].distance)) {
+        ++localVictims_;
+    }
+}
+
+uint64_t Carrier::nextRandom() noexcept {
+    rng_ ^= rng_ << 13;
+    rng_ ^= rng_ >> 7;
+    rng_ ^= rng_ << 17;
+    return rng_;
+}
+
+Fiber* Carrier::stealFrom(const StealVictim& v) noexcept {
+    if (!v.carrier->hasStealable()) { return nullptr; }
+    const auto cls = static_cast<size_t>(v.distance);
+    Stats::bump(stats_.stealAttempts[cls]);
+    Fiber* f = v.carrier->stealOne();
+    if (f != nullptr) {
+        Stats::bump(stats_.stealSuccesses[cls]);
+        Stats::bump(stats_.steals);
+    }
+    return f;
+}
+
+// The idle path: no allocation, one pass over the victims at most. Pinned fibers never reach a deque
+// (pushReady and maintenance's hand-off keep them in the owner-only FIFO), so none can be stolen here.
 Fiber* Carrier::trySteal() noexcept {
-    for (Carrier* victim : victims_) {
-        if (Fiber* f = victim->stealOne()) {
-            stats_.steals.store(stats_.steals.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-            return f;
+    const size_t n = victims_.size();
+    switch (config_.stealPolicy) {
+        case StealPolicy::kNone:
+            return nullptr;
+        case StealPolicy::kRandom: {
+            if (n == 0) { return nullptr; }
+            const size_t start = static_cast<size_t>(nextRandom() % n);
+            for (size_t k = 0; k < n; ++k) {
+                if (Fiber* f = stealFrom(victims_[(start + k) % n])) { return f; }
+            }
+            return nullptr;
         }
+        case StealPolicy::kLocalOnly:
+        case StealPolicy::kNuma:
+            for (size_t i = 0; i < localVictims_; ++i) {
+                if (Fiber* f = stealFrom(victims_[i])) { return f; }
+            }
+            if (config_.stealPolicy == StealPolicy::kLocalOnly) { return nullptr; }
+            // Every victim on this node looked empty: cross only for a victim with a real backlog, so
+            // a fiber leaves its node (and its stack's memory) only when it would otherwise wait.
+            for (size_t i = localVictims_; i < n; ++i) {
+                if (victims_[i].carrier->queuedApprox() > config_.crossNodeThreshold) {
+                    if (Fiber* f = stealFrom(victims_[i])) { return f; }
+                }
+            }
+            return nullptr;
     }
     return nullptr;
+}
+
+bool Carrier::mayStealFrom(const Carrier* victim) const noexcept {
+    if (victim == this) { return false; }
+    switch (config_.stealPolicy) {
+        case StealPolicy::kNone:
+            return false;
+        case StealPolicy::kRandom:
+            return victim->hasStealable();
+        case StealPolicy::kLocalOnly:
+            return victim->config_.node == config_.node && victim->hasStealable();
+        case StealPolicy::kNuma:
+            return victim->config_.node == config_.node ? victim->hasStealable()
+                                                        : victim->queuedApprox() > config_.crossNodeThreshold;
+    }
+    return false;
+}
+
+bool Carrier::canStealAny() const noexcept {
+    for (const StealVictim& v : victims_) {
+        if (mayStealFrom(v.carrier)) { return true; }
+    }
+    return false;
+}
+
+void Carrier::addIdle(uint64_t since) noexcept {
+    const uint64_t now = nowNs();
+    if (now > since) {
+        stats_.idleNs.store(stats_.idleNs.load(std::memory_order_relaxed) + (now - since), std::memory_order_relaxed);
+    }
 }
 
 // Out of work: park, or (kSpin, kHybrid) pause once and let the loop poll again.
@@ -691,7 +778,7 @@ void Carrier::idle() noexcept {
         spinning_ = true;
         runtime_->spinningCount_.fetch_add(1, std::memory_order_relaxed);
         stats_.idleSpins.store(stats_.idleSpins.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-        if (config_.pollMode == PollMode::kHybrid) { spinSince_ = nowNs(); }
+        spinSince_ = nowNs();  // kHybrid's spin budget, and the idle time counted by endSpin()
     } else if (config_.pollMode == PollMode::kHybrid && nowNs() - spinSince_ >= config_.spinNs) {
         endSpin();
         park();
@@ -705,6 +792,7 @@ void Carrier::idle() noexcept {
 }
 
 void Carrier::endSpin() noexcept {
+    addIdle(spinSince_);
     spinning_ = false;
     runtime_->spinningCount_.fetch_sub(1, std::memory_order_relaxed);
 }
@@ -714,7 +802,7 @@ void Carrier::park() noexcept {
     runtime_->parkedCount_.fetch_add(1, std::memory_order_seq_cst);
     // Look again now that wakers can see us parked (each side of the handshake
     // stores, then loads, with seq_cst; one of the two sees the other).
-    const bool work = !inbox_.empty() || runtime_->anyStealable(this) || (!shutdownSeen_ && stopping()) ||
+    const bool work = !inbox_.empty() || canStealAny() || (!shutdownSeen_ && stopping()) ||
                       readyToExit();
     if (!work) {
         __kernel_timespec ts{};
@@ -729,7 +817,9 @@ void Carrier::park() noexcept {
         }
         if (timeout == nullptr || ts.tv_sec != 0 || ts.tv_nsec != 0) {
             stats_.parks.store(stats_.parks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            const uint64_t parkedAt = nowNs();
             int r = ring_.submitAndWait(timeout);
+            addIdle(parkedAt);
             if (r < 0 && r != -ETIME && r != -EINTR) {
                 log::warn("carrier {}: io_uring wait failed: {}", config_.index, std::strerror(-r));
             }

@@ -22,6 +22,7 @@ constexpr unsigned kMaxFixedFileSlots = 1u << 20;
 // No carrier needs more pinned memory than this; a larger pool is a typo (a size in KiB taken for pages).
 constexpr size_t kMaxFixedPoolBytes = size_t{16} << 30;
 constexpr size_t kFixedBufferAlign = 4096;
+constexpr unsigned kMaxStealThreshold = 1'000'000;
 
 Result<void> validateFixedOptions(const RuntimeOptions& o) noexcept {
     if (o.fixedBufferCount > kMaxFixedBuffers) {
@@ -105,6 +106,13 @@ Result<void> RuntimeImpl::start() noexcept {
                    mode, options_.spinMicros, options_.sqThreadIdleMs);
         return Error{EINVAL};
     }
+    const auto policy = static_cast<unsigned>(options_.stealPolicy);
+    if (policy > static_cast<unsigned>(StealPolicy::kNone) || options_.crossNodeStealThreshold > kMaxStealThreshold) {
+        log::error("invalid runtime options: stealPolicy {} (0 numa, 1 random, 2 local-only, 3 none), "
+                   "crossNodeStealThreshold {} (0..{})",
+                   policy, options_.crossNodeStealThreshold, kMaxStealThreshold);
+        return Error{EINVAL};
+    }
     if (auto r = loadTopology(); !r) { return r; }
     // The waiter table sizes itself and places its buckets from the machine's topology as seen by the
     // calling thread; built later, from a pinned carrier, it would see one PU.
@@ -133,25 +141,37 @@ Result<void> RuntimeImpl::start() noexcept {
             cfg.fixedFileSlots = options_.fixedFileSlots;
             cfg.pollMode = options_.pollMode;
             cfg.spinNs = uint64_t{options_.spinMicros} * 1000u;
+            cfg.node = cfg.logicalPu >= 0 ? topology_->nodeOf(static_cast<unsigned>(cfg.logicalPu)) : 0;
+            cfg.stealPolicy = options_.stealPolicy;
+            cfg.crossNodeThreshold = options_.crossNodeStealThreshold;
             carriers_.push_back(std::make_unique<Carrier>(this, cfg));
         }
     } catch (const std::bad_alloc&) {
         carriers_.clear();
         return Error{ENOMEM};
     }
-    // Victims nearest first where the topology says who is near; index order otherwise.
-    for (auto& c : carriers_) {
-        std::vector<Carrier*> victims;
-        for (unsigned k = 1; k < count; ++k) { victims.push_back(carriers_[(c->index() + k) % count].get()); }
-        if (canBind) {
-            std::stable_sort(victims.begin(), victims.end(), [&](Carrier* a, Carrier* b) {
-                const unsigned self = static_cast<unsigned>(topology_->pus()[c->index() % topology_->pus().size()].os);
-                const unsigned pa = static_cast<unsigned>(topology_->pus()[a->index() % topology_->pus().size()].os);
-                const unsigned pb = static_cast<unsigned>(topology_->pus()[b->index() % topology_->pus().size()].os);
-                return topology_->distance(self, pa) < topology_->distance(self, pb);
-            });
+    // Victims nearest first by the distance between logical PUs (bound or simulated alike); ties in index
+    // order starting after the thief, so carriers of one class do not all try the same victim first.
+    // Without a topology every victim counts as kSameNode: nothing is known to be far.
+    try {
+        for (auto& c : carriers_) {
+            std::vector<StealVictim> victims;
+            victims.reserve(count);
+            for (unsigned k = 1; k < count; ++k) {
+                Carrier* v = carriers_[(c->index() + k) % count].get();
+                numa::Distance d = numa::Distance::kSameNode;
+                if (topology_ && c->logicalPu() >= 0 && v->logicalPu() >= 0) {
+                    d = topology_->distance(static_cast<unsigned>(c->logicalPu()), static_cast<unsigned>(v->logicalPu()));
+                }
+                victims.push_back(StealVictim{v, d});
+            }
+            std::stable_sort(victims.begin(), victims.end(),
+                             [](const StealVictim& a, const StealVictim& b) { return a.distance < b.distance; });
+            c->setVictims(std::move(victims));
         }
-        c->setVictims(std::move(victims));
+    } catch (const std::bad_alloc&) {
+        carriers_.clear();
+        return Error{ENOMEM};
     }
     for (auto& c : carriers_) {
         if (auto r = c->start(); !r) {
@@ -212,10 +232,12 @@ void RuntimeImpl::wakeIdle(const Carrier* from) noexcept {
     // parked carrier, or it sees the work we just queued.
     std::atomic_thread_fence(std::memory_order_seq_cst);
     if (parkedCount_.load(std::memory_order_relaxed) == 0) { return; }
-    const size_t n = carriers_.size();
-    for (size_t k = 1; k < n; ++k) {
-        Carrier* c = carriers_[(from->index() + k) % n].get();
-        if (c->isParked()) {
+    // Nearest parked carrier first, and only one whose steal policy lets it take from `from`: waking a
+    // carrier that may not steal this work (kNone, another node under kLocalOnly, or under kNuma while
+    // the backlog is within the threshold) would only make it park again.
+    for (const StealVictim& v : from->victims()) {
+        Carrier* c = v.carrier;
+        if (c->isParked() && c->mayStealFrom(from)) {
             c->wake();
             return;
         }
@@ -224,13 +246,6 @@ void RuntimeImpl::wakeIdle(const Carrier* from) noexcept {
 
 void RuntimeImpl::wakeAll() noexcept {
     for (auto& c : carriers_) { c->wake(); }
-}
-
-bool RuntimeImpl::anyStealable(const Carrier* self) const noexcept {
-    for (auto& c : carriers_) {
-        if (c.get() != self && c->hasStealable()) { return true; }
-    }
-    return false;
 }
 
 void RuntimeImpl::shutdown() noexcept {
@@ -310,7 +325,68 @@ std::vector<CarrierStats> Runtime::stats() const {
         s.fixedFileIo = c->stats().fixedFileIo.load(std::memory_order_relaxed);
         s.fixedFileFallbackIo = c->stats().fixedFileFallbackIo.load(std::memory_order_relaxed);
         s.ring = c->ring().features().describe();
+        s.logicalPu = c->logicalPu();
+        s.node = c->node();
+        for (size_t k = 0; k < numa::kDistanceClassCount; ++k) {
+            s.stealAttempts[k] = c->stats().stealAttempts[k].load(std::memory_order_relaxed);
+            s.stealSuccesses[k] = c->stats().stealSuccesses[k].load(std::memory_order_relaxed);
+        }
+        s.fibersMigrated = c->stats().fibersMigrated.load(std::memory_order_relaxed);
+        s.idleNs = c->stats().idleNs.load(std::memory_order_relaxed);
         out.push_back(std::move(s));
+    }
+    return out;
+}
+
+Result<std::vector<Victim>> Runtime::victimOrder(unsigned carrier) const {
+    const auto& carriers = impl_->carriers();
+    if (carrier >= carriers.size()) { return Error{EINVAL}; }
+    std::vector<Victim> out;
+    for (const detail::StealVictim& v : carriers[carrier]->victims()) {
+        out.push_back(Victim{v.carrier->index(), v.distance});
+    }
+    return out;
+}
+
+const numa::Topology* Runtime::topology() const noexcept { return impl_->topology(); }
+
+const char* toString(StealPolicy policy) noexcept {
+    switch (policy) {
+        case StealPolicy::kNuma: return "numa";
+        case StealPolicy::kRandom: return "random";
+        case StealPolicy::kLocalOnly: return "local-only";
+        case StealPolicy::kNone: return "none";
+    }
+    return "unknown";
+}
+
+Result<StealPolicy> parseStealPolicy(std::string_view name) noexcept {
+    for (StealPolicy p : {StealPolicy::kNuma, StealPolicy::kRandom, StealPolicy::kLocalOnly, StealPolicy::kNone}) {
+        if (name == toString(p)) { return p; }
+    }
+    return Error{EINVAL};
+}
+
+uint64_t CarrierStats::crossNodeSteals() const noexcept {
+    uint64_t n = 0;
+    for (size_t k = 0; k < numa::kDistanceClassCount; ++k) {
+        if (numa::crossesNode(static_cast<numa::Distance>(k))) { n += stealSuccesses[k]; }
+    }
+    return n;
+}
+
+std::string formatStealStats(const std::vector<CarrierStats>& stats) {
+    std::string out;
+    for (const CarrierStats& s : stats) {
+        out += fmt::format("carrier {} (pu {}, node {}): run {} steals", s.index, s.logicalPu, s.node, s.fibersRun);
+        for (size_t k = 1; k < numa::kDistanceClassCount; ++k) {  // kSamePu only for carriers sharing a PU
+            out += fmt::format(" {} {}/{}", numa::toString(static_cast<numa::Distance>(k)), s.stealSuccesses[k],
+                               s.stealAttempts[k]);
+        }
+        if (s.stealSuccesses[0] + s.stealAttempts[0] > 0) {
+            out += fmt::format(" same-pu {}/{}", s.stealSuccesses[0], s.stealAttempts[0]);
+        }
+        out += fmt::format(" migrated {} idle {:.1f} ms\n", s.fibersMigrated, static_cast<double>(s.idleNs) / 1e6);
     }
     return out;
 }

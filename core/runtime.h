@@ -23,14 +23,17 @@
 /// the plain fallback (core/fixed.h); a refused SQPOLL is logged and the ring
 /// runs without it.
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <type_traits>
 #include <vector>
 
 #include "base/result.h"
 #include "core/fiber.h"
+#include "numa/topology.h"
 
 namespace spindle {
 
@@ -41,6 +44,22 @@ enum class PollMode : uint8_t {
               // burns 100% of each carrier's CPU when idle, and no waker ever pays for a wake-up
     kHybrid,  // spin for spinMicros after running out of work, then park as kBlock does
 };
+
+/// Where an idle carrier looks for work (RuntimeOptions::stealPolicy; docs/RUNTIME.md, "Work stealing
+/// across NUMA nodes"). Distances are those of numa::Distance, from each carrier's logical PU.
+enum class StealPolicy : uint8_t {
+    kNuma,       // nearest victims first; another node only when every victim on this node is empty and the
+                 // remote victim has more than crossNodeStealThreshold runnable fibers queued
+    kRandom,     // a victim chosen at random on each attempt, any node (the baseline)
+    kLocalOnly,  // only victims on this carrier's NUMA node
+    kNone,       // never steal: a fiber runs where it was spawned or woken
+};
+
+/// "numa", "random", "local-only" or "none".
+const char* toString(StealPolicy policy) noexcept;
+/// The policy named by toString()'s spelling.
+/// Errors: EINVAL for any other text.
+[[nodiscard]] Result<StealPolicy> parseStealPolicy(std::string_view name) noexcept;
 
 struct RuntimeOptions {
     unsigned carriers = 0;          // 0: one per core of the process cpuset
@@ -62,6 +81,16 @@ struct RuntimeOptions {
     // PU) when carriers are bound. Excludes DEFER_TASKRUN. Refused by the kernel: logged, ring runs without.
     bool sqpoll = false;
     unsigned sqThreadIdleMs = 10;   // with sqpoll: the SQ thread sleeps after this long idle (1..60,000)
+    StealPolicy stealPolicy = StealPolicy::kNuma;
+    // kNuma: a steal crosses a NUMA node only from a victim with more than this many runnable fibers
+    // queued (0..1,000,000; 0: any non-empty remote victim, once the local ones are empty).
+    unsigned crossNodeStealThreshold = 2;
+};
+
+/// One entry of a carrier's victim order (Runtime::victimOrder).
+struct Victim {
+    unsigned carrier = 0;                                        // the victim's index
+    numa::Distance distance = numa::Distance::kRemotePackage;    // from the thief's logical PU to the victim's
 };
 
 /// Counters of one carrier (read racily; for reports and tests).
@@ -86,7 +115,24 @@ struct CarrierStats {
     uint64_t fixedFileIo = 0;       // FixedFile calls submitted here with the registered slot
     uint64_t fixedFileFallbackIo = 0;  // ... submitted here with the plain fd
     std::string ring;               // the ring's probed features (sqpoll, sq_thread_cpu, taskrun_flag, ...)
+    // Work stealing (RuntimeOptions::stealPolicy), indexed by numa::Distance from this carrier to the victim.
+    // An attempt is a victim that looked stealable (non-empty; above the threshold for a kNuma cross-node
+    // steal) and was tried; a success took a fiber. sum(stealSuccesses) == steals.
+    int logicalPu = -1;             // the topology PU it stands for, bound or not; -1: no topology
+    unsigned node = 0;              // logical NUMA node of logicalPu (0 without a topology)
+    std::array<uint64_t, numa::kDistanceClassCount> stealAttempts{};
+    std::array<uint64_t, numa::kDistanceClassCount> stealSuccesses{};
+    uint64_t fibersMigrated = 0;    // fibers that started running here after last running on another carrier
+    uint64_t idleNs = 0;            // time parked in io_uring_enter or spinning idle (kSpin, kHybrid)
+
+    /// Steals that left the NUMA node (stealSuccesses at numa::crossesNode distances).
+    [[nodiscard]] uint64_t crossNodeSteals() const noexcept;
 };
+
+/// One line per carrier with its steal counters by distance class, migrations and idle time, e.g.
+/// "carrier 3 (pu 6, node 1): run 40 steals same-core 0/0 same-cache 4/5 ... migrated 4 idle 12.5 ms"
+/// (steals: successes/attempts per distance class).
+[[nodiscard]] std::string formatStealStats(const std::vector<CarrierStats>& stats);
 
 namespace detail {
 class RuntimeImpl;
@@ -168,6 +214,12 @@ public:
     [[nodiscard]] unsigned carrierCount() const noexcept;
     [[nodiscard]] uint64_t liveFibers() const noexcept;
     [[nodiscard]] std::vector<CarrierStats> stats() const;
+    /// The victims carrier `carrier` tries, in the order its steal policy walks them when every one is
+    /// non-empty (kRandom: the order its random start rotates through), with each victim's distance.
+    /// Errors: EINVAL for a carrier index out of range.
+    [[nodiscard]] Result<std::vector<Victim>> victimOrder(unsigned carrier) const;
+    /// The topology the carriers were placed on, or nullptr when hwloc could not read this machine.
+    [[nodiscard]] const numa::Topology* topology() const noexcept;
     /// One line about the machine and the carriers' placement.
     [[nodiscard]] std::string describe() const;
 

@@ -14,6 +14,7 @@
 /// Thread-safety: everything is owner-only except post() (any thread), the
 /// deque's steal side, parked_, and the stats (read racily).
 
+#include <array>
 #include <atomic>
 #include <cstdint>
 #include <thread>
@@ -27,6 +28,7 @@
 #include "core/internal/mpsc_queue.h"
 #include "core/internal/stack_pool.h"
 #include "core/runtime.h"
+#include "numa/topology.h"
 #include "uring/ring.h"
 
 namespace spindle::detail {
@@ -58,6 +60,15 @@ struct CarrierConfig {
     unsigned fixedFileSlots = 0;    // registered-file table size (RuntimeOptions::fixedFileSlots)
     PollMode pollMode = PollMode::kBlock;
     uint64_t spinNs = 50'000;     // kHybrid: how long an idle spell spins before parking
+    unsigned node = 0;            // logical NUMA node of logicalPu (0 without a topology)
+    StealPolicy stealPolicy = StealPolicy::kNuma;
+    unsigned crossNodeThreshold = 2;  // RuntimeOptions::crossNodeStealThreshold
+};
+
+/// A carrier to steal from, and how far it is from the thief (numa::Distance from logical PUs).
+struct StealVictim {
+    class Carrier* carrier = nullptr;
+    numa::Distance distance = numa::Distance::kRemotePackage;
 };
 
 class alignas(64) Carrier {
@@ -136,7 +147,13 @@ public:
     [[nodiscard]] bool isParked() const noexcept { return parked_.load(std::memory_order_seq_cst); }
     /// Claims the right to wake this parked carrier (one waker wins).
     bool claimWake() noexcept { return parked_.load(std::memory_order_seq_cst) && parked_.exchange(false); }
-    void setVictims(std::vector<Carrier*> victims) noexcept { victims_ = std::move(victims); }
+    /// Installs the victim list. Precondition: before start(); `victims` sorted nearest first.
+    void setVictims(std::vector<StealVictim> victims) noexcept;
+    [[nodiscard]] const std::vector<StealVictim>& victims() const noexcept { return victims_; }
+    /// Whether this carrier's policy lets it take a fiber from `victim` now (any thread; racy by nature):
+    /// what a waker asks before waking a parked carrier for the work `victim` has queued.
+    [[nodiscard]] bool mayStealFrom(const Carrier* victim) const noexcept;
+    [[nodiscard]] unsigned node() const noexcept { return config_.node; }
 
     struct Stats {
         std::atomic<uint64_t> fibersRun{0};
@@ -149,6 +166,11 @@ public:
         std::atomic<uint64_t> fixedFallbackIo{0};      // ... through plain read/write (other carrier, unregistered)
         std::atomic<uint64_t> fixedFileIo{0};          // FixedFile calls through the registered slot
         std::atomic<uint64_t> fixedFileFallbackIo{0};  // ... through the plain fd
+        // Indexed by numa::Distance to the victim; see CarrierStats.
+        std::array<std::atomic<uint64_t>, numa::kDistanceClassCount> stealAttempts{};
+        std::array<std::atomic<uint64_t>, numa::kDistanceClassCount> stealSuccesses{};
+        std::atomic<uint64_t> fibersMigrated{0};
+        std::atomic<uint64_t> idleNs{0};
 
         /// One more, from the owner (a relaxed load and store, no locked instruction).
         static void bump(std::atomic<uint64_t>& counter) noexcept {
@@ -186,6 +208,14 @@ private:
     void endSpin() noexcept;
     void park() noexcept;
     Fiber* trySteal() noexcept;
+    /// Takes a fiber from victims_[i] if it looks non-empty, counting the attempt and the success.
+    Fiber* stealFrom(const StealVictim& victim) noexcept;
+    /// Whether trySteal() could find something now (park()'s last look; policy-aware).
+    bool canStealAny() const noexcept;
+    /// A cheap per-carrier xorshift64 (kRandom's victim choice). Owner only.
+    uint64_t nextRandom() noexcept;
+    /// Adds the idle time since `since` to the stats. Owner only.
+    void addIdle(uint64_t since) noexcept;
     void beginShutdown() noexcept;
     bool readyToExit() const noexcept;
     void armEventFd() noexcept;
@@ -219,7 +249,10 @@ private:
     StackPool pool_;
     FixedBufferPool fixedBuffers_;
     FixedFileTable fixedFiles_;
-    std::vector<Carrier*> victims_;
+    // Sorted nearest first; victims_[0, localVictims_) share this carrier's NUMA node.
+    std::vector<StealVictim> victims_;
+    size_t localVictims_ = 0;
+    uint64_t rng_ = 0;                  // xorshift64 state, never 0
 
     // Shared with other threads.
     alignas(64) IntrusiveMpscQueue inbox_;

@@ -81,6 +81,7 @@ public:
     bool proxy_ = false;                 // a plain thread's stand-in (ProxyFiber)
     bool joined_ = false;                // join() took the result (set before the last release)
     uint16_t pinCount_ = 0;              // > 0: never stolen, never moved
+    bool hasRun_ = false;                // it has run at least once (on carrier_): counts migrations
     Fiber* nextLocal_ = nullptr;         // hook for the carrier's owner-only FIFO
     Message msg_;                        // hook for the carrier's inbox (kind kRunFiber)
 

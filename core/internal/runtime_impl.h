@@ -45,8 +45,6 @@ public:
     /// `from` has more runnable fibers than it can run at once.
     void wakeIdle(const Carrier* from) noexcept;
     void wakeAll() noexcept;
-    /// Whether any carrier but `self` has fibers to steal.
-    bool anyStealable(const Carrier* self) const noexcept;
 
     std::atomic<uint32_t> parkedCount_{0};
     /// Carriers idle but spinning (kSpin, kHybrid): they steal, and need no wake-up.
