@@ -113,6 +113,9 @@ __attribute__((noinline)) Carrier* Carrier::current() noexcept {
 Carrier::Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept
     : deque_(8), pool_(config.stackSize), runtime_(runtime), stoppingFlag_(&runtime->stoppingFlag()), config_(config) {
     eventCompletion_.fn = nullptr;
+    if (runtime->topology() != nullptr && config.logicalPu >= 0) {
+        memoryNode_ = static_cast<int>(runtime->topology()->memoryNodeOf(static_cast<unsigned>(config.logicalPu)));
+    }
 }
 
 Carrier::~Carrier() {
@@ -177,6 +180,7 @@ Result<void> Carrier::setUp() noexcept {
             log::warn("carrier {} runs unbound (binding to PU {} failed)", config_.index, config_.pu);
         }
     }
+    setUpNodeMemory();
 
     // The alternate stack on which a stack overflow is reported.
     altStack_ = ::mmap(nullptr, kAltStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -231,6 +235,23 @@ Result<void> Carrier::setUp() noexcept {
     }
     if (auto r = fixedFiles_.setUp(this, ring_, config_.fixedFileSlots); !r) { return r; }
     return {};
+}
+
+void Carrier::setUpNodeMemory() noexcept {
+    const numa::Topology* topo = runtime_->topology();
+    if (topo == nullptr || memoryNode_ < 0) { return; }
+    const auto node = static_cast<unsigned>(memoryNode_);
+    pool_.bindToNode(topo, node);
+    // liburing 2.3 cannot hand the ring memory we allocate (io_uring_queue_init_mem came in 2.5), so
+    // the thread's policy is set before the ring: the kernel allocates the rings for this thread, on
+    // this node. It stays for the thread's life, so its other allocations prefer the node too.
+    if (boundPu_ < 0) { return; }  // an unbound thread may run anywhere: no node to prefer
+    if (auto r = topo->bindCurrentThreadMemory(node)) {
+        threadMemoryBound_ = true;
+    } else {
+        log::warn("carrier {}: ring and thread memory not bound to NUMA node {}: {}", config_.index, node,
+                  r.error().message());
+    }
 }
 
 void Carrier::tearDown() noexcept {

@@ -11,6 +11,11 @@
 /// Thread-safety: acquire() on the owner thread only. release() from any
 /// thread: a stranger's release goes through a lock-free list the owner drains.
 /// Errors: acquire() returns ENOMEM when mmap or mprotect fail.
+///
+/// Memory: after bindToNode(), each stack the pool maps is bound to the carrier's NUMA node
+/// (numa::Topology::bindArea), so a fiber's stack stays node-local even when the fiber is
+/// stolen and first touches it on another node. A refused binding is logged once and the
+/// pool maps unbound stacks from then on; acquire() never fails because of it.
 
 #include <atomic>
 #include <cstddef>
@@ -19,6 +24,10 @@
 #include "base/result.h"
 #include "core/internal/fiber.h"
 #include "core/internal/mpsc_queue.h"
+
+namespace spindle::numa {
+class Topology;
+}  // namespace spindle::numa
 
 namespace spindle::detail {
 
@@ -36,6 +45,15 @@ public:
     /// Binds the pool to the calling thread (the carrier's).
     void claimForThisThread() noexcept;
     [[nodiscard]] bool ownedByThisThread() const noexcept;
+
+    /// From now on, binds each stack it maps to NUMA node `node` of `topology` (which must
+    /// outlive the pool). A topology that is not this machine (synthetic, XML, fallback) is
+    /// not asked: that is logged once per process (info) and stacks stay unbound.
+    /// Precondition: on the owner thread, before acquire().
+    void bindToNode(const numa::Topology* topology, unsigned node) noexcept;
+    /// Whether the stacks it maps are being bound to a node: bindToNode() was given this
+    /// machine's topology and no binding has been refused. Any thread (racy read).
+    [[nodiscard]] bool nodeBound() const noexcept { return nodeBound_.load(std::memory_order_relaxed); }
 
     /// A stack of usableSize() bytes. Precondition: on the owner thread.
     Result<Stack> acquire() noexcept;
@@ -62,6 +80,8 @@ private:
     static FreeNode* nodeOf(const Stack& stack) noexcept;
     void pushLocal(Stack stack) noexcept;
     void drainRemote() noexcept;
+    // Binds a freshly mapped stack to node_; on refusal logs once and stops binding.
+    void bindStack(const Stack& stack) noexcept;
 
     size_t usableSize_;
     size_t hotCount_;
@@ -70,6 +90,9 @@ private:
     FreeNode* freeList_ = nullptr;
     size_t cachedCount_ = 0;
     std::atomic<uint64_t> mappedCount_{0};  // written by the owner, read by anyone
+    const numa::Topology* topology_ = nullptr;  // non-null: bind new stacks to node_ (owner thread only)
+    unsigned node_ = 0;
+    std::atomic<bool> nodeBound_{false};        // topology_ != nullptr, mirrored for other threads
     IntrusiveMpscQueue remote_;
 };
 
