@@ -245,9 +245,14 @@ void Carrier::setUpNodeMemory() noexcept {
     // liburing 2.3 cannot hand the ring memory we allocate (io_uring_queue_init_mem came in 2.5), so
     // the thread's policy is set before the ring: the kernel allocates the rings for this thread, on
     // this node. It stays for the thread's life, so its other allocations prefer the node too.
-    if (boundPu_ < 0) { return; }  // an unbound thread may run anywhere: no node to prefer
+    // An unbound thread may run anywhere: no node to prefer. The fallback topology knows no node
+    // (machine() said so when it fell back).
+    if (boundPu_ < 0 || topo->isFallback()) { return; }
     if (auto r = topo->bindCurrentThreadMemory(node)) {
         threadMemoryBound_ = true;
+    } else if (r.errorCode() == ENOTSUP) {
+        log::info("carrier {}: ring and thread memory not bound to NUMA node {}: hwloc has no thread memory binding "
+                  "here", config_.index, node);
     } else {
         log::warn("carrier {}: ring and thread memory not bound to NUMA node {}: {}", config_.index, node,
                   r.error().message());

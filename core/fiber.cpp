@@ -220,11 +220,11 @@ Result<Fiber*> createFiber(RuntimeImpl* rt, const SpawnOptions& options, size_t 
         } else {
             // Only the owner touches the pool's free list; a stranger maps a fresh
             // stack that joins the pool when it is released.
-            stack = StackPool::map(stackSize);
+            stack = pool.mapBound(stackSize);
             if (stack) { stack->pool = &pool; }
         }
     } else {
-        stack = StackPool::map(stackSize);
+        stack = pool.mapBound(stackSize);  // another size: on the carrier's node, unmapped on release
     }
     if (!stack) {
         rt->retireFiber();

@@ -77,7 +77,6 @@ StackPool::FreeNode* StackPool::nodeOf(const Stack& stack) noexcept {
 
 void StackPool::bindToNode(const numa::Topology* topology, unsigned node) noexcept {
     SPINDLE_ASSERT(ownedByThisThread());
-    topology_ = nullptr;
     nodeBound_.store(false, std::memory_order_relaxed);
     if (topology == nullptr) { return; }
     if (topology->isSynthetic() || topology->isFallback()) {
@@ -90,17 +89,23 @@ void StackPool::bindToNode(const numa::Topology* topology, unsigned node) noexce
     }
     topology_ = topology;
     node_ = node;
-    nodeBound_.store(true, std::memory_order_relaxed);
+    nodeBound_.store(true, std::memory_order_release);  // publishes topology_ and node_
+}
+
+Result<Stack> StackPool::mapBound(size_t usableSize) noexcept {
+    auto s = map(usableSize);
+    if (s && nodeBound_.load(std::memory_order_acquire)) { bindStack(*s); }
+    return s;
 }
 
 void StackPool::bindStack(const Stack& stack) noexcept {
     // The guard page is never touched; bind what the fiber uses.
     auto r = topology_->bindArea(stack.base + stack.guardSize, stack.mapSize - stack.guardSize, node_);
     if (r) { return; }
-    log::warn("fiber stacks of this carrier are not bound to NUMA node {} from now on: binding refused ({})", node_,
-              r.error().message());
-    topology_ = nullptr;
-    nodeBound_.store(false, std::memory_order_relaxed);
+    if (nodeBound_.exchange(false, std::memory_order_relaxed)) {
+        log::warn("fiber stacks of this carrier are not bound to NUMA node {} from now on: binding refused ({})",
+                  node_, r.error().message());
+    }
 }
 
 Result<Stack> StackPool::acquire() noexcept {
@@ -113,9 +118,8 @@ Result<Stack> StackPool::acquire() noexcept {
         Stack s = node->stack;
         return s;
     }
-    auto s = map(usableSize_);
+    auto s = mapBound(usableSize_);
     if (!s) { return s; }
-    if (topology_ != nullptr) { bindStack(*s); }
     s->pool = this;
     mappedCount_.store(mappedCount_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     return s;

@@ -67,6 +67,9 @@ public:
     [[nodiscard]] size_t cached() const noexcept { return cachedCount_; }
     [[nodiscard]] uint64_t mapped() const noexcept { return mappedCount_.load(std::memory_order_relaxed); }
 
+    /// map(), then binds the stack to the pool's node as acquire() does (see bindToNode()).
+    /// Any thread: for a stack mapped for this pool's carrier off its thread, or of another size.
+    Result<Stack> mapBound(size_t usableSize) noexcept;
     /// Maps a stack of `usableSize` bytes (rounded up to pages) plus a guard page.
     static Result<Stack> map(size_t usableSize) noexcept;
     static void unmap(const Stack& stack) noexcept;
@@ -80,7 +83,7 @@ private:
     static FreeNode* nodeOf(const Stack& stack) noexcept;
     void pushLocal(Stack stack) noexcept;
     void drainRemote() noexcept;
-    // Binds a freshly mapped stack to node_; on refusal logs once and stops binding.
+    // Binds a freshly mapped stack to node_; on refusal logs once and stops binding. Any thread.
     void bindStack(const Stack& stack) noexcept;
 
     size_t usableSize_;
@@ -90,9 +93,11 @@ private:
     FreeNode* freeList_ = nullptr;
     size_t cachedCount_ = 0;
     std::atomic<uint64_t> mappedCount_{0};  // written by the owner, read by anyone
-    const numa::Topology* topology_ = nullptr;  // non-null: bind new stacks to node_ (owner thread only)
+    // Written once by bindToNode() in the carrier's set-up, before any fiber is spawned on it.
+    const numa::Topology* topology_ = nullptr;
     unsigned node_ = 0;
-    std::atomic<bool> nodeBound_{false};        // topology_ != nullptr, mirrored for other threads
+    // True from bindToNode() (with this machine's topology) until the first refused binding.
+    std::atomic<bool> nodeBound_{false};
     IntrusiveMpscQueue remote_;
 };
 
