@@ -118,6 +118,9 @@ Carrier::Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
     rng_ = (z ^ (z >> 31)) | 1;
+    if (runtime->topology() != nullptr && config.logicalPu >= 0) {
+        memoryNode_ = static_cast<int>(runtime->topology()->memoryNodeOf(static_cast<unsigned>(config.logicalPu)));
+    }
 }
 
 Carrier::~Carrier() {
@@ -182,6 +185,7 @@ Result<void> Carrier::setUp() noexcept {
             log::warn("carrier {} runs unbound (binding to PU {} failed)", config_.index, config_.pu);
         }
     }
+    setUpNodeMemory();
 
     // The alternate stack on which a stack overflow is reported.
     altStack_ = ::mmap(nullptr, kAltStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
@@ -236,6 +240,28 @@ Result<void> Carrier::setUp() noexcept {
     }
     if (auto r = fixedFiles_.setUp(this, ring_, config_.fixedFileSlots); !r) { return r; }
     return {};
+}
+
+void Carrier::setUpNodeMemory() noexcept {
+    const numa::Topology* topo = runtime_->topology();
+    if (topo == nullptr || memoryNode_ < 0) { return; }
+    const auto node = static_cast<unsigned>(memoryNode_);
+    pool_.bindToNode(topo, node);
+    // liburing 2.3 cannot hand the ring memory we allocate (io_uring_queue_init_mem came in 2.5), so
+    // the thread's policy is set before the ring: the kernel allocates the rings for this thread, on
+    // this node. It stays for the thread's life, so its other allocations prefer the node too.
+    // An unbound thread may run anywhere: no node to prefer. The fallback topology knows no node
+    // (machine() said so when it fell back).
+    if (boundPu_ < 0 || topo->isFallback()) { return; }
+    if (auto r = topo->bindCurrentThreadMemory(node)) {
+        threadMemoryBound_ = true;
+    } else if (r.errorCode() == ENOTSUP) {
+        log::info("carrier {}: ring and thread memory not bound to NUMA node {}: hwloc has no thread memory binding "
+                  "here", config_.index, node);
+    } else {
+        log::warn("carrier {}: ring and thread memory not bound to NUMA node {}: {}", config_.index, node,
+                  r.error().message());
+    }
 }
 
 void Carrier::tearDown() noexcept {

@@ -226,11 +226,11 @@ Result<Fiber*> createFiber(RuntimeImpl* rt, const SpawnOptions& options, size_t 
         } else {
             // Only the owner touches the pool's free list; a stranger maps a fresh
             // stack that joins the pool when it is released.
-            stack = StackPool::map(stackSize);
+            stack = pool.mapBound(stackSize);
             if (stack) { stack->pool = &pool; }
         }
     } else {
-        stack = StackPool::map(stackSize);
+        stack = pool.mapBound(stackSize);  // another size: on the carrier's node, unmapped on release
     }
     if (!stack) {
         rt->retireFiber();
@@ -271,7 +271,10 @@ void launchFiber(Fiber* fiber) noexcept {
     Carrier* target = fiber->carrier_;
     if (Carrier::current() == target) {
         target->pushReady(fiber);
-        if (target->queuedApprox() >= 2) { fiber->runtime_->wakeIdle(target); }
+        // The spawner keeps this carrier busy, so even one queued fiber waits: let a parked carrier
+        // come and steal it. (With a threshold of two, a last spawn that left one fiber queued behind
+        // a spawner that then computed without yielding was never run by the idle carriers.)
+        fiber->runtime_->wakeIdle(target);
     } else {
         fiber->state_.store(FiberState::kRunnable, std::memory_order_relaxed);
         target->post(&fiber->msg_);

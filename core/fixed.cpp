@@ -63,7 +63,7 @@ Result<void> FixedBufferPool::setUp(uring::Ring& ring, unsigned carrier, unsigne
     } else if (boundPu < 0) {
         why = "the carrier is not bound to a PU";
     } else {
-        const unsigned node = topology->nodeOf(static_cast<unsigned>(boundPu));
+        const unsigned node = topology->memoryNodeOf(static_cast<unsigned>(boundPu));
         if (auto m = topology->allocOnNode(bytes_, node)) {
             memory_ = static_cast<char*>(*m);
             topology_ = topology;

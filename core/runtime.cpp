@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <thread>
 
 #include "base/log.h"
@@ -67,24 +68,35 @@ RuntimeImpl::~RuntimeImpl() {
 }
 
 Result<void> RuntimeImpl::loadTopology() noexcept {
-    const std::string& t = options_.topology;
-    Result<numa::Topology> topo = Error{EINVAL};
-    if (t.empty()) {
-        topo = numa::Topology::machine();
+    // Precedence: the option, then SPINDLE_TOPOLOGY, then this machine.
+    std::string spec = options_.topology;
+    const char* from = "RuntimeOptions::topology";
+    if (spec.empty()) {
+        if (const char* env = std::getenv(numa::kTopologyEnv); env != nullptr && env[0] != '\0') {
+            spec = env;
+            from = numa::kTopologyEnv;
+            log::info("topology from {}: {}", from, spec);
+        }
+    }
+    if (spec.empty() || spec == "machine") {
+        auto topo = numa::Topology::machine();  // falls back to a flat topology itself, logged
         if (!topo) {
             log::warn("hwloc could not read this machine's topology ({}); carriers run unbound",
                       topo.error().message());
             return {};
         }
-    } else if (t.rfind("synthetic:", 0) == 0) {
-        topo = numa::Topology::fromSynthetic(t.substr(10));
-    } else if (t.rfind("xml:", 0) == 0) {
-        topo = numa::Topology::fromXml(t.substr(4));
-    } else {
-        log::error("RuntimeOptions::topology must be empty, 'synthetic:<hwloc string>' or 'xml:<path>', not '{}'", t);
+        topology_.emplace(std::move(*topo));
+        return {};
+    }
+    if (spec.rfind("synthetic:", 0) != 0 && spec.rfind("xml:", 0) != 0) {
+        log::error("{} must be empty, 'machine', 'synthetic:<hwloc string>' or 'xml:<path>', not '{}'", from, spec);
         return Error{EINVAL};
     }
-    if (!topo) { return Error{topo.errorCode()}; }
+    auto topo = numa::Topology::fromSpec(spec);
+    if (!topo) {
+        log::error("{} '{}': {}", from, spec, topo.error().message());
+        return Error{topo.errorCode()};
+    }
     topology_.emplace(std::move(*topo));
     return {};
 }
@@ -119,8 +131,21 @@ Result<void> RuntimeImpl::start() noexcept {
     (void)WaiterTable::instance();
 
     unsigned count = options_.carriers;
-    if (count == 0) {
-        count = topology_ ? topology_->coreCount() : std::max(1u, std::thread::hardware_concurrency());
+    std::vector<unsigned> placed;  // the OS index of the PU each carrier stands for (numa/placement.h)
+    if (topology_) {
+        auto p = numa::placeCarriers(*topology_, options_.placement, count, options_.explicitPus);
+        if (!p) {
+            log::error("invalid runtime options: placement {} for {} carriers on {}: {}",
+                       numa::toString(options_.placement), count, topology_->describe(), p.error().message());
+            return Error{p.errorCode()};
+        }
+        placed = std::move(*p);
+        count = static_cast<unsigned>(placed.size());
+    } else {
+        if (options_.placement != numa::Placement::kPerCore) {
+            log::warn("no topology: placement {} is ignored and carriers run unbound", numa::toString(options_.placement));
+        }
+        if (count == 0) { count = std::max(1u, std::thread::hardware_concurrency()); }
     }
     const bool canBind = options_.bindCarriers && topology_ && !topology_->isSynthetic();
     try {
@@ -128,7 +153,7 @@ Result<void> RuntimeImpl::start() noexcept {
         for (unsigned i = 0; i < count; ++i) {
             CarrierConfig cfg;
             cfg.index = i;
-            cfg.logicalPu = topology_ ? static_cast<int>(topology_->pus()[i % topology_->pus().size()].os) : -1;
+            cfg.logicalPu = topology_ ? static_cast<int>(placed[i]) : -1;
             cfg.pu = canBind ? cfg.logicalPu : -1;
             cfg.ring.entries = options_.ringEntries;
             cfg.ring.deferTaskrun = options_.deferTaskrun;
@@ -333,6 +358,9 @@ std::vector<CarrierStats> Runtime::stats() const {
         }
         s.fibersMigrated = c->stats().fibersMigrated.load(std::memory_order_relaxed);
         s.idleNs = c->stats().idleNs.load(std::memory_order_relaxed);
+        s.memoryNode = c->memoryNode();
+        s.stacksNodeBound = c->stackPool().nodeBound();
+        s.threadMemoryBound = c->threadMemoryBound();
         out.push_back(std::move(s));
     }
     return out;

@@ -15,7 +15,9 @@
 /// Thread-safety: every member may be called from any thread, except join()
 /// and the destructor, which must not run on one of this runtime's fibers.
 /// Errors: start() returns EINVAL for an option out of range (logged with its
-/// name), or the errno of the first carrier that failed to come up (ring
+/// name), for a topology that does not load (a bad description, ENOENT for a
+/// missing XML file) or a placement that does not fit it (an explicit PU not in
+/// the topology, a duplicate, an empty list), or the errno of the first carrier that failed to come up (ring
 /// set-up: ENOMEM for the memlock limit, EPERM when io_uring is disabled;
 /// ENOMEM when its fixed buffers cannot be mapped) and logs why. Carrier
 /// binding failures are logged and the carrier runs unbound; a refused
@@ -34,6 +36,7 @@
 #include "base/result.h"
 #include "core/fiber.h"
 #include "numa/topology.h"
+#include "numa/placement.h"
 
 namespace spindle {
 
@@ -66,7 +69,15 @@ struct RuntimeOptions {
     unsigned ringEntries = 256;     // SQ entries per carrier ring
     size_t stackSize = 64 * 1024;   // default usable stack per fiber
     bool bindCarriers = true;       // pin each carrier thread to one PU with hwloc
-    std::string topology;           // "" (this machine), "synthetic:<hwloc string>" or "xml:<path>"
+    // "" (see below), "machine", "synthetic:<hwloc string>" or "xml:<path>". Precedence: this option, then
+    // the SPINDLE_TOPOLOGY environment variable (same syntax), then this machine (where hwloc's own
+    // HWLOC_XMLFILE / HWLOC_SYNTHETIC still apply). A synthetic or XML topology runs carriers unbound.
+    std::string topology;
+    // Which PU each carrier stands for (numa/placement.h); with carriers == 0, the policy's natural
+    // count. explicitPus (OS indexes) is read for Placement::kExplicit only. numa::parsePlacement
+    // turns "per-core", "per-pu", "compact", "scatter" or "list:0,2,4" into these two.
+    numa::Placement placement = numa::Placement::kPerCore;
+    std::vector<unsigned> explicitPus;
     bool deferTaskrun = true;       // ask for IORING_SETUP_DEFER_TASKRUN (probed)
     unsigned offloadThreads = 2;    // threads of the offload() pool (1..1024), started on first use
     // Registered resources per carrier (core/fixed.h). The buffers are pinned memory: count * size
@@ -127,6 +138,10 @@ struct CarrierStats {
 
     /// Steals that left the NUMA node (stealSuccesses at numa::crossesNode distances).
     [[nodiscard]] uint64_t crossNodeSteals() const noexcept;
+    // Node-local memory (numa/placement.h, numa::Topology::memoryNodeOf).
+    int memoryNode = -1;            // logical NUMA node its memory comes from (node, or a node with memory); -1: none
+    bool stacksNodeBound = false;   // its fiber stacks are bound to that node (hwloc membind)
+    bool threadMemoryBound = false; // its thread's memory policy (rings included) prefers that node
 };
 
 /// One line per carrier with its steal counters by distance class, migrations and idle time, e.g.

@@ -6,12 +6,14 @@
 #include <cerrno>
 #include <cstring>
 
+#include "base/inject.h"
 #include "base/log.h"
-#include "uring/inject.h"
+#include "numa/topology.h"
 
 namespace spindle::detail {
 namespace {
 thread_local char tlsOwnerToken;
+std::atomic<bool> gSaidSyntheticStacks{false};
 }  // namespace
 
 size_t StackPool::pageSize() noexcept {
@@ -73,6 +75,39 @@ StackPool::FreeNode* StackPool::nodeOf(const Stack& stack) noexcept {
     return reinterpret_cast<FreeNode*>(stack.top() - sizeof(FreeNode));
 }
 
+void StackPool::bindToNode(const numa::Topology* topology, unsigned node) noexcept {
+    SPINDLE_ASSERT(ownedByThisThread());
+    nodeBound_.store(false, std::memory_order_relaxed);
+    if (topology == nullptr) { return; }
+    if (topology->isSynthetic() || topology->isFallback()) {
+        if (!gSaidSyntheticStacks.exchange(true, std::memory_order_relaxed)) {
+            log::info("fiber stacks are not bound to a NUMA node: the topology is {}",
+                      topology->isFallback() ? "the flat fallback (hwloc could not read this machine)"
+                                             : "not this machine (synthetic or XML)");
+        }
+        return;
+    }
+    topology_ = topology;
+    node_ = node;
+    nodeBound_.store(true, std::memory_order_release);  // publishes topology_ and node_
+}
+
+Result<Stack> StackPool::mapBound(size_t usableSize) noexcept {
+    auto s = map(usableSize);
+    if (s && nodeBound_.load(std::memory_order_acquire)) { bindStack(*s); }
+    return s;
+}
+
+void StackPool::bindStack(const Stack& stack) noexcept {
+    // The guard page is never touched; bind what the fiber uses.
+    auto r = topology_->bindArea(stack.base + stack.guardSize, stack.mapSize - stack.guardSize, node_);
+    if (r) { return; }
+    if (nodeBound_.exchange(false, std::memory_order_relaxed)) {
+        log::warn("fiber stacks of this carrier are not bound to NUMA node {} from now on: binding refused ({})",
+                  node_, r.error().message());
+    }
+}
+
 Result<Stack> StackPool::acquire() noexcept {
     SPINDLE_ASSERT(ownedByThisThread());
     if (freeList_ == nullptr) { drainRemote(); }
@@ -83,7 +118,7 @@ Result<Stack> StackPool::acquire() noexcept {
         Stack s = node->stack;
         return s;
     }
-    auto s = map(usableSize_);
+    auto s = mapBound(usableSize_);
     if (!s) { return s; }
     s->pool = this;
     mappedCount_.store(mappedCount_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);

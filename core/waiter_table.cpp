@@ -74,7 +74,7 @@ WaiterTable::WaiterTable(std::optional<numa::Topology> topology) noexcept : topo
     // more groups than the topology has PUs).
     nodeOfGroup_.assign(groups, 0);
     if (topoPus > 0) {
-        for (size_t g = 0; g < groups; ++g) { nodeOfGroup_[g] = topology_->nodeOf(topology_->pus()[g % topoPus].os); }
+        for (size_t g = 0; g < groups; ++g) { nodeOfGroup_[g] = topology_->memoryNodeOf(topology_->pus()[g % topoPus].os); }
     }
     buckets_ = std::make_unique<Bucket*[]>(shardCount_);
 

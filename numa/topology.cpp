@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 #include <hwloc.h>
+#include <sched.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "base/inject.h"
 #include "base/log.h"
 
 namespace spindle::numa {
@@ -154,12 +156,18 @@ Topology::Topology(Topology&& other) noexcept
       pus_(std::move(other.pus_)),
       slotOfOs_(std::move(other.slotOfOs_)),
       cacheOf_(std::move(other.cacheOf_)),
+      nodeHasMemory_(std::move(other.nodeHasMemory_)),
+      memNodeOf_(std::move(other.memNodeOf_)),
+      distances_(std::move(other.distances_)),
       coreCount_(std::exchange(other.coreCount_, 0)),
       nodeCount_(std::exchange(other.nodeCount_, 0)),
       source_(other.source_) {
     other.pus_.clear();
     other.slotOfOs_.clear();
     other.cacheOf_.clear();
+    other.nodeHasMemory_.clear();
+    other.memNodeOf_.clear();
+    other.distances_.clear();
 }
 
 Topology& Topology::operator=(Topology&& other) noexcept {
@@ -168,12 +176,18 @@ Topology& Topology::operator=(Topology&& other) noexcept {
         pus_ = std::move(other.pus_);
         slotOfOs_ = std::move(other.slotOfOs_);
         cacheOf_ = std::move(other.cacheOf_);
+        nodeHasMemory_ = std::move(other.nodeHasMemory_);
+        memNodeOf_ = std::move(other.memNodeOf_);
+        distances_ = std::move(other.distances_);
         coreCount_ = std::exchange(other.coreCount_, 0);
         nodeCount_ = std::exchange(other.nodeCount_, 0);
         source_ = other.source_;
         other.pus_.clear();
         other.slotOfOs_.clear();
         other.cacheOf_.clear();
+        other.nodeHasMemory_.clear();
+        other.memNodeOf_.clear();
+        other.distances_.clear();
     }
     return *this;
 }
@@ -182,8 +196,96 @@ Topology::~Topology() = default;
 
 Result<Topology> Topology::machine() {
     auto built = create(Source::kMachine, "");
-    if (built) { log::debug("numa: machine topology: {}", built->describe()); }
-    return built;
+    if (built) {
+        log::debug("numa: machine topology: {}", built->describe());
+        return built;
+    }
+    // ENOTSUP: the hwloc library does not match the headers; its synthetic backend is no safer.
+    if (built.errorCode() == ENOTSUP) { return built; }
+    auto flat = fallback();
+    if (!flat) {
+        log::warn("numa: the fallback topology failed too ({})", flat.error().message());
+        return built;
+    }
+    log::warn("numa: hwloc could not read this machine ({}); falling back to a flat topology: {}",
+              built.error().message(), flat->describe());
+    return flat;
+}
+
+Result<Topology> Topology::fallback() {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    if (::sched_getaffinity(0, sizeof(set), &set) != 0) {
+        int err = errno;
+        log::warn("numa: sched_getaffinity failed: {}", errnoText(err));
+        return Error{err};
+    }
+    std::string indexes;
+    unsigned count = 0;
+    for (unsigned cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &set)) {
+            indexes += fmt::format("{}{}", count == 0 ? "" : ",", cpu);
+            ++count;
+        }
+    }
+    if (count == 0) { return Error{EINVAL}; }
+    // One package, one node, one core per allowed CPU, each PU carrying the CPU's OS index.
+    std::string description = fmt::format("pack:1 numa:1 core:{} pu:1(indexes={})", count, indexes);
+    auto topo = initTopology();
+    if (!topo) { return Error{topo.errorCode()}; }
+    hwloc_topology_t raw = topo->get();
+    errno = 0;
+    if (hwloc_topology_set_synthetic(raw, description.c_str()) != 0) {
+        return hwlocFailed("hwloc_topology_set_synthetic", description, errnoOr(EINVAL));
+    }
+    // The CPUs are this host's, so hwloc may bind threads to them with the OS's calls.
+    if (hwloc_topology_set_flags(raw, HWLOC_TOPOLOGY_FLAG_IS_THISSYSTEM) != 0) {
+        return hwlocFailed("hwloc_topology_set_flags", "IS_THISSYSTEM", errnoOr(EINVAL));
+    }
+    errno = 0;
+    if (hwloc_topology_load(raw) != 0) { return hwlocFailed("hwloc_topology_load", description, errnoOr(EINVAL)); }
+    auto hw = std::unique_ptr<Hw>(new (std::nothrow) Hw{});
+    if (!hw) { return Error{ENOMEM}; }
+    hw->topo = std::move(*topo);
+    return build(std::move(hw), Source::kFallback);
+}
+
+Result<Topology> Topology::fromSpec(const std::string& spec) {
+    if (spec.empty() || spec == "machine") { return machine(); }
+    if (spec.rfind("synthetic:", 0) == 0) { return fromSynthetic(spec.substr(10)); }
+    if (spec.rfind("xml:", 0) == 0) { return fromXml(spec.substr(4)); }
+    log::warn("numa: a topology is \"machine\", \"synthetic:<hwloc string>\" or \"xml:<path>\", not \"{}\"", spec);
+    return Error{EINVAL};
+}
+
+Result<Topology> Topology::restricted(const std::vector<unsigned>& allowedOs) const {
+    if (allowedOs.empty() || !hw_) {
+        log::warn("numa: restricted() needs at least one PU");
+        return Error{EINVAL};
+    }
+    BitmapPtr set(hwloc_bitmap_alloc());
+    if (!set) { return Error{ENOMEM}; }
+    for (unsigned os : allowedOs) {
+        if (slotOf(os) < 0) {
+            log::warn("numa: restricted(): PU P#{} is not one of the {} PUs of the topology", os, pus_.size());
+            return Error{EINVAL};
+        }
+        if (hwloc_bitmap_set(set.get(), os) != 0) { return Error{ENOMEM}; }
+    }
+    hwloc_topology_t copy = nullptr;
+    errno = 0;
+    if (hwloc_topology_dup(&copy, hw_->topo.get()) != 0) {
+        return hwlocFailed("hwloc_topology_dup", "restricted()", errnoOr(ENOMEM));
+    }
+    TopologyPtr owned(copy);
+    errno = 0;
+    if (hwloc_topology_restrict(copy, set.get(), 0) != 0) {
+        return hwlocFailed("hwloc_topology_restrict", "restricted()", errnoOr(EINVAL));
+    }
+    auto hw = std::unique_ptr<Hw>(new (std::nothrow) Hw{});
+    if (!hw) { return Error{ENOMEM}; }
+    hw->topo = std::move(owned);
+    return build(std::move(hw), source_);
 }
 
 Result<Topology> Topology::fromSynthetic(const std::string& description) {
@@ -205,6 +307,11 @@ Result<Topology> Topology::create(Source source, const std::string& spec) {
     // one that does not parse with EINVAL.
     if (source == Source::kXml && hwloc_topology_set_xml(raw, spec.c_str()) != 0) {
         return hwlocFailed("hwloc_topology_set_xml", about, errnoOr(EINVAL));
+    }
+    if (source == Source::kMachine) {
+        SPINDLE_INJECT(inject::Point::kHwlocLoad, {
+            return hwlocFailed("hwloc_topology_load (injected)", about, injectedErrno);
+        });
     }
     errno = 0;
     if (hwloc_topology_load(raw) != 0) { return hwlocFailed("hwloc_topology_load", about, errnoOr(EINVAL)); }
@@ -263,8 +370,9 @@ Result<Topology> Topology::build(std::unique_ptr<Hw> hw, Source source) {
                 if (added) { h.cacheObj.push_back(cache); }
                 cacheId = it->second;
             }
-            entries.push_back(Entry{Pu{pu->os_index, coreIndex, node != nullptr ? node->logical_index : 0u,
-                                       package != nullptr ? package->logical_index : 0u},
+            unsigned nodeIndex = node != nullptr ? node->logical_index : 0u;
+            entries.push_back(Entry{Pu{pu->os_index, coreIndex, nodeIndex,
+                                       package != nullptr ? package->logical_index : 0u, nodeIndex},
                                     pusSeenInCore[coreIndex]++, pu, cacheId});
             maxOs = std::max(maxOs, pu->os_index);
         }
@@ -295,11 +403,90 @@ Result<Topology> Topology::build(std::unique_ptr<Hw> hw, Source source) {
             std::count_if(pusSeenInCore.begin(), pusSeenInCore.end(), [](unsigned n) { return n > 0; }));
         int nodes = hwloc_get_nbobjs_by_type(topo, HWLOC_OBJ_NUMANODE);
         t.nodeCount_ = nodes > 0 ? static_cast<unsigned>(nodes) : 1u;
+        t.indexNodes();
+        for (Pu& pu : t.pus_) { pu.memNode = t.memoryNode(pu.node); }
         return t;
     } catch (const std::bad_alloc&) {
         log::warn("numa: out of memory while indexing the topology");
         return Error{ENOMEM};
     }
+}
+
+void Topology::indexNodes() {
+    hwloc_topology_t topo = hw_->topo.get();
+    const unsigned n = nodeCount_;
+    // The latency matrix, if hwloc has one over every node (from the OS or from an XML file).
+    unsigned nr = 1;
+    hwloc_distances_s* d = nullptr;
+    const unsigned long kind =
+        HWLOC_DISTANCES_KIND_FROM_OS | HWLOC_DISTANCES_KIND_FROM_USER | HWLOC_DISTANCES_KIND_MEANS_LATENCY;
+    if (hwloc_distances_get_by_type(topo, HWLOC_OBJ_NUMANODE, &nr, &d, kind, 0) == 0 && nr >= 1 && d != nullptr) {
+        if (d->nbobjs == n) {
+            distances_.assign(static_cast<size_t>(n) * n, 0);
+            for (unsigned i = 0; i < n; ++i) {
+                for (unsigned j = 0; j < n; ++j) {
+                    distances_[static_cast<size_t>(d->objs[i]->logical_index) * n + d->objs[j]->logical_index] =
+                        d->values[static_cast<size_t>(i) * n + j];
+                }
+            }
+        } else {
+            log::info("numa: hwloc's distance matrix covers {} of {} NUMA nodes; ignored", d->nbobjs, n);
+        }
+        hwloc_distances_release(topo, d);
+    }
+
+    // Which nodes have memory; a topology that reports none anywhere is taken as all having some.
+    nodeHasMemory_.assign(n, true);
+    std::vector<unsigned> packageOf(n, 0);
+    bool any = false;
+    for (unsigned i = 0; i < n; ++i) {
+        hwloc_obj_t obj = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, i);
+        if (obj == nullptr) { continue; }
+        nodeHasMemory_[i] = obj->attr->numanode.local_memory > 0;
+        any = any || nodeHasMemory_[i];
+        if (hwloc_obj_t pack = hwloc_get_ancestor_obj_by_type(topo, HWLOC_OBJ_PACKAGE, obj)) {
+            packageOf[i] = pack->logical_index;
+        }
+    }
+    if (!any) { nodeHasMemory_.assign(n, true); }
+
+    memNodeOf_.resize(n);
+    for (unsigned i = 0; i < n; ++i) {
+        memNodeOf_[i] = i;
+        if (nodeHasMemory_[i]) { continue; }
+        // Nearest by latency; without a matrix, a node of the same package; else the first with memory.
+        auto cost = [&](unsigned j) -> uint64_t {
+            if (!distances_.empty()) { return distances_[static_cast<size_t>(i) * n + j]; }
+            return packageOf[j] == packageOf[i] ? 0 : 1;
+        };
+        unsigned best = n;
+        for (unsigned j = 0; j < n; ++j) {
+            if (nodeHasMemory_[j] && (best == n || cost(j) < cost(best))) { best = j; }
+        }
+        memNodeOf_[i] = best;
+        log::warn("numa: NUMA node {} has no memory; memory for its PUs comes from node {} ({})", i, best,
+                  distances_.empty() ? (packageOf[best] == packageOf[i] ? "same package" : "first node with memory")
+                                     : "nearest by the distance matrix");
+    }
+}
+
+std::optional<std::vector<std::vector<uint64_t>>> Topology::nodeDistances() const {
+    if (distances_.empty()) { return std::nullopt; }
+    std::vector<std::vector<uint64_t>> out(nodeCount_);
+    for (unsigned i = 0; i < nodeCount_; ++i) {
+        out[i].assign(distances_.begin() + static_cast<ptrdiff_t>(i) * nodeCount_,
+                      distances_.begin() + static_cast<ptrdiff_t>(i + 1) * nodeCount_);
+    }
+    return out;
+}
+
+bool Topology::nodeHasMemory(unsigned node) const noexcept {
+    return node < nodeHasMemory_.size() && nodeHasMemory_[node];
+}
+
+unsigned Topology::memoryNodeOf(unsigned os) const noexcept {
+    int32_t s = slotOf(os);
+    return s < 0 ? 0u : pus_[static_cast<size_t>(s)].memNode;
 }
 
 Distance Topology::distance(unsigned osA, unsigned osB) const noexcept {
@@ -368,30 +555,54 @@ Result<void*> Topology::allocOnNode(size_t bytes, unsigned node) const {
         noteUnboundMemory(false, "the topology is not this machine", false);
         return p;
     }
-    hwloc_topology_t topo = hw_->topo.get();
-    const hwloc_topology_support* support = hwloc_topology_get_support(topo);
-    if (support->membind->set_area_membind == 0 || support->membind->bind_membind == 0) {
+    int err = membind(p, bytes, node);
+    if (err == ENOMEM) {
+        ::munmap(p, bytes);
+        return hwlocFailed("hwloc_set_area_membind", fmt::format("{} bytes, node {}", bytes, node), ENOMEM);
+    }
+    if (err == ENOTSUP && isFallback()) {
+        noteUnboundMemory(true, "hwloc could not read this machine, so no NUMA node is known", true);
+    } else if (err == ENOTSUP) {
         noteUnboundMemory(true, "hwloc reports no memory binding on this system", false);
-        return p;
-    }
-    hwloc_obj_t target = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, node);
-    if (target == nullptr) {
-        // nodeCount_ is 1 when hwloc reports no node; then there is nothing to bind to.
-        noteUnboundMemory(true, "hwloc reports no NUMA node", false);
-        return p;
-    }
-    errno = 0;
-    if (hwloc_set_area_membind(topo, p, bytes, target->nodeset, HWLOC_MEMBIND_BIND, HWLOC_MEMBIND_BYNODESET) != 0) {
-        int err = errnoOr(ENOSYS);
-        if (err == ENOMEM) {
-            ::munmap(p, bytes);
-            return hwlocFailed("hwloc_set_area_membind", fmt::format("{} bytes, node {}", bytes, node), ENOMEM);
-        }
+    } else if (err != 0) {
         // ENOSYS/EXDEV: no support; EPERM: mbind refused, e.g. by a container's seccomp profile.
         bool unexpected = err != ENOSYS && err != EXDEV && err != EPERM;
         noteUnboundMemory(true, fmt::format("hwloc_set_area_membind failed: {}", errnoText(err)), unexpected);
     }
     return p;
+}
+
+int Topology::membind(void* p, size_t bytes, unsigned node) const noexcept {
+    if (isSynthetic() || isFallback()) { return ENOTSUP; }
+    hwloc_topology_t topo = hw_->topo.get();
+    const hwloc_topology_support* support = hwloc_topology_get_support(topo);
+    const bool area = p != nullptr;
+    if ((area ? support->membind->set_area_membind : support->membind->set_thisthread_membind) == 0 ||
+        support->membind->bind_membind == 0) {
+        return ENOTSUP;
+    }
+    // nodeCount_ is 1 when hwloc reports no node; then there is nothing to bind to.
+    hwloc_obj_t target = hwloc_get_obj_by_type(topo, HWLOC_OBJ_NUMANODE, memoryNode(node));
+    if (target == nullptr) { return ENOTSUP; }
+    SPINDLE_INJECT(inject::Point::kMembind, { return injectedErrno; });
+    errno = 0;
+    int rc = area ? hwloc_set_area_membind(topo, p, bytes, target->nodeset, HWLOC_MEMBIND_BIND,
+                                           HWLOC_MEMBIND_BYNODESET)
+                  : hwloc_set_membind(topo, target->nodeset, HWLOC_MEMBIND_BIND,
+                                      HWLOC_MEMBIND_THREAD | HWLOC_MEMBIND_BYNODESET);
+    return rc == 0 ? 0 : errnoOr(ENOSYS);
+}
+
+Result<void> Topology::bindArea(void* p, size_t bytes, unsigned node) const {
+    if (p == nullptr || bytes == 0 || node >= nodeCount_) { return Error{EINVAL}; }
+    if (int err = membind(p, bytes, node); err != 0) { return Error{err}; }
+    return {};
+}
+
+Result<void> Topology::bindCurrentThreadMemory(unsigned node) const {
+    if (node >= nodeCount_) { return Error{EINVAL}; }
+    if (int err = membind(nullptr, 0, node); err != 0) { return Error{err}; }
+    return {};
 }
 
 void Topology::freeOnNode(void* p, size_t bytes) const noexcept {

@@ -4,9 +4,21 @@
 /// node-local memory. A thin owner of one hwloc topology.
 ///
 /// A Topology comes from this host (machine()), from a synthetic hwloc description
-/// (fromSynthetic()) or from an XML file written by `lstopo file.xml` (fromXml()). The
-/// last two describe some other machine: they answer every query, but cannot bind
-/// threads, and the memory they hand out is not bound to any node.
+/// (fromSynthetic()) or from an XML file written by `lstopo file.xml` (fromXml()); fromSpec()
+/// picks one from a string ("machine", "synthetic:<desc>", "xml:<path>"). The last two
+/// describe some other machine: they answer every query, but cannot bind threads, and the
+/// memory they hand out is not bound to any node.
+///
+/// What breaks detection in practice, and what happens then (each is logged, warn):
+/// - hwloc cannot load this machine: machine() falls back to a flat topology of the CPUs
+///   the thread may run on (one package, one NUMA node, one core per CPU; isFallback()).
+///   It binds threads to those CPUs, but knows no NUMA node, so memory stays unbound.
+/// - a NUMA node without memory (its CPUs allocate from elsewhere): Pu::memNode and
+///   memoryNodeOf() name the nearest node that has memory (by the distance matrix when
+///   hwloc has one, else a node of the same package, else the first node with memory);
+///   the node-local allocators use that node.
+/// - a cpuset smaller than the machine: machine() keeps only the allowed PUs (and every
+///   NUMA node, so memory-only nodes stay reachable); restricted() does the same on demand.
 ///
 /// Indexes: `os` values are OS indexes (what sched_setaffinity and /proc use); core,
 /// node and package numbers are hwloc logical indexes, dense from 0.
@@ -18,6 +30,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -50,7 +63,13 @@ struct Pu {
     unsigned core;     // logical index of its core (a PU with no core above it counts as a core of its own)
     unsigned node;     // logical index of its NUMA node (0 when the machine reports none)
     unsigned package;  // logical index of its package (0 when the machine reports none)
+    unsigned memNode;  // logical index of the node its memory comes from: `node`, or the nearest node
+                       // with memory when `node` has none
 };
+
+/// The environment variable that names a topology when RuntimeOptions::topology is empty;
+/// same syntax as Topology::fromSpec.
+inline constexpr const char* kTopologyEnv = "SPINDLE_TOPOLOGY";
 
 class Topology {
 public:
@@ -71,6 +90,17 @@ public:
     /// parse; hwloc's errno otherwise. Each is logged with the path.
     [[nodiscard]] static Result<Topology> fromXml(const std::string& path);
 
+    /// A topology named by `spec`: "" or "machine" (machine()), "synthetic:<hwloc string>"
+    /// (fromSynthetic) or "xml:<path>" (fromXml).
+    /// Errors: EINVAL for any other text (logged); otherwise those of the call it picks.
+    [[nodiscard]] static Result<Topology> fromSpec(const std::string& spec);
+
+    /// A copy of this topology keeping only the PUs with these OS indexes (what a smaller
+    /// cpuset does to machine()); NUMA nodes stay, even those left without PUs.
+    /// Errors: EINVAL for an empty list or an OS index not among pus() (logged); ENOMEM;
+    /// hwloc's errno when it cannot copy or restrict the topology.
+    [[nodiscard]] Result<Topology> restricted(const std::vector<unsigned>& allowedOs) const;
+
     Topology(Topology&& other) noexcept;
     Topology& operator=(Topology&& other) noexcept;
     Topology(const Topology&) = delete;
@@ -88,7 +118,20 @@ public:
     [[nodiscard]] unsigned nodeCount() const noexcept { return nodeCount_; }
     /// True when this is not the live machine: fromSynthetic, fromXml, or machine() when
     /// HWLOC_XMLFILE / HWLOC_SYNTHETIC in the environment redirected hwloc.
-    [[nodiscard]] bool isSynthetic() const noexcept { return source_ != Source::kMachine; }
+    [[nodiscard]] bool isSynthetic() const noexcept {
+        return source_ == Source::kSynthetic || source_ == Source::kXml;
+    }
+    /// True when machine() could not load hwloc's view of this host and built the flat
+    /// fallback (see the class comment). Such a topology binds threads but not memory.
+    [[nodiscard]] bool isFallback() const noexcept { return source_ == Source::kFallback; }
+
+    /// hwloc's NUMA latency matrix (from the OS, e.g. the ACPI SLIT, or from an XML file),
+    /// indexed [from][to] by logical node index, nodeCount() x nodeCount(); nullopt when
+    /// hwloc has none that covers every node (typical of 1-node machines and synthetic
+    /// topologies). Values are relative: 10 means local on Linux.
+    [[nodiscard]] std::optional<std::vector<std::vector<uint64_t>>> nodeDistances() const;
+    /// Whether NUMA node `node` (logical index) reports memory. False for a node index out of range.
+    [[nodiscard]] bool nodeHasMemory(unsigned node) const noexcept;
 
     /// The distance class between two PUs. kSameCache: different cores that share a data
     /// cache (L2/L3) on the same NUMA node. PUs on different nodes are kSamePackage or kRemotePackage even
@@ -103,6 +146,9 @@ public:
 
     /// Logical index of the NUMA node of PU `os`; 0 for an OS index not among pus().
     [[nodiscard]] unsigned nodeOf(unsigned os) const noexcept;
+    /// The node that memory for PU `os` should come from: Pu::memNode; 0 for an OS index not
+    /// among pus().
+    [[nodiscard]] unsigned memoryNodeOf(unsigned os) const noexcept;
 
     /// Binds the calling thread to one PU (hwloc_set_cpubind, HWLOC_CPUBIND_THREAD).
     /// Errors: ENOTSUP on a synthetic/XML topology; EINVAL for an OS index not among
@@ -115,9 +161,26 @@ public:
     /// is full (hwloc asks Linux >= 5.15 for MPOL_PREFERRED_MANY). Where binding is not
     /// available (synthetic/XML topology, no kernel support, seccomp refusing mbind) the
     /// memory is left unbound and that is logged once.
+    /// A node without memory is replaced by the node its PUs allocate from (Pu::memNode).
     /// Errors: ENOMEM; EINVAL for bytes == 0 or node >= nodeCount().
     /// Free with freeOnNode(p, bytes).
     [[nodiscard]] Result<void*> allocOnNode(size_t bytes, unsigned node) const;
+
+    /// Binds the pages of an existing mapping [p, p + bytes) to node `node` as allocOnNode
+    /// does (not strict; a node without memory is replaced as there). Pages already touched
+    /// stay where they are. For memory the caller maps itself (fiber stacks).
+    /// Errors: EINVAL for a null p, bytes == 0 or node >= nodeCount(); ENOTSUP when this
+    /// topology cannot bind memory (synthetic, XML, fallback, or no hwloc support); otherwise
+    /// the errno of the refused binding (EPERM under a seccomp profile, ENOSYS, ...).
+    /// Not logged: the caller decides whether its fallback deserves a line.
+    [[nodiscard]] Result<void> bindArea(void* p, size_t bytes, unsigned node) const;
+
+    /// Sets the calling thread's memory policy to prefer node `node` (hwloc_set_membind,
+    /// HWLOC_MEMBIND_BIND | HWLOC_MEMBIND_THREAD, not strict), so that what the kernel
+    /// allocates for it from now on, io_uring rings included, lands on that node while it
+    /// has room. A node without memory is replaced as in allocOnNode.
+    /// Errors: as bindArea (no p and bytes); not logged.
+    [[nodiscard]] Result<void> bindCurrentThreadMemory(unsigned node) const;
 
     /// Releases memory from allocOnNode; `bytes` is the size that was asked for.
     /// A null `p` is ignored.
@@ -129,12 +192,22 @@ public:
     [[nodiscard]] std::string describe() const;
 
 private:
-    enum class Source : uint8_t { kMachine, kSynthetic, kXml };
+    enum class Source : uint8_t { kMachine, kSynthetic, kXml, kFallback };
     struct Hw;  // the hwloc handle and the hwloc objects behind pus_ (topology.cpp)
 
     // Loads hwloc's view of `source` (`spec`: the description or the path), then indexes it.
     static Result<Topology> create(Source source, const std::string& spec);
     static Result<Topology> build(std::unique_ptr<Hw> hw, Source source);
+    // Fills nodeHasMemory_, memNodeOf_ and distances_ from hw_ (nodeCount_ already set).
+    void indexNodes();
+    // The flat topology machine() falls back to when hwloc cannot load this host.
+    static Result<Topology> fallback();
+    // The node memory for `node` comes from (memNodeOf_), `node` itself when out of range.
+    unsigned memoryNode(unsigned node) const noexcept {
+        return node < memNodeOf_.size() ? memNodeOf_[node] : node;
+    }
+    // 0 when [p, bytes) (or the thread, p == nullptr) now prefers `node`; else the errno.
+    int membind(void* p, size_t bytes, unsigned node) const noexcept;
     Topology(std::unique_ptr<Hw> hw, Source source) noexcept;
     // Position of PU `os` in pus_, or -1 when it is not an allowed PU.
     int32_t slotOf(unsigned os) const noexcept {
@@ -148,6 +221,11 @@ private:
     // Parallel to pus_: id of the outermost data cache above the PU, -1 when none.
     // Two PUs share some data cache exactly when these ids are equal and not -1.
     std::vector<int32_t> cacheOf_;
+    // Per logical node: whether it reports memory, and the node its memory comes from.
+    std::vector<bool> nodeHasMemory_;
+    std::vector<unsigned> memNodeOf_;
+    // nodeCount_ * nodeCount_ latencies, row-major [from][to]; empty when hwloc has no matrix.
+    std::vector<uint64_t> distances_;
     unsigned coreCount_ = 0;
     unsigned nodeCount_ = 0;
     Source source_ = Source::kMachine;

@@ -184,10 +184,18 @@ public:
     /// The topology PU (OS index) this carrier stands for, even when it runs unbound (a synthetic or
     /// XML topology); -1 without a topology. Steal order and distance classes use it.
     [[nodiscard]] int logicalPu() const noexcept { return config_.logicalPu; }
+    /// The NUMA node (logical index) its memory comes from: Topology::memoryNodeOf(logicalPu());
+    /// -1 without a topology.
+    [[nodiscard]] int memoryNode() const noexcept { return memoryNode_; }
+    /// Whether its thread's memory policy prefers memoryNode() (set before the ring, so the
+    /// kernel's ring memory lands there too). Written once in set-up, before start() returns.
+    [[nodiscard]] bool threadMemoryBound() const noexcept { return threadMemoryBound_; }
 
 private:
     void threadMain() noexcept;
     Result<void> setUp() noexcept;
+    // Binds its stacks and (when pinned) its thread's memory policy to memoryNode(); logs refusals.
+    void setUpNodeMemory() noexcept;
     void tearDown() noexcept;
     void loop() noexcept;
     Fiber* nextLocal() noexcept;
@@ -263,6 +271,8 @@ private:
     const std::atomic<bool>* stoppingFlag_;
     CarrierConfig config_;
     int boundPu_ = -1;
+    int memoryNode_ = -1;             // see memoryNode(); set in the constructor
+    bool threadMemoryBound_ = false;  // see threadMemoryBound(); set in setUp()
     int eventFd_ = -1;
     uint64_t eventBuf_ = 0;
     Completion eventCompletion_;

@@ -1,4 +1,4 @@
-#include "uring/inject.h"
+#include "base/inject.h"
 
 #include <atomic>
 
