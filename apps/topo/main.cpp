@@ -28,6 +28,7 @@
 
 #include "core/fiber.h"
 #include "core/runtime.h"
+#include "numa/placement.h"
 #include "numa/topology.h"
 
 namespace {
@@ -43,6 +44,8 @@ constexpr int kExitUsage = 2;
 
 struct Common {
     std::string topology;  // "", "synthetic:..." or "xml:..."
+    std::string placementText = "per-core";
+    numa::PlacementSpec placement;  // parsed from placementText
     unsigned carriers = 0;
     unsigned threshold = 2;
 };
@@ -59,6 +62,8 @@ struct Experiment {
 RuntimeOptions runtimeOptions(const Common& c, StealPolicy policy) {
     RuntimeOptions o;
     o.topology = c.topology;
+    o.placement = c.placement.policy;
+    o.explicitPus = c.placement.pus;
     o.carriers = c.carriers;
     o.stealPolicy = policy;
     o.crossNodeStealThreshold = c.threshold;
@@ -289,7 +294,10 @@ int main(int argc, char** argv) {
     CLI::App app{"spindle-topo: the topology, carrier placement and steal order; a work-stealing experiment"};
     auto addCommon = [&c](CLI::App* a) {
         a->add_option("--topology", c.topology, "'' (this machine), synthetic:<hwloc string> or xml:<path>");
-        a->add_option("--carriers", c.carriers, "carriers (0: one per core)")->check(CLI::Range(0u, 4096u));
+        a->add_option("--placement", c.placementText,
+                      "carrier placement: per-core, per-pu, compact, scatter or list:<os>,<os>,...");
+        a->add_option("--carriers", c.carriers, "carriers (0: the placement's natural count)")
+            ->check(CLI::Range(0u, 4096u));
         a->add_option("--threshold", c.threshold, "numa policy: a remote victim needs more than this many queued")
             ->check(CLI::Range(0u, 1'000'000u));
     };
@@ -305,6 +313,13 @@ int main(int argc, char** argv) {
     exp->add_option("--repetitions", e.repetitions, "runs per policy; the median makespan is shown")
         ->check(CLI::Range(1u, 1000u));
     CLI11_PARSE(app, argc, argv);
+    auto placement = numa::parsePlacement(c.placementText);
+    if (!placement) {
+        fmt::print(stderr, "spindle-topo: bad --placement '{}': per-core, per-pu, compact, scatter or list:0,2,...\n",
+                   c.placementText);
+        return kExitUsage;
+    }
+    c.placement = std::move(*placement);
     if (*exp) { return runExperiment(c, e); }
     return showTopology(c);
 }
