@@ -64,6 +64,8 @@ struct Options {
     bool fixedBuffers = false;
     bool json = false;
     bool noBind = false;
+    std::string pollMode = "block";
+    bool noDeferTaskrun = false;
     uint64_t seed = 0x5eed;
 
     Rw rw = Rw::kRandRead;
@@ -336,6 +338,10 @@ int main(int argc, char** argv) {
     app.add_flag("--direct", o.direct, "open with O_DIRECT (bypass the page cache)");
     app.add_flag("--fixed-buffers", o.fixedBuffers,
                  "use registered buffers (acquireFixedBuffer, read_fixed/write_fixed from core/fixed.h)");
+    app.add_option("--poll-mode", o.pollMode, "idle carriers: block (default), spin, or hybrid (spin 50 us, then block)")
+        ->check(CLI::IsMember({"block", "spin", "hybrid"}));
+    app.add_flag("--no-defer-taskrun", o.noDeferTaskrun,
+                 "rings without IORING_SETUP_DEFER_TASKRUN (completions posted as they come, COOP_TASKRUN)");
     app.add_flag("--no-bind", o.noBind,
                  "leave the carrier threads unbound (the scheduler may move them within the process cpuset)");
     app.add_option("--seed", o.seed, "seed of the fibers' offset generators");
@@ -409,6 +415,10 @@ int main(int argc, char** argv) {
     spindle::RuntimeOptions ro;
     ro.carriers = o.carriers;
     ro.bindCarriers = !o.noBind;
+    ro.deferTaskrun = !o.noDeferTaskrun;
+    ro.pollMode = o.pollMode == "spin"     ? spindle::PollMode::kSpin
+                  : o.pollMode == "hybrid" ? spindle::PollMode::kHybrid
+                                           : spindle::PollMode::kBlock;
     ro.ringEntries = std::max(256u, std::bit_ceil(o.depth + 16));  // a whole depth fits in one batch
     if (o.fixedBuffers) {
         // One registered buffer per fiber in flight on each carrier, rounded up to whole pages.
