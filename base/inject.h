@@ -99,6 +99,20 @@ namespace detail {
 extern std::atomic<uint32_t> gArmedMask;
 }  // namespace detail
 
+/// Arms `point` for the life of the object and disarms it at the end (tests).
+class ArmedFault {
+public:
+    ArmedFault(Point point, int param, uint32_t count = 1, uint32_t skip = 0) noexcept : point_(point) {
+        arm(point, param, count, skip);
+    }
+    ~ArmedFault() { disarm(point_); }
+    ArmedFault(const ArmedFault&) = delete;
+    ArmedFault& operator=(const ArmedFault&) = delete;
+
+private:
+    Point point_;
+};
+
 /// The points armed since their last disarm(), as bit(point) flags (one relaxed
 /// load). A bit stays set after its count is used up, until disarm().
 [[nodiscard]] inline uint32_t armedMask() noexcept { return detail::gArmedMask.load(std::memory_order_relaxed); }

@@ -40,28 +40,7 @@ using namespace std::chrono_literals;
 using testing_support::kSanitized;
 using testing_support::yieldUntil;
 
-struct Pipe {
-    int r = -1;
-    int w = -1;
-    Pipe() {
-        int p[2];
-        if (::pipe2(p, O_CLOEXEC) == 0) {
-            r = p[0];
-            w = p[1];
-        }
-    }
-    ~Pipe() {
-        if (w >= 0) { ::close(w); }
-        if (r >= 0) { ::close(r); }
-    }
-    Pipe(const Pipe&) = delete;
-    Pipe& operator=(const Pipe&) = delete;
-    /// Bytes waiting in the pipe.
-    int queued() const {
-        int n = -1;
-        return ::ioctl(r, FIONREAD, &n) == 0 ? n : -1;
-    }
-};
+using testing_support::Pipe;
 
 class Deadlines : public testing_support::WithRuntime {};
 class Cancel : public testing_support::WithRuntime {

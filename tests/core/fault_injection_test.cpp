@@ -16,19 +16,7 @@ namespace {
 
 using testing_support::withCarriers;
 
-/// Arms a fault point for the scope of a test and disarms it on the way out.
-class ArmedFault {
-public:
-    ArmedFault(inject::Point p, int err, uint32_t count = 1, uint32_t skip = 0) : point_(p) {
-        inject::arm(p, err, count, skip);
-    }
-    ~ArmedFault() { inject::disarm(point_); }
-    ArmedFault(const ArmedFault&) = delete;
-    ArmedFault& operator=(const ArmedFault&) = delete;
-
-private:
-    inject::Point point_;
-};
+using inject::ArmedFault;
 
 TEST(FaultInjection, ARingThatCannotBeSetUpFailsStartWithItsErrno) {
     {

@@ -44,17 +44,7 @@ constexpr size_t kBufSize = 64 * 1024;  // RuntimeOptions::fixedBufferSize's def
 constexpr unsigned kBufCount = 64;      // RuntimeOptions::fixedBufferCount's default
 constexpr size_t kFileSize = 256 * 1024;
 
-/// Arms a fault point for the scope of a test and disarms it on the way out.
-class ArmedFault {
-public:
-    ArmedFault(inject::Point p, int err, uint32_t count) : point_(p) { inject::arm(p, err, count); }
-    ~ArmedFault() { inject::disarm(point_); }
-    ArmedFault(const ArmedFault&) = delete;
-    ArmedFault& operator=(const ArmedFault&) = delete;
-
-private:
-    inject::Point point_;
-};
+using inject::ArmedFault;
 
 /// The counters of every carrier, for before/after comparisons.
 struct Counts {

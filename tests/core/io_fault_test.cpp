@@ -35,34 +35,9 @@ using testing_support::kSanitized;
 using testing_support::pattern;
 using testing_support::withCarriers;
 
-/// Arms a fault point for the scope of a test and disarms it on the way out.
-class ArmedFault {
-public:
-    ArmedFault(inject::Point p, int param, uint32_t count = 1, uint32_t skip = 0) : point_(p) {
-        inject::arm(p, param, count, skip);
-    }
-    ~ArmedFault() { inject::disarm(point_); }
-    ArmedFault(const ArmedFault&) = delete;
-    ArmedFault& operator=(const ArmedFault&) = delete;
+using inject::ArmedFault;
 
-private:
-    inject::Point point_;
-};
-
-/// A pipe whose ends close on destruction.
-struct Pipe {
-    int fds[2] = {-1, -1};
-    Pipe() { EXPECT_EQ(::pipe2(fds, O_CLOEXEC), 0) << std::strerror(errno); }
-    ~Pipe() {
-        for (int fd : fds) {
-            if (fd >= 0) { ::close(fd); }
-        }
-    }
-    Pipe(const Pipe&) = delete;
-    Pipe& operator=(const Pipe&) = delete;
-    [[nodiscard]] int readEnd() const { return fds[0]; }
-    [[nodiscard]] int writeEnd() const { return fds[1]; }
-};
+using testing_support::Pipe;
 
 class IoFaultTest : public testing_support::WithScratchDir {};
 

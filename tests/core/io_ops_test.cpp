@@ -34,27 +34,7 @@ namespace {
 using testing_support::pattern;
 using testing_support::yieldUntil;
 
-/// Both ends of a pipe, closed on destruction unless closed already.
-struct Pipe {
-    int r = -1;
-    int w = -1;
-    Pipe() {
-        int p[2];
-        if (::pipe2(p, O_CLOEXEC) == 0) {
-            r = p[0];
-            w = p[1];
-        }
-    }
-    ~Pipe() {
-        closeWrite();
-        if (r >= 0) { ::close(r); }
-    }
-    Pipe(const Pipe&) = delete;
-    Pipe& operator=(const Pipe&) = delete;
-    void closeWrite() {
-        if (w >= 0) { ::close(std::exchange(w, -1)); }
-    }
-};
+using testing_support::Pipe;
 
 /// errno of a ::stat on `p`, 0 when it exists.
 int statErr(const std::string& p, struct stat* st = nullptr) {

@@ -74,16 +74,7 @@ private:
     std::optional<std::string> saved_;
 };
 
-class ArmedFault {
-public:
-    ArmedFault(inject::Point p, int err, uint32_t count = 1) : point_(p) { inject::arm(p, err, count); }
-    ~ArmedFault() { inject::disarm(point_); }
-    ArmedFault(const ArmedFault&) = delete;
-    ArmedFault& operator=(const ArmedFault&) = delete;
-
-private:
-    inject::Point point_;
-};
+using inject::ArmedFault;
 
 struct PlacementCase {
     const char* name;

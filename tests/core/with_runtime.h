@@ -6,6 +6,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/ioctl.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -14,6 +15,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -147,6 +149,37 @@ protected:
     }
 
     std::optional<Runtime> runtime_;
+};
+
+/// Both ends of a pipe (O_CLOEXEC), closed on destruction unless closed already.
+struct Pipe {
+    int r = -1;
+    int w = -1;
+    Pipe() {
+        int p[2];
+        if (::pipe2(p, O_CLOEXEC) == 0) {
+            r = p[0];
+            w = p[1];
+        } else {
+            ADD_FAILURE() << "pipe2: " << std::strerror(errno);
+        }
+    }
+    ~Pipe() {
+        closeWrite();
+        if (r >= 0) { ::close(r); }
+    }
+    Pipe(const Pipe&) = delete;
+    Pipe& operator=(const Pipe&) = delete;
+    [[nodiscard]] int readEnd() const { return r; }
+    [[nodiscard]] int writeEnd() const { return w; }
+    void closeWrite() {
+        if (w >= 0) { ::close(std::exchange(w, -1)); }
+    }
+    /// Bytes waiting in the pipe (FIONREAD), -1 on error.
+    [[nodiscard]] int queued() const {
+        int n = -1;
+        return ::ioctl(r, FIONREAD, &n) == 0 ? n : -1;
+    }
 };
 
 /// `n` bytes of a fixed pseudo-random sequence picked by `seed`.

@@ -26,16 +26,7 @@ namespace {
 
 constexpr const char* kFourNodes = "pack:2 numa:2 core:4 pu:2";  // node n holds OS indexes 8n..8n+7
 
-class ArmedFault {
-public:
-    ArmedFault(inject::Point p, int err, uint32_t count = 1) : point_(p) { inject::arm(p, err, count); }
-    ~ArmedFault() { inject::disarm(point_); }
-    ArmedFault(const ArmedFault&) = delete;
-    ArmedFault& operator=(const ArmedFault&) = delete;
-
-private:
-    inject::Point point_;
-};
+using inject::ArmedFault;
 
 class LogAt {
 public:
