@@ -1,0 +1,314 @@
+#include "apps/httpd/http_parser.h"
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+
+namespace spindle::httpd {
+namespace {
+
+// RFC 9110 §5.6.2: tchar = "!" / "#" / "$" / "%" / "&" / "'" / "*" / "+" / "-" / "." / "^" / "_" / "`" / "|" / "~"
+// / DIGIT / ALPHA. One table lookup per byte.
+constexpr std::array<bool, 256> makeTokenTable() {
+    std::array<bool, 256> t{};
+    for (int c = '0'; c <= '9'; ++c) { t[static_cast<size_t>(c)] = true; }
+    for (int c = 'a'; c <= 'z'; ++c) { t[static_cast<size_t>(c)] = true; }
+    for (int c = 'A'; c <= 'Z'; ++c) { t[static_cast<size_t>(c)] = true; }
+    for (char c : std::string_view("!#$%&'*+-.^_`|~")) { t[static_cast<unsigned char>(c)] = true; }
+    return t;
+}
+constexpr std::array<bool, 256> kTokenChar = makeTokenTable();
+
+// Field-value characters: HTAB, SP, VCHAR, obs-text (RFC 9110 §5.5). Everything but CTLs and DEL.
+constexpr std::array<bool, 256> makeValueTable() {
+    std::array<bool, 256> t{};
+    t['\t'] = true;
+    for (int c = 0x20; c <= 0xff; ++c) { t[static_cast<size_t>(c)] = c != 0x7f; }
+    return t;
+}
+constexpr std::array<bool, 256> kValueChar = makeValueTable();
+
+bool isToken(std::string_view s) noexcept {
+    if (s.empty()) { return false; }
+    for (char c : s) {
+        if (!kTokenChar[static_cast<unsigned char>(c)]) { return false; }
+    }
+    return true;
+}
+
+// Request-target: visible ASCII only (RFC 9112 §3.2 allows nothing else unencoded).
+bool isTargetChar(char c) noexcept {
+    const auto u = static_cast<unsigned char>(c);
+    return u > 0x20 && u < 0x7f;
+}
+
+char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
+
+std::string_view trimOws(std::string_view s) noexcept {
+    while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) { s.remove_prefix(1); }
+    while (!s.empty() && (s.back() == ' ' || s.back() == '\t')) { s.remove_suffix(1); }
+    return s;
+}
+
+Method methodOf(std::string_view m) noexcept {
+    // Methods are case-sensitive (RFC 9110 §9.1).
+    switch (m.size()) {
+        case 3:
+            if (m == "GET") { return Method::kGet; }
+            if (m == "PUT") { return Method::kPut; }
+            break;
+        case 4:
+            if (m == "HEAD") { return Method::kHead; }
+            if (m == "POST") { return Method::kPost; }
+            break;
+        case 5:
+            if (m == "PATCH") { return Method::kPatch; }
+            if (m == "TRACE") { return Method::kTrace; }
+            break;
+        case 6:
+            if (m == "DELETE") { return Method::kDelete; }
+            break;
+        case 7:
+            if (m == "OPTIONS") { return Method::kOptions; }
+            if (m == "CONNECT") { return Method::kConnect; }
+            break;
+        default:
+            break;
+    }
+    return Method::kOther;
+}
+
+ParseResult fail(int status) noexcept { return ParseResult{ParseStatus::kError, status, 0}; }
+
+// Calls fn(token) for each element of a comma-separated list, trimmed; empty elements are skipped.
+template <class Fn>
+void forEachListElement(std::string_view list, Fn&& fn) noexcept {
+    while (!list.empty()) {
+        const size_t comma = list.find(',');
+        const std::string_view element = trimOws(list.substr(0, comma));
+        if (!element.empty()) { fn(element); }
+        if (comma == std::string_view::npos) { break; }
+        list.remove_prefix(comma + 1);
+    }
+}
+
+// Splits the target into path and query. Origin-form "/p?q", absolute-form "http://host/p?q",
+// asterisk-form "*" and authority-form "host:port" (the latter two: path = target).
+void splitTarget(std::string_view target, Request& out) noexcept {
+    std::string_view rest = target;
+    auto hasScheme = [&](std::string_view scheme) {
+        return rest.size() >= scheme.size() && equalsIgnoreCase(rest.substr(0, scheme.size()), scheme);
+    };
+    if (hasScheme("http://") || hasScheme("https://")) {
+        const size_t afterScheme = rest.find("://") + 3;
+        const size_t pathStart = rest.find_first_of("/?", afterScheme);
+        rest = pathStart == std::string_view::npos ? rest.substr(rest.size()) : rest.substr(pathStart);
+    }
+    const size_t q = rest.find('?');
+    if (q == std::string_view::npos) {
+        out.path = rest;
+        out.query = rest.substr(rest.size());
+    } else {
+        out.path = rest.substr(0, q);
+        out.query = rest.substr(q + 1);
+    }
+}
+
+// Parses the request line `line` (without CRLF). Returns 0 or the error status.
+int parseRequestLine(std::string_view line, Request& out) noexcept {
+    const size_t sp1 = line.find(' ');
+    if (sp1 == std::string_view::npos) { return 400; }
+    const std::string_view method = line.substr(0, sp1);
+    if (!isToken(method)) { return 400; }
+    const size_t sp2 = line.find(' ', sp1 + 1);
+    if (sp2 == std::string_view::npos) { return 400; }
+    const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+    if (target.empty()) { return 400; }
+    for (char c : target) {
+        if (!isTargetChar(c)) { return 400; }
+    }
+    const std::string_view version = line.substr(sp2 + 1);
+    if (version.size() != 8 || version.substr(0, 5) != "HTTP/" || version[6] != '.') { return 400; }
+    const char major = version[5];
+    const char minor = version[7];
+    if (major < '0' || major > '9' || minor < '0' || minor > '9') { return 400; }
+    if (major != '1') { return 505; }
+    out.methodText = method;
+    out.method = methodOf(method);
+    out.target = target;
+    out.versionMinor = minor == '0' ? 0 : 1;  // HTTP/1.x, x > 1: served as the highest we speak
+    splitTarget(target, out);
+    return 0;
+}
+
+// A request line not finished yet: reject it early when what is there already cannot start one.
+int checkPartialRequestLine(std::string_view partial) noexcept {
+    for (char c : partial) {
+        if (c == ' ') { return 0; }
+        if (!kTokenChar[static_cast<unsigned char>(c)]) { return 400; }
+    }
+    return 0;
+}
+
+}  // namespace
+
+bool equalsIgnoreCase(std::string_view a, std::string_view b) noexcept {
+    if (a.size() != b.size()) { return false; }
+    for (size_t i = 0; i < a.size(); ++i) {
+        if (lower(a[i]) != lower(b[i])) { return false; }
+    }
+    return true;
+}
+
+std::string_view Request::header(std::string_view name) const noexcept {
+    for (const Header& h : headers) {
+        if (equalsIgnoreCase(h.name, name)) { return h.value; }
+    }
+    return {};
+}
+
+ParseResult parseRequest(std::string_view input, const ParserLimits& limits, std::span<Header> storage,
+                         Request& out) noexcept {
+    out = Request{};
+    // Only the first maxHeaderBytes bytes may hold the head; past them, an unfinished head is an error.
+    const std::string_view window = input.substr(0, std::min(input.size(), limits.maxHeaderBytes));
+    const bool windowFull = input.size() >= limits.maxHeaderBytes;
+    const size_t maxHeaders = std::min(limits.maxHeaders, storage.size());
+
+    // Empty lines before the request line are skipped (RFC 9112 §2.2).
+    size_t pos = 0;
+    while (pos < window.size() && (window[pos] == '\r' || window[pos] == '\n')) {
+        if (window[pos] == '\n') { return fail(400); }  // bare LF
+        if (pos + 1 == window.size()) { return windowFull ? fail(414) : ParseResult{}; }  // CR, LF not here yet
+        if (window[pos + 1] != '\n') { return fail(400); }
+        pos += 2;
+    }
+
+    // Finds the LF that ends the line starting at `from`; npos when it is not in the window.
+    // Sets `bad` when the LF has no CR before it.
+    auto lineEnd = [&](size_t from, bool& bad) -> size_t {
+        if (from >= window.size()) { return std::string_view::npos; }
+        const void* lf = std::memchr(window.data() + from, '\n', window.size() - from);
+        if (lf == nullptr) { return std::string_view::npos; }
+        const size_t at = static_cast<size_t>(static_cast<const char*>(lf) - window.data());
+        bad = at == from || window[at - 1] != '\r';
+        return at;
+    };
+
+    bool bad = false;
+    size_t lf = lineEnd(pos, bad);
+    if (lf == std::string_view::npos) {
+        if (const int status = checkPartialRequestLine(window.substr(pos)); status != 0) { return fail(status); }
+        return windowFull ? fail(414) : ParseResult{};
+    }
+    if (bad) { return fail(400); }
+    if (const int status = parseRequestLine(window.substr(pos, lf - 1 - pos), out); status != 0) {
+        return fail(status);
+    }
+    pos = lf + 1;
+
+    size_t count = 0;
+    size_t hosts = 0;
+    bool haveLength = false;
+    bool haveTransferEncoding = false;
+    bool chunked = false;
+    bool lengthTooLarge = false;
+    bool connectionClose = false;
+    bool connectionKeepAlive = false;
+    for (;;) {
+        lf = lineEnd(pos, bad);
+        if (lf == std::string_view::npos) { return windowFull ? fail(431) : ParseResult{}; }
+        if (bad) { return fail(400); }
+        const std::string_view line = window.substr(pos, lf - 1 - pos);
+        pos = lf + 1;
+        if (line.empty()) { break; }  // the blank line that ends the head
+        if (line.front() == ' ' || line.front() == '\t') { return fail(400); }  // obs-fold
+        const size_t colon = line.find(':');
+        if (colon == std::string_view::npos) { return fail(400); }
+        const std::string_view name = line.substr(0, colon);
+        if (!isToken(name)) { return fail(400); }  // also rejects whitespace before the colon
+        const std::string_view rawValue = line.substr(colon + 1);
+        for (char c : rawValue) {
+            if (!kValueChar[static_cast<unsigned char>(c)]) { return fail(400); }
+        }
+        const std::string_view value = trimOws(rawValue);
+        if (count == maxHeaders) { return fail(431); }
+        storage[count++] = Header{name, value};
+
+        if (equalsIgnoreCase(name, "content-length")) {
+            // 1*DIGIT only: no sign, no list (RFC 9112 §6.3 lets us reject "5, 5" as invalid).
+            if (value.empty()) { return fail(400); }
+            uint64_t n = 0;
+            bool overflow = false;
+            for (char c : value) {
+                if (c < '0' || c > '9') { return fail(400); }
+                const auto digit = static_cast<uint64_t>(c - '0');
+                if (n > (UINT64_MAX - digit) / 10) {
+                    overflow = true;
+                } else {
+                    n = n * 10 + digit;
+                }
+            }
+            const bool tooLarge = overflow || n > limits.maxBodyBytes;
+            if (haveLength && (tooLarge != lengthTooLarge || (!tooLarge && n != out.contentLength))) {
+                return fail(400);  // two different lengths
+            }
+            haveLength = true;
+            lengthTooLarge = tooLarge;
+            out.contentLength = tooLarge ? 0 : n;
+        } else if (equalsIgnoreCase(name, "transfer-encoding")) {
+            haveTransferEncoding = true;
+            forEachListElement(value, [&](std::string_view coding) { chunked = equalsIgnoreCase(coding, "chunked"); });
+        } else if (equalsIgnoreCase(name, "connection")) {
+            forEachListElement(value, [&](std::string_view option) {
+                if (equalsIgnoreCase(option, "close")) { connectionClose = true; }
+                if (equalsIgnoreCase(option, "keep-alive")) { connectionKeepAlive = true; }
+            });
+        } else if (equalsIgnoreCase(name, "host")) {
+            ++hosts;
+            out.host = value;
+        } else if (equalsIgnoreCase(name, "expect")) {
+            out.expectContinue = equalsIgnoreCase(value, "100-continue");
+        }
+    }
+
+    if (haveTransferEncoding) {
+        if (haveLength) { return fail(400); }
+        return fail(chunked ? 411 : 501);
+    }
+    if (lengthTooLarge) { return fail(413); }
+    if (out.versionMinor == 1 ? hosts != 1 : hosts > 1) { return fail(400); }
+
+    out.headers = std::span<const Header>(storage.data(), count);
+    out.keepAlive = out.versionMinor == 1 ? !connectionClose : (connectionKeepAlive && !connectionClose);
+    out.headLength = pos;
+    const size_t available = input.size() - pos;
+    out.body = input.substr(pos, static_cast<size_t>(std::min<uint64_t>(available, out.contentLength)));
+    return ParseResult{ParseStatus::kComplete, 0, pos + out.body.size()};
+}
+
+std::string_view reasonPhrase(int status) noexcept {
+    switch (status) {
+        case 100: return "Continue";
+        case 200: return "OK";
+        case 204: return "No Content";
+        case 301: return "Moved Permanently";
+        case 304: return "Not Modified";
+        case 400: return "Bad Request";
+        case 403: return "Forbidden";
+        case 404: return "Not Found";
+        case 405: return "Method Not Allowed";
+        case 408: return "Request Timeout";
+        case 411: return "Length Required";
+        case 413: return "Content Too Large";
+        case 414: return "URI Too Long";
+        case 431: return "Request Header Fields Too Large";
+        case 500: return "Internal Server Error";
+        case 501: return "Not Implemented";
+        case 503: return "Service Unavailable";
+        case 505: return "HTTP Version Not Supported";
+        default: return "Unknown";
+    }
+}
+
+}  // namespace spindle::httpd
