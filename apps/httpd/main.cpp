@@ -1,0 +1,159 @@
+// spindle-httpd: an HTTP/1.1 server on spindle fibers (apps/httpd/server.h).
+//
+// With no flags it serves "Hello, World!" on 0.0.0.0:8080 with one carrier per core; --root DIR
+// serves files from DIR too. SIGINT or SIGTERM begins a graceful shutdown: no new connections,
+// requests in flight finish, idle connections close, and the process exits 0 within the drain time.
+//
+// Exit status: 0 after a graceful shutdown; 1 when the server cannot start; 2 for a bad flag.
+
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cstdio>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "apps/httpd/server.h"
+#include "core/io.h"
+#include "core/runtime.h"
+
+namespace {
+
+std::chrono::milliseconds millis(double seconds) {
+    return std::chrono::milliseconds(static_cast<int64_t>(seconds * 1000.0));
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    std::string address = "0.0.0.0";
+    unsigned port = 8080;
+    unsigned carriers = 0;
+    std::string root;
+    double headerTimeout = 10;
+    double idleTimeout = 60;
+    double sendTimeout = 30;
+    double drainTimeout = 10;
+    size_t maxHeaderBytes = 8 * 1024;
+    size_t maxHeaders = 100;
+    uint64_t maxBodyBytes = 1 << 20;
+    size_t stackKib = spindle::httpd::kDefaultConnectionStack / 1024;
+    unsigned providedBuffers = 1024;
+    bool noProvidedBuffers = false;
+
+    CLI::App app{"spindle-httpd: HTTP/1.1 on spindle fibers (hello route, static files)"};
+    app.add_option("--address", address, "numeric IPv4 or IPv6 address to listen on")->capture_default_str();
+    app.add_option("--port", port, "TCP port (0: any free port)")->check(CLI::Range(0u, 65535u))->capture_default_str();
+    app.add_option("--carriers", carriers, "carriers, one listener each (0: one per core)")->capture_default_str();
+    app.add_option("--root", root, "document root for static files (none: only the hello route)")
+        ->check(CLI::ExistingDirectory);
+    app.add_option("--header-timeout", headerTimeout, "seconds to receive a request head")
+        ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
+    app.add_option("--idle-timeout", idleTimeout, "seconds a keep-alive connection may stay idle")
+        ->check(CLI::Range(0.001, 86400.0))->capture_default_str();
+    app.add_option("--send-timeout", sendTimeout, "seconds for one batch of responses to leave")
+        ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
+    app.add_option("--drain-timeout", drainTimeout, "seconds requests in flight get after SIGINT/SIGTERM")
+        ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
+    app.add_option("--max-header-bytes", maxHeaderBytes, "request line + headers; more: 431")
+        ->check(CLI::Range(size_t{64}, size_t{1} << 20))->capture_default_str();
+    app.add_option("--max-headers", maxHeaders, "header fields per request; more: 431")
+        ->check(CLI::Range(size_t{1}, size_t{10000}))->capture_default_str();
+    app.add_option("--max-body-bytes", maxBodyBytes, "request body size; more: 413")->capture_default_str();
+    app.add_option("--stack-kib", stackKib, "stack of each connection fiber in KiB")
+        ->check(CLI::Range(size_t{16}, size_t{8192}))->capture_default_str();
+    app.add_option("--provided-buffers", providedBuffers, "provided receive buffers per carrier (a power of two)")
+        ->check(CLI::Range(1u, 32768u))->capture_default_str();
+    app.add_flag("--no-provided-buffers", noProvidedBuffers, "each connection keeps its own receive buffer");
+    CLI11_PARSE(app, argc, argv);
+
+    auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));
+    if (!listen) {
+        std::fprintf(stderr, "spindle-httpd: --address %s: %s\n", address.c_str(),
+                     spindle::net::SocketAddress::parseError(address).c_str());
+        return 2;
+    }
+
+    // Block the signals before the carriers start, so that every thread inherits the mask and they
+    // arrive only through the signalfd.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+    const int sfd = ::signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sfd < 0) {
+        std::perror("spindle-httpd: signalfd");
+        return 1;
+    }
+
+    spindle::RuntimeOptions ro;
+    ro.carriers = carriers;
+    auto rt = spindle::Runtime::start(ro);
+    if (!rt) {
+        std::fprintf(stderr, "spindle-httpd: the runtime did not start: %s\n", rt.error().message().c_str());
+        return 1;
+    }
+
+    spindle::httpd::ServerOptions so;
+    so.address = *listen;
+    so.root = root;
+    so.limits = spindle::httpd::ParserLimits{.maxHeaderBytes = maxHeaderBytes, .maxHeaders = maxHeaders, .maxBodyBytes = maxBodyBytes};
+    so.headerTimeout = millis(headerTimeout);
+    so.idleTimeout = millis(idleTimeout);
+    so.sendTimeout = millis(sendTimeout);
+    so.drainTimeout = millis(drainTimeout);
+    so.connectionStackSize = stackKib * 1024;
+    so.providedBuffers = !noProvidedBuffers;
+    so.providedBufferCount = providedBuffers;
+    auto server = spindle::httpd::Server::start(*rt, so);
+    if (!server) {
+        std::fprintf(stderr, "spindle-httpd: cannot start: %s\n", server.error().message().c_str());
+        rt->shutdown();
+        rt->join();
+        return 1;
+    }
+    spindle::httpd::Server* s = server->get();
+    std::fprintf(stderr, "%s\n",
+                 fmt::format("spindle-httpd: listening on {} with {} carrier(s){}", s->localAddress().toString(),
+                             rt->carrierCount(), root.empty() ? std::string() : ", root " + root)
+                     .c_str());
+
+    // The signal watcher: one poll on the signalfd through the ring.
+    auto watcher = rt->spawn(
+        [s, sfd] {
+            for (;;) {
+                auto ready = spindle::poll(sfd, POLLIN);
+                if (!ready) { return; }  // the runtime is shutting down
+                signalfd_siginfo info{};
+                if (::read(sfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+                    std::fprintf(stderr, "spindle-httpd: signal %u, draining\n", info.ssi_signo);
+                    s->stop();
+                    return;
+                }
+            }
+        },
+        spindle::SpawnOptions{.name = "signals"});
+    if (!watcher) {
+        std::fprintf(stderr, "spindle-httpd: cannot watch signals: %s\n", watcher.error().message().c_str());
+        s->stop();
+    }
+    s->wait();
+    const spindle::httpd::ServerStats st = s->stats();
+    server->reset();
+    if (watcher) { watcher->join(); }
+    rt->shutdown();
+    rt->join();
+    ::close(sfd);
+    std::fprintf(stderr, "%s\n",
+                 fmt::format("spindle-httpd: stopped after {} connections, {} requests ({} errors, {} header "
+                             "timeouts, {} idle timeouts)",
+                             st.accepted, st.requests, st.errors, st.headerTimeouts, st.idleTimeouts)
+                     .c_str());
+    return 0;
+}

@@ -1,0 +1,605 @@
+#include "apps/httpd/server.h"
+
+#include <fcntl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <condition_variable>
+#include <cstring>
+#include <ctime>
+#include <mutex>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include "apps/httpd/static_path.h"
+#include "base/log.h"
+#include "core/deadline.h"
+#include "core/fiber.h"
+#include "core/io.h"
+#include "net/buffered.h"
+#include "net/provided_buffers.h"
+#include "net/tcp.h"
+
+namespace spindle::httpd {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t kOutCapacity = 8 * 1024;        // responses of one batch, and file chunks
+constexpr size_t kStackHeaders = 128;            // header slots on the connection's stack
+constexpr size_t kMaxPath = 1024;                // a decoded path longer than this is 414
+constexpr size_t kLingerBytes = 64 * 1024;       // bytes read and dropped after an error response
+constexpr std::string_view kHelloBody = "Hello, World!";
+constexpr std::string_view kServerHeader = "Server: spindle\r\n";
+
+// One writer per counter (the carrier that owns it), readers anywhere: no read-modify-write needed.
+void bump(std::atomic<uint64_t>& c, uint64_t by = 1) noexcept { c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed); }
+
+/// The Date header's value, formatted once per second per carrier thread (connection fibers are
+/// pinned, so the thread-local cache is the carrier's).
+std::string_view httpDate() noexcept {
+    struct Cache {
+        time_t second = -1;
+        std::array<char, 29> text{};
+    };
+    thread_local Cache cache;
+    timespec now{};
+    ::clock_gettime(CLOCK_REALTIME_COARSE, &now);
+    if (now.tv_sec != cache.second) {
+        static constexpr std::array<const char*, 7> kDays{"Sun", "Mon", "Tue", "Wed", "Thu", "Fri", "Sat"};
+        static constexpr std::array<const char*, 12> kMonths{"Jan", "Feb", "Mar", "Apr", "May", "Jun",
+                                                             "Jul", "Aug", "Sep", "Oct", "Nov", "Dec"};
+        tm t{};
+        ::gmtime_r(&now.tv_sec, &t);
+        char* p = cache.text.data();
+        auto put = [&](std::string_view s) { p = std::copy(s.begin(), s.end(), p); };
+        auto two = [&](int v) { *p++ = static_cast<char>('0' + v / 10); *p++ = static_cast<char>('0' + v % 10); };
+        put(kDays[static_cast<size_t>(t.tm_wday)]);
+        put(", ");
+        two(t.tm_mday);
+        *p++ = ' ';
+        put(kMonths[static_cast<size_t>(t.tm_mon)]);
+        *p++ = ' ';
+        const int year = t.tm_year + 1900;
+        two(year / 100);
+        two(year % 100);
+        *p++ = ' ';
+        two(t.tm_hour);
+        *p++ = ':';
+        two(t.tm_min);
+        *p++ = ':';
+        two(t.tm_sec);
+        put(" GMT");
+        cache.second = now.tv_sec;
+    }
+    return {cache.text.data(), cache.text.size()};
+}
+
+/// Responses formatted into a fixed buffer on the connection's stack.
+class OutBuffer {
+public:
+    [[nodiscard]] size_t size() const noexcept { return len_; }
+    [[nodiscard]] size_t room() const noexcept { return kOutCapacity - len_; }
+    [[nodiscard]] char* tail() noexcept { return buf_.data() + len_; }
+    [[nodiscard]] const char* data() const noexcept { return buf_.data(); }
+    void advance(size_t n) noexcept { len_ += n; }
+    void clear() noexcept { len_ = 0; }
+    /// Precondition: room() >= s.size().
+    void put(std::string_view s) noexcept {
+        std::memcpy(buf_.data() + len_, s.data(), s.size());
+        len_ += s.size();
+    }
+    void putNumber(uint64_t v) noexcept {
+        char digits[20];
+        size_t n = 0;
+        do {
+            digits[n++] = static_cast<char>('0' + v % 10);
+            v /= 10;
+        } while (v != 0);
+        while (n > 0) { buf_[len_++] = digits[--n]; }
+    }
+
+private:
+    std::array<char, kOutCapacity> buf_;
+    size_t len_ = 0;
+};
+
+// A response head needs at most this much room: status line, fixed headers, a Content-Type, a length.
+constexpr size_t kMaxHeadBytes = 512;
+
+}  // namespace
+
+/// One carrier's share of the server: its listener, its connections, its counters.
+struct Worker;
+
+struct Server::Impl {
+    Runtime* rt = nullptr;
+    ServerOptions options;
+    net::SocketAddress local;
+    int rootFd = -1;
+    std::unique_ptr<net::ProvidedBufferPool> pool;
+    std::vector<std::unique_ptr<Worker>> workers;
+    std::atomic<bool> draining{false};
+
+    std::mutex mutex;                    // guards acceptors, stopped, waited
+    std::condition_variable stoppedCv;
+    std::vector<FiberHandle<void>> acceptors;
+    bool stopped = false;
+    bool waited = false;
+
+    ~Impl() {
+        if (rootFd >= 0) { ::close(rootFd); }
+    }
+};
+
+/// A connection as its worker sees it: on the connection fiber's stack, linked while it runs.
+struct ConnectionNode {
+    ConnectionNode* prev = nullptr;
+    ConnectionNode* next = nullptr;
+    int fd = -1;
+    bool idle = false;  // waiting for the first byte of a request: closing it loses nothing
+};
+
+struct Worker {
+    Server::Impl* server = nullptr;
+    unsigned index = 0;
+    net::TcpListener listener;
+    ConnectionNode* connections = nullptr;  // touched only on this worker's carrier
+    std::atomic<uint64_t> accepted{0};
+    std::atomic<uint64_t> active{0};
+    std::atomic<uint64_t> requests{0};
+    std::atomic<uint64_t> errors{0};
+    std::atomic<uint64_t> headerTimeouts{0};
+    std::atomic<uint64_t> idleTimeouts{0};
+
+    void link(ConnectionNode* n) noexcept {
+        n->next = connections;
+        if (connections != nullptr) { connections->prev = n; }
+        connections = n;
+    }
+    void unlink(ConnectionNode* n) noexcept {
+        if (n->prev != nullptr) { n->prev->next = n->next; } else { connections = n->next; }
+        if (n->next != nullptr) { n->next->prev = n->prev; }
+    }
+    /// Wakes the connections of this carrier that wait for a request (or all of them) with an end
+    /// of stream: shutdown(2) makes their pending receive return 0.
+    void shutdownConnections(bool idleOnly) noexcept {
+        for (ConnectionNode* n = connections; n != nullptr; n = n->next) {
+            if (!idleOnly || n->idle) { ::shutdown(n->fd, SHUT_RDWR); }
+        }
+    }
+};
+
+namespace {
+
+/// Serves one connection until it closes. Runs pinned on the worker's carrier.
+class Connection {
+public:
+    Connection(Worker& worker, net::TcpStream& stream) noexcept
+        : worker_(worker), server_(*worker.server), options_(server_.options), stream_(stream),
+          reader_(stream, std::max<size_t>(options_.limits.maxHeaderBytes, 1024), server_.pool.get()) {}
+
+    void run() noexcept {
+        node_.fd = stream_.fd();
+        worker_.link(&node_);
+        (void)stream_.setNoDelay();
+        // Header slots: on the stack for the usual limit, on the heap for a larger one.
+        std::array<Header, kStackHeaders> stackHeaders;
+        std::unique_ptr<Header[]> heapHeaders;
+        std::span<Header> headers(stackHeaders);
+        if (options_.limits.maxHeaders > kStackHeaders) {
+            heapHeaders.reset(new (std::nothrow) Header[options_.limits.maxHeaders]);
+            if (heapHeaders) { headers = std::span<Header>(heapHeaders.get(), options_.limits.maxHeaders); }
+        }
+        serve(headers);
+        worker_.unlink(&node_);
+    }
+
+private:
+    void serve(std::span<Header> headers) noexcept {
+        Deadline headDeadline(options_.headerTimeout);  // the first request's head: from the accept
+        bool headStarted = true;                         // headDeadline runs for the head being read
+        for (;;) {
+            // Answer every complete request buffered; stop at the first incomplete one.
+            bool close = false;
+            while (!close && reader_.size() > 0) {
+                Request req;
+                const ParseResult r = parseRequest(reader_.view(), options_.limits, headers, req);
+                if (r.status == ParseStatus::kIncomplete) {
+                    if (!headStarted) {  // started lazily: a head that arrives whole never reads the clock
+                        headDeadline = Deadline(options_.headerTimeout);
+                        headStarted = true;
+                    }
+                    break;
+                }
+                if (r.status == ParseStatus::kError) {
+                    bump(worker_.errors);
+                    if (!appendError(r.httpStatus)) { return; }
+                    close = true;
+                    break;
+                }
+                bump(worker_.requests);
+                const bool keepAlive = req.keepAlive && !server_.draining.load(std::memory_order_relaxed);
+                const uint64_t bodyLeft = req.bodyRemaining();
+                if (!respond(req, keepAlive)) { return; }
+                reader_.consume(r.consumed);
+                headStarted = false;
+                if (bodyLeft > 0 && !discardBody(bodyLeft)) { return; }
+                close = !keepAlive;
+            }
+            if (!flush()) { return; }
+            if (close) {
+                lingerClose();
+                return;
+            }
+            if (reader_.size() == 0) {
+                if (!waitForRequest()) { return; }
+                headStarted = false;
+                continue;
+            }
+            // A head is incomplete: read more of it before its deadline.
+            const Result<size_t> n = reader_.fill(headDeadline);
+            if (n && *n > 0) { continue; }
+            if (!n && n.errorCode() == ETIMEDOUT) {
+                bump(worker_.headerTimeouts);
+                sendErrorAndClose(408);
+            } else if (!n && n.errorCode() == ENOBUFS) {  // the head fills the whole buffer
+                bump(worker_.errors);
+                sendErrorAndClose(reader_.view().find('\n') == std::string_view::npos ? 414 : 431);
+            }
+            return;  // end of stream, or an error: nothing to answer
+        }
+    }
+
+    /// Waits for the first byte of the next request; false when the connection should close.
+    bool waitForRequest() noexcept {
+        if (server_.draining.load(std::memory_order_relaxed)) {
+            // Shutting down: a request already on its way (in the socket) is still served; a silent
+            // connection is closed.
+            const Result<size_t> n = reader_.fill(Deadline(1ms));
+            return n && *n > 0;
+        }
+        node_.idle = true;
+        const Result<size_t> n = reader_.fill(options_.idleTimeout);
+        node_.idle = false;
+        if (n && *n > 0) { return true; }
+        if (!n && n.errorCode() == ETIMEDOUT) { bump(worker_.idleTimeouts); }
+        return false;
+    }
+
+    /// Reads and drops `left` body bytes after the buffered part was consumed.
+    bool discardBody(uint64_t left) noexcept {
+        const Deadline deadline(options_.headerTimeout);
+        while (left > 0) {
+            if (reader_.size() == 0) {
+                if (!flush()) { return false; }  // the client may wait for our answer before it sends more
+                const Result<size_t> n = reader_.fill(deadline);
+                if (!n || *n == 0) { return false; }
+            }
+            const size_t take = static_cast<size_t>(std::min<uint64_t>(left, reader_.size()));
+            reader_.consume(take);
+            left -= take;
+        }
+        return true;
+    }
+
+    /// Sends what is buffered; false when the connection is broken.
+    bool flush() noexcept {
+        if (out_.size() == 0) { return true; }
+        const Result<void> r = stream_.writeAll(out_.data(), out_.size(), options_.sendTimeout);
+        out_.clear();
+        return r.ok();
+    }
+
+    /// Makes room for `n` bytes, flushing first when needed.
+    bool reserve(size_t n) noexcept { return out_.room() >= n || flush(); }
+
+    void putHead(int status, std::string_view contentType, uint64_t contentLength, bool keepAlive, int versionMinor) noexcept {
+        out_.put(versionMinor == 0 ? "HTTP/1.0 " : "HTTP/1.1 ");
+        out_.putNumber(static_cast<uint64_t>(status));
+        out_.put(" ");
+        out_.put(reasonPhrase(status));
+        out_.put("\r\n");
+        out_.put(kServerHeader);
+        out_.put("Date: ");
+        out_.put(httpDate());
+        out_.put("\r\nContent-Type: ");
+        out_.put(contentType);
+        out_.put("\r\nContent-Length: ");
+        out_.putNumber(contentLength);
+        if (!keepAlive) {
+            out_.put("\r\nConnection: close");
+        } else if (versionMinor == 0) {
+            out_.put("\r\nConnection: keep-alive");
+        }
+        if (status == 405) { out_.put("\r\nAllow: GET, HEAD"); }
+        out_.put("\r\n\r\n");
+    }
+
+    /// A short text response; false when the connection broke.
+    bool simple(int status, std::string_view body, bool keepAlive, int versionMinor, bool head) noexcept {
+        if (!reserve(kMaxHeadBytes + body.size())) { return false; }
+        putHead(status, "text/plain; charset=utf-8", body.size(), keepAlive, versionMinor);
+        if (!head) { out_.put(body); }
+        return true;
+    }
+
+    /// Appends the error response for a request that could not be parsed (it always closes).
+    bool appendError(int status) noexcept {
+        if (!reserve(kMaxHeadBytes + 64)) { return false; }
+        putHead(status, "text/plain; charset=utf-8", reasonPhrase(status).size() + 1, false, 1);
+        out_.put(reasonPhrase(status));
+        out_.put("\n");
+        return true;
+    }
+
+    void sendErrorAndClose(int status) noexcept {
+        if (appendError(status) && flush()) { lingerClose(); }
+    }
+
+    /// Half-closes, then reads and drops what the client still sends (briefly), so that closing
+    /// with unread bytes does not reset the connection before the client has read our answer.
+    void lingerClose() noexcept {
+        if (!stream_.shutdown(SHUT_WR, options_.lingerTimeout)) { return; }
+        const Deadline deadline(options_.lingerTimeout);
+        size_t dropped = 0;
+        while (dropped < kLingerBytes) {
+            dropped += reader_.size();
+            reader_.consume(reader_.size());
+            const Result<size_t> n = reader_.fill(deadline);
+            if (!n || *n == 0) { return; }
+        }
+    }
+
+    /// Appends (or sends) the response to `req`; false when the connection broke.
+    bool respond(const Request& req, bool keepAlive) noexcept {
+        const bool head = req.method == Method::kHead;
+        if (req.method != Method::kGet && !head) {
+            const int status = req.method == Method::kOther ? 501 : 405;
+            return simple(status, status == 501 ? "Not Implemented\n" : "Method Not Allowed\n", keepAlive, req.versionMinor, false);
+        }
+        std::string_view path = req.path;
+        if (path.empty()) { path = "/"; }  // absolute-form without a path
+        if (path == "/hello" || (path == "/" && options_.root.empty())) {
+            return simple(200, kHelloBody, keepAlive, req.versionMinor, head);
+        }
+        if (path.front() != '/') { return simple(400, "Bad Request\n", keepAlive, req.versionMinor, head); }
+        if (options_.root.empty()) { return simple(404, "Not Found\n", keepAlive, req.versionMinor, head); }
+        return serveFile(req, path, keepAlive, head);
+    }
+
+    bool serveFile(const Request& req, std::string_view urlPath, bool keepAlive, bool head) noexcept {
+        const int v = req.versionMinor;
+        std::array<char, kMaxPath> rel;
+        size_t relLength = 0;
+        switch (resolvePath(urlPath, rel.data(), rel.size(), &relLength)) {
+            case PathStatus::kOk: break;
+            case PathStatus::kBadRequest: return simple(400, "Bad Request\n", keepAlive, v, head);
+            case PathStatus::kTooLong: return simple(414, "URI Too Long\n", keepAlive, v, head);
+        }
+        struct statx st{};
+        const Result<void> s = spindle::statx(server_.rootFd, rel.data(), 0, STATX_TYPE | STATX_SIZE, &st);
+        if (!s || !S_ISREG(st.stx_mode)) {
+            const bool forbidden = !s && s.errorCode() == EACCES;
+            return simple(forbidden ? 403 : 404, forbidden ? "Forbidden\n" : "Not Found\n", keepAlive, v, head);
+        }
+        const Result<int> fd = spindle::openat(server_.rootFd, rel.data(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
+        if (!fd) {
+            const bool forbidden = fd.errorCode() == EACCES;
+            return simple(forbidden ? 403 : 404, forbidden ? "Forbidden\n" : "Not Found\n", keepAlive, v, head);
+        }
+        struct FdCloser {
+            int fd;
+            ~FdCloser() { (void)spindle::close(fd); }
+        } closer{*fd};
+        const uint64_t size = st.stx_size;
+        if (!reserve(kMaxHeadBytes)) { return false; }
+        putHead(200, contentTypeFor(std::string_view(rel.data(), relLength)), size, keepAlive, v);
+        if (head) { return true; }
+        // The body goes out through the same buffer: small files leave with their head in one send.
+        uint64_t offset = 0;
+        while (offset < size) {
+            if (out_.room() == 0 && !flush()) { return false; }
+            const size_t want = static_cast<size_t>(std::min<uint64_t>(out_.room(), size - offset));
+            const Result<size_t> n = spindle::read(*fd, out_.tail(), want, offset);
+            if (!n || *n == 0) {
+                // The file shrank or failed under us: the promised length cannot be kept.
+                log::warn("spindle-httpd: reading {} failed at {} of {} bytes", rel.data(), offset, size);
+                (void)flush();
+                return false;
+            }
+            out_.advance(*n);
+            offset += *n;
+        }
+        return true;
+    }
+
+    Worker& worker_;
+    Server::Impl& server_;
+    const ServerOptions& options_;
+    net::TcpStream& stream_;
+    net::BufferedReader reader_;
+    ConnectionNode node_;
+    OutBuffer out_;
+};
+
+void serveConnection(Worker& worker, net::TcpStream stream) noexcept {
+    {
+        Connection c(worker, stream);
+        c.run();
+    }
+    (void)stream.close();
+    worker.active.store(worker.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+}
+
+/// The acceptor fiber of one carrier: accepts until stop() (or the runtime's shutdown), then drains.
+void acceptLoop(Worker& w) noexcept {
+    Server::Impl& s = *w.server;
+    for (;;) {
+        Result<net::TcpStream> conn = w.listener.accept();
+        if (!conn) {
+            const int err = conn.errorCode();
+            if (err == ECANCELED || err == EBADF || s.draining.load()) { break; }
+            log::warn("spindle-httpd: accept on carrier {}: {}", w.index, conn.error().message());
+            (void)spindle::sleep(10ms);  // an unexpected error: do not spin on it
+            continue;
+        }
+        bump(w.accepted);
+        bump(w.active);
+        auto fiber = spindle::spawn(
+            [&w, stream = std::move(*conn)]() mutable noexcept { serveConnection(w, std::move(stream)); },
+            SpawnOptions{.name = "http-conn", .stackSize = s.options.connectionStackSize,
+                         .carrier = static_cast<int>(w.index), .pinned = true});
+        if (!fiber) {
+            // The lambda (and the stream in it) was never started: the connection is closed with it.
+            w.active.store(w.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+            if (fiber.errorCode() == ECANCELED) { break; }
+            log::warn("spindle-httpd: cannot start a connection fiber: {}", fiber.error().message());
+            continue;
+        }
+        fiber->detach();
+    }
+    // Drain. The cancellation that ended accept() must not fail the calls below.
+    this_fiber::acknowledgeCancellation();
+    s.draining.store(true);
+    w.listener.close();
+    const auto until = std::chrono::steady_clock::now() + s.options.drainTimeout;
+    while (w.active.load(std::memory_order_relaxed) > 0 && std::chrono::steady_clock::now() < until) {
+        w.shutdownConnections(/*idleOnly=*/true);
+        if (!spindle::sleep(5ms)) {
+            this_fiber::acknowledgeCancellation();
+            break;  // the runtime is shutting down: its cancellation ends the connections' calls
+        }
+    }
+    // Past the drain time: whatever is left is cut off, and gone in a moment.
+    while (w.active.load(std::memory_order_relaxed) > 0) {
+        w.shutdownConnections(/*idleOnly=*/false);
+        this_fiber::yield();
+        if (!spindle::sleep(1ms)) { this_fiber::acknowledgeCancellation(); }
+    }
+}
+
+}  // namespace
+
+Server::Server(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+
+Server::~Server() {
+    if (impl_) {
+        stop();
+        wait();
+    }
+    // Every connection has ended, so the pool's buffers are all back; it goes with impl_, while
+    // the carriers still run (net/provided_buffers.h).
+}
+
+Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& options) {
+    if (options.limits.maxHeaderBytes < 64 || options.limits.maxHeaders == 0 || options.connectionStackSize < 16 * 1024 ||
+        options.headerTimeout <= 0ms || options.idleTimeout <= 0ms || options.sendTimeout <= 0ms) {
+        log::error("spindle-httpd: an option is out of range (max header bytes >= 64, max headers >= 1, "
+                   "stack >= 16 KiB, timeouts > 0)");
+        return Error{EINVAL};
+    }
+    auto impl = std::make_unique<Impl>();
+    impl->rt = &rt;
+    impl->options = options;
+    if (!options.root.empty()) {
+        impl->rootFd = ::open(options.root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (impl->rootFd < 0) {
+            const int err = errno;
+            log::error("spindle-httpd: document root {}: {}", options.root, std::strerror(err));
+            return Error{err};
+        }
+    }
+    if (options.providedBuffers) {
+        auto pool = net::ProvidedBufferPool::create(
+            net::ProvidedBufferOptions{.count = options.providedBufferCount, .size = options.providedBufferSize});
+        if (pool) {
+            impl->pool = std::move(*pool);
+        } else {
+            log::warn("spindle-httpd: no provided-buffer pool ({}); connections keep their own buffers",
+                      pool.error().message());
+        }
+    }
+    // One listener per carrier on one address; the first picks the port when it is 0.
+    net::SocketAddress address = options.address;
+    const unsigned carriers = rt.carrierCount();
+    for (unsigned i = 0; i < carriers; ++i) {
+        auto listener = net::TcpListener::bind(
+            address, net::ListenOptions{.backlog = options.backlog, .reuseAddress = true, .reusePort = true});
+        if (!listener) {
+            log::error("spindle-httpd: cannot listen on {}: {}", address.toString(), listener.error().message());
+            return Error{listener.errorCode()};
+        }
+        if (i == 0) {
+            impl->local = listener->localAddress();
+            address = impl->local;
+        }
+        auto w = std::make_unique<Worker>();
+        w->server = impl.get();
+        w->index = i;
+        w->listener = std::move(*listener);
+        impl->workers.push_back(std::move(w));
+    }
+    for (auto& w : impl->workers) {
+        Worker* worker = w.get();
+        auto h = rt.spawn([worker]() noexcept { acceptLoop(*worker); },
+                          SpawnOptions{.name = "http-accept", .carrier = static_cast<int>(worker->index), .pinned = true});
+        if (!h) {
+            log::error("spindle-httpd: cannot start the acceptor of carrier {}: {}", worker->index, h.error().message());
+            auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
+            server->stop();
+            server->wait();
+            return Error{h.errorCode()};
+        }
+        impl->acceptors.push_back(std::move(*h));
+    }
+    return std::unique_ptr<Server>(new Server(std::move(impl)));
+}
+
+net::SocketAddress Server::localAddress() const noexcept { return impl_->local; }
+
+void Server::stop() noexcept {
+    std::lock_guard lock(impl_->mutex);
+    if (impl_->stopped) { return; }
+    impl_->draining.store(true);
+    for (auto& h : impl_->acceptors) { h.cancel(); }
+    impl_->stopped = true;
+    impl_->stoppedCv.notify_all();
+}
+
+void Server::wait() noexcept {
+    std::vector<FiberHandle<void>> acceptors;
+    {
+        std::unique_lock lock(impl_->mutex);
+        impl_->stoppedCv.wait(lock, [&] { return impl_->stopped; });
+        if (impl_->waited) { return; }
+        impl_->waited = true;
+        acceptors = std::move(impl_->acceptors);
+    }
+    for (auto& h : acceptors) { h.join(); }
+}
+
+ServerStats Server::stats() const noexcept {
+    ServerStats s;
+    for (const auto& w : impl_->workers) {
+        s.accepted += w->accepted.load(std::memory_order_relaxed);
+        s.active += w->active.load(std::memory_order_relaxed);
+        s.requests += w->requests.load(std::memory_order_relaxed);
+        s.errors += w->errors.load(std::memory_order_relaxed);
+        s.headerTimeouts += w->headerTimeouts.load(std::memory_order_relaxed);
+        s.idleTimeouts += w->idleTimeouts.load(std::memory_order_relaxed);
+    }
+    if (impl_->pool) {
+        const net::ProvidedBufferStats p = impl_->pool->stats();
+        s.providedRecvs = p.providedRecvs;
+        s.fallbackRecvs = p.fallbackRecvs;
+    }
+    return s;
+}
+
+}  // namespace spindle::httpd

@@ -1,0 +1,101 @@
+#pragma once
+/// spindle-httpd's server: HTTP/1.1 over spindle::net, share-nothing per carrier.
+///
+/// Every carrier gets its own listener on the same address (SO_REUSEPORT: the kernel spreads new
+/// connections over them) and a pinned acceptor fiber; each accepted connection is served by a
+/// fiber pinned to the same carrier, with a small stack. A connection parses every complete request
+/// in its receive buffer (pipelining), formats the responses into one buffer on its own stack and
+/// sends them in one send before it waits for more bytes. With a ProvidedBufferPool (the default
+/// where the kernel has it) a connection that waits holds no receive buffer.
+///
+/// Routes: GET/HEAD /hello answers "Hello, World!" (13 bytes, text/plain); so does "/" when no
+/// document root is set. With a root, every other path names a file under it, read through the
+/// ring (statx, open, read), with its Content-Type by extension; a path ending in '/' names its
+/// index.html; a ".." segment is 400. Other known methods get 405 with "Allow: GET, HEAD", unknown
+/// ones 501; parser errors get their status (400, 411 for chunked bodies, 413, 414, 431, 501, 505)
+/// and the connection is closed after the response.
+/// Timeouts: a request head must be complete within headerTimeout of its first byte (of the
+/// accept, for a connection's first request), or the connection gets 408 and is closed (slowloris);
+/// a keep-alive connection with no request started is closed after idleTimeout.
+/// Shutdown: stop() stops accepting at once, closes idle connections, lets connections that are
+/// reading or answering a request finish it (their last response says "Connection: close"), and
+/// after drainTimeout closes whatever is left; wait() returns when every connection is gone.
+/// Errors: start() returns the errno of a listener that could not bind (EADDRINUSE, EACCES, ...),
+/// of the document root that could not be opened (ENOENT, ENOTDIR, EACCES), EINVAL for options out
+/// of range, and the spawn's errors. A failing connection is closed and counted; nothing throws.
+/// Thread-safety: stop() and stats() from any thread or fiber; wait() and the destructor from a
+/// plain thread (not a fiber of the runtime).
+
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "apps/httpd/http_parser.h"
+#include "base/result.h"
+#include "core/runtime.h"
+#include "net/address.h"
+
+namespace spindle::httpd {
+
+#if defined(SPINDLE_ASAN) || defined(SPINDLE_TSAN)
+inline constexpr size_t kDefaultConnectionStack = 256 * 1024;  // sanitizers grow frames several-fold
+#else
+inline constexpr size_t kDefaultConnectionStack = 32 * 1024;
+#endif
+
+struct ServerOptions {
+    net::SocketAddress address = net::SocketAddress::ipv4Any(8080);  // port 0: the kernel picks one
+    std::string root;                             // document root; "" serves the hello route only
+    ParserLimits limits;                          // head bytes, header count, body size
+    std::chrono::milliseconds headerTimeout{10'000};
+    std::chrono::milliseconds idleTimeout{60'000};
+    std::chrono::milliseconds sendTimeout{30'000};   // one batch of responses (or a file chunk) must leave in this
+    std::chrono::milliseconds drainTimeout{10'000};  // after stop(), how long requests in flight may take
+    std::chrono::milliseconds lingerTimeout{1'000};  // after an error response, read and drop the client's bytes this long
+    size_t connectionStackSize = kDefaultConnectionStack;
+    bool providedBuffers = true;                  // receive into a ProvidedBufferPool when the kernel allows
+    unsigned providedBufferCount = 1024;          // per carrier, a power of two
+    size_t providedBufferSize = 4096;
+    int backlog = 4096;
+};
+
+/// Counters summed over the carriers (read racily).
+struct ServerStats {
+    uint64_t accepted = 0;
+    uint64_t active = 0;            // connections open now
+    uint64_t requests = 0;          // complete request heads answered
+    uint64_t errors = 0;            // responses with a 4xx/5xx status from the parser or a timeout
+    uint64_t headerTimeouts = 0;    // connections closed with 408
+    uint64_t idleTimeouts = 0;      // keep-alive connections closed for idleness
+    uint64_t providedRecvs = 0;     // receives served from the provided-buffer ring
+    uint64_t fallbackRecvs = 0;     // receives into a heap buffer instead
+};
+
+class Server {
+public:
+    /// Binds one listener per carrier of `rt` and starts accepting. `rt` must outlive the server.
+    [[nodiscard]] static Result<std::unique_ptr<Server>> start(Runtime& rt, const ServerOptions& options);
+    /// stop(), then wait().
+    ~Server();
+    Server(const Server&) = delete;
+    Server& operator=(const Server&) = delete;
+
+    /// The bound address (with the port the kernel chose for port 0).
+    [[nodiscard]] net::SocketAddress localAddress() const noexcept;
+    /// Begins the graceful shutdown described in the class comment; returns at once. Idempotent.
+    void stop() noexcept;
+    /// Blocks until stop() was called and every connection is gone.
+    void wait() noexcept;
+    [[nodiscard]] ServerStats stats() const noexcept;
+
+    struct Impl;
+
+private:
+    explicit Server(std::unique_ptr<Impl> impl) noexcept;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spindle::httpd
