@@ -1,0 +1,498 @@
+// Conformance tests of spindle-httpd's server (apps/httpd/server.h): the server runs in-process on a
+// runtime of two carriers, listening on 127.0.0.1 port 0; the client end is plain blocking sockets on
+// the test thread. Timeouts are generous (sanitizer builds are slow); no test passes or fails on timing
+// except through them.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/httpd/server.h"
+#include "tests/core/with_runtime.h"
+
+namespace spindle::httpd {
+namespace {
+
+using namespace std::chrono_literals;
+using testing_support::WithScratchDir;
+
+constexpr auto kIoTimeout = 30s;  // any single client wait; only a hung server reaches it
+
+struct Response {
+    std::string statusLine;
+    std::vector<std::pair<std::string, std::string>> headers;
+    std::string body;
+    [[nodiscard]] int status() const { return statusLine.size() >= 12 ? std::stoi(statusLine.substr(9, 3)) : 0; }
+    [[nodiscard]] std::optional<std::string> header(std::string_view name) const {
+        for (const auto& [n, v] : headers) {
+            if (equalsIgnoreCase(n, name)) { return v; }
+        }
+        return std::nullopt;
+    }
+};
+
+/// A blocking TCP client with a receive buffer that keeps pipelined responses apart.
+class Client {
+public:
+    explicit Client(uint16_t port) {
+        fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        EXPECT_GE(fd_, 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(port);
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        EXPECT_EQ(::connect(fd_, reinterpret_cast<sockaddr*>(&a), sizeof a), 0) << std::strerror(errno);
+        const int one = 1;
+        ::setsockopt(fd_, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    }
+    ~Client() {
+        if (fd_ >= 0) { ::close(fd_); }
+    }
+    Client(const Client&) = delete;
+    Client& operator=(const Client&) = delete;
+
+    [[nodiscard]] int fd() const { return fd_; }
+
+    bool send(std::string_view s) {
+        while (!s.empty()) {
+            const ssize_t n = ::send(fd_, s.data(), s.size(), MSG_NOSIGNAL);
+            if (n <= 0) { return false; }
+            s.remove_prefix(static_cast<size_t>(n));
+        }
+        return true;
+    }
+
+    /// Receives once into the buffer; false at end of stream, on an error or after kIoTimeout.
+    bool receiveMore(std::chrono::milliseconds timeout = kIoTimeout) {
+        pollfd p{fd_, POLLIN, 0};
+        if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) { return false; }
+        char chunk[16384];
+        const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+        if (n <= 0) { return false; }
+        buf_.append(chunk, static_cast<size_t>(n));
+        return true;
+    }
+
+    /// The next response (a HEAD's has no body); nullopt when the stream ended first.
+    std::optional<Response> next(bool head = false) {
+        size_t end;
+        while ((end = buf_.find("\r\n\r\n")) == std::string::npos) {
+            if (!receiveMore()) { return std::nullopt; }
+        }
+        Response r;
+        std::string_view h(buf_.data(), end);
+        const size_t firstLf = h.find("\r\n");
+        r.statusLine = std::string(h.substr(0, firstLf));
+        h.remove_prefix(firstLf == std::string_view::npos ? h.size() : firstLf + 2);
+        while (!h.empty()) {
+            const size_t lf = h.find("\r\n");
+            const std::string_view line = h.substr(0, lf);
+            const size_t colon = line.find(':');
+            r.headers.emplace_back(std::string(line.substr(0, colon)), std::string(line.substr(colon + 2)));
+            h.remove_prefix(lf == std::string_view::npos ? h.size() : lf + 2);
+        }
+        buf_.erase(0, end + 4);
+        const size_t length = head ? 0 : std::stoul(r.header("Content-Length").value_or("0"));
+        while (buf_.size() < length) {
+            if (!receiveMore()) { return std::nullopt; }
+        }
+        r.body = buf_.substr(0, length);
+        buf_.erase(0, length);
+        return r;
+    }
+
+    /// Whether the server closes the connection (end of stream or reset) within kIoTimeout; bytes
+    /// that arrive before the end are kept in the buffer.
+    bool closedByPeer() {
+        for (;;) {
+            pollfd p{fd_, POLLIN, 0};
+            if (::poll(&p, 1, static_cast<int>(std::chrono::milliseconds(kIoTimeout).count())) <= 0) { return false; }
+            char chunk[4096];
+            const ssize_t n = ::recv(fd_, chunk, sizeof chunk, 0);
+            if (n <= 0) { return true; }
+            buf_.append(chunk, static_cast<size_t>(n));
+        }
+    }
+
+    [[nodiscard]] const std::string& buffered() const { return buf_; }
+
+private:
+    int fd_ = -1;
+    std::string buf_;
+};
+
+std::string get(std::string_view path, std::string_view extra = "") {
+    return "GET " + std::string(path) + " HTTP/1.1\r\nHost: test\r\n" + std::string(extra) + "\r\n";
+}
+
+class HttpServer : public WithScratchDir {
+protected:
+    void TearDown() override {
+        server_.reset();  // stops and drains before the fixture counts fibers
+        WithScratchDir::TearDown();
+    }
+
+    ServerOptions defaults() const {
+        ServerOptions o;
+        o.address = net::SocketAddress::ipv4Loopback(0);
+        return o;
+    }
+
+    void startServer(const ServerOptions& o) {
+        auto s = Server::start(rt(), o);
+        ASSERT_TRUE(s) << s.error().message();
+        server_ = std::move(*s);
+        port_ = server_->localAddress().port();
+        ASSERT_NE(port_, 0);
+    }
+
+    void writeFile(const char* name, std::string_view bytes) {
+        std::ofstream f(path(name), std::ios::binary);
+        f.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+        ASSERT_TRUE(f.good());
+    }
+
+    std::unique_ptr<Server> server_;
+    uint16_t port_ = 0;
+};
+
+TEST_F(HttpServer, HelloOverKeepAlive) {
+    startServer(defaults());
+    Client c(port_);
+    for (const char* target : {"/", "/hello", "/"}) {
+        ASSERT_TRUE(c.send(get(target)));
+        auto r = c.next();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->statusLine, "HTTP/1.1 200 OK");
+        EXPECT_EQ(r->body, "Hello, World!");
+        EXPECT_EQ(r->header("Content-Length"), "13");
+        EXPECT_EQ(r->header("Content-Type"), "text/plain; charset=utf-8");
+        EXPECT_TRUE(r->header("Date"));
+        EXPECT_FALSE(r->header("Connection"));
+    }
+    EXPECT_EQ(server_->stats().requests, 3u);
+}
+
+TEST_F(HttpServer, PipelinedRequestsAnsweredInOrder) {
+    startServer(defaults());
+    Client c(port_);
+    std::string batch;
+    // Enough requests that their answers fill the server's batch buffer several times over.
+    constexpr int kRequests = 200;
+    for (int i = 0; i < kRequests; ++i) {
+        batch += i % 3 == 0 ? get("/hello") : i % 3 == 1 ? get("/missing") : "HEAD /hello HTTP/1.1\r\nHost: t\r\n\r\n";
+    }
+    ASSERT_TRUE(c.send(batch));
+    for (int i = 0; i < kRequests; ++i) {
+        auto r = c.next(/*head=*/i % 3 == 2);
+        ASSERT_TRUE(r) << i;
+        if (i % 3 == 0) {
+            EXPECT_EQ(r->status(), 200);
+            EXPECT_EQ(r->body, "Hello, World!");
+        } else if (i % 3 == 1) {
+            EXPECT_EQ(r->status(), 404);
+        } else {
+            EXPECT_EQ(r->status(), 200);
+            EXPECT_EQ(r->header("Content-Length"), "13");
+            EXPECT_EQ(r->body, "");
+        }
+    }
+    EXPECT_EQ(c.buffered(), "");  // no body after the HEAD answers
+}
+
+TEST_F(HttpServer, HeadHasNoBody) {
+    startServer(defaults());
+    Client c(port_);
+    ASSERT_TRUE(c.send("HEAD /hello HTTP/1.1\r\nHost: t\r\n\r\n" + get("/hello")));
+    auto head = c.next(true);
+    ASSERT_TRUE(head);
+    EXPECT_EQ(head->status(), 200);
+    EXPECT_EQ(head->header("Content-Length"), "13");
+    auto r = c.next();  // the GET's answer follows at once: the HEAD's carried no body
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->statusLine, "HTTP/1.1 200 OK");
+    EXPECT_EQ(r->body, "Hello, World!");
+}
+
+TEST_F(HttpServer, ChunkedBodyIsRejectedWith411AndClosed) {
+    startServer(defaults());
+    Client c(port_);
+    ASSERT_TRUE(c.send("POST /hello HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
+    auto r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 411);
+    EXPECT_EQ(r->header("Connection"), "close");
+    EXPECT_TRUE(c.closedByPeer());
+}
+
+TEST_F(HttpServer, MalformedRequestLineIs400) {
+    startServer(defaults());
+    Client c(port_);
+    ASSERT_TRUE(c.send("GET /hello HTTP/1.1 extra\r\nHost: t\r\n\r\n"));
+    auto r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 400);
+    EXPECT_EQ(r->header("Connection"), "close");
+    EXPECT_TRUE(c.closedByPeer());
+    EXPECT_GE(server_->stats().errors, 1u);
+}
+
+TEST_F(HttpServer, OversizedHeadersAre431) {
+    startServer(defaults());
+    Client c(port_);
+    ASSERT_TRUE(c.send(get("/hello", "X-Big: " + std::string(9000, 'x') + "\r\n")));
+    auto r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 431);
+    EXPECT_TRUE(c.closedByPeer());
+
+    Client many(port_);
+    std::string fields;
+    for (int i = 0; i < 101; ++i) { fields += "X-" + std::to_string(i) + ": v\r\n"; }
+    ASSERT_TRUE(many.send(get("/hello", fields)));
+    auto m = many.next();
+    ASSERT_TRUE(m);
+    EXPECT_EQ(m->status(), 431);
+}
+
+TEST_F(HttpServer, BodyTooLargeIs413) {
+    ServerOptions o = defaults();
+    o.limits.maxBodyBytes = 1000;
+    startServer(o);
+    Client c(port_);
+    ASSERT_TRUE(c.send("POST /hello HTTP/1.1\r\nHost: t\r\nContent-Length: 1001\r\n\r\n" + std::string(1001, 'b')));
+    auto r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 413);
+    EXPECT_TRUE(c.closedByPeer());
+}
+
+TEST_F(HttpServer, OtherMethodsGet405WithAllowAndTheBodyIsSkipped) {
+    startServer(defaults());
+    Client c(port_);
+    // The body arrives in two parts, so that the server has to read past what it buffered.
+    ASSERT_TRUE(c.send("POST /hello HTTP/1.1\r\nHost: t\r\nContent-Length: 20000\r\n\r\n" + std::string(5000, 'p')));
+    auto r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 405);
+    EXPECT_EQ(r->header("Allow"), "GET, HEAD");
+    ASSERT_TRUE(c.send(std::string(15000, 'q') + get("/hello")));
+    auto after = c.next();
+    ASSERT_TRUE(after);
+    EXPECT_EQ(after->status(), 200);
+    EXPECT_EQ(after->body, "Hello, World!");
+
+    ASSERT_TRUE(c.send("BREW /pot HTTP/1.1\r\nHost: t\r\n\r\n"));
+    auto brew = c.next();
+    ASSERT_TRUE(brew);
+    EXPECT_EQ(brew->status(), 501);
+}
+
+TEST_F(HttpServer, MissingIs404) {
+    startServer(defaults());
+    Client c(port_);
+    ASSERT_TRUE(c.send(get("/nothing/here")));
+    auto r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 404);
+    EXPECT_FALSE(r->header("Connection"));  // a 404 keeps the connection
+}
+
+TEST_F(HttpServer, StaticFilesExactBytesAndTypes) {
+    const std::vector<char> big = testing_support::pattern(300 * 1024 + 17, 7);
+    writeFile("index.html", "<h1>home</h1>\n");
+    writeFile("style.css", "body{}\n");
+    writeFile("big.bin", std::string_view(big.data(), big.size()));
+    ASSERT_EQ(::mkdir(path("sub").c_str(), 0755), 0);
+    writeFile("sub/index.html", "sub index");
+    writeFile("sub/a b.txt", "spaced");
+    ServerOptions o = defaults();
+    o.root = dir_;
+    startServer(o);
+    Client c(port_);
+    struct Case {
+        const char* target;
+        int status;
+        std::string body;
+        const char* type;
+    };
+    const std::vector<Case> cases = {
+        {"/", 200, "<h1>home</h1>\n", "text/html; charset=utf-8"},
+        {"/index.html", 200, "<h1>home</h1>\n", "text/html; charset=utf-8"},
+        {"/style.css", 200, "body{}\n", "text/css; charset=utf-8"},
+        {"/sub/", 200, "sub index", "text/html; charset=utf-8"},
+        {"/sub/a%20b.txt", 200, "spaced", "text/plain; charset=utf-8"},
+        {"/big.bin", 200, std::string(big.data(), big.size()), "application/octet-stream"},
+        {"/hello", 200, "Hello, World!", "text/plain; charset=utf-8"},
+        {"/nope.html", 404, "Not Found\n", nullptr},
+        {"/sub", 404, "Not Found\n", nullptr},  // a directory without the slash
+        {"/../etc/passwd", 400, "Bad Request\n", nullptr},
+        {"/sub/%2e%2e/%2e%2e/etc/passwd", 400, "Bad Request\n", nullptr},
+    };
+    for (const Case& k : cases) {
+        ASSERT_TRUE(c.send(get(k.target)));
+        auto r = c.next();
+        ASSERT_TRUE(r) << k.target;
+        EXPECT_EQ(r->status(), k.status) << k.target;
+        EXPECT_TRUE(r->body == k.body) << k.target << ": " << r->body.size() << " bytes";
+        if (k.type != nullptr) { EXPECT_EQ(r->header("Content-Type"), k.type) << k.target; }
+    }
+    ASSERT_TRUE(c.send("HEAD /big.bin HTTP/1.1\r\nHost: t\r\n\r\n" + get("/style.css")));
+    auto head = c.next(true);
+    ASSERT_TRUE(head);
+    EXPECT_EQ(head->header("Content-Length"), std::to_string(big.size()));
+    auto css = c.next();
+    ASSERT_TRUE(css);
+    EXPECT_EQ(css->body, "body{}\n");
+}
+
+TEST_F(HttpServer, Http10ClosesUnlessKeepAlive) {
+    startServer(defaults());
+    Client keep(port_);
+    ASSERT_TRUE(keep.send("GET /hello HTTP/1.0\r\nConnection: keep-alive\r\n\r\n"));
+    auto k = keep.next();
+    ASSERT_TRUE(k);
+    EXPECT_EQ(k->statusLine, "HTTP/1.0 200 OK");
+    EXPECT_EQ(k->header("Connection"), "keep-alive");
+    ASSERT_TRUE(keep.send("GET /hello HTTP/1.0\r\n\r\n"));
+    auto r = keep.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->statusLine, "HTTP/1.0 200 OK");
+    EXPECT_EQ(r->header("Connection"), "close");
+    EXPECT_EQ(r->body, "Hello, World!");
+    EXPECT_TRUE(keep.closedByPeer());
+
+    Client close11(port_);
+    ASSERT_TRUE(close11.send(get("/hello", "Connection: close\r\n")));
+    auto c = close11.next();
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->header("Connection"), "close");
+    EXPECT_TRUE(close11.closedByPeer());
+}
+
+TEST_F(HttpServer, SlowlorisIsCutOffByTheHeaderTimeout) {
+    ServerOptions o = defaults();
+    o.headerTimeout = 300ms;
+    startServer(o);
+    Client c(port_);
+    // One byte every 20 ms of a head that never ends: the server must close long before we stop.
+    const std::string drip = "GET /hello HTTP/1.1\r\nHost: t\r\nX-Slow: " + std::string(100000, 'a');
+    const auto start = std::chrono::steady_clock::now();
+    bool cut = false;
+    for (size_t i = 0; i < drip.size() && std::chrono::steady_clock::now() - start < kIoTimeout; ++i) {
+        if (!c.send(drip.substr(i, 1))) {
+            cut = true;
+            break;
+        }
+        pollfd p{c.fd(), POLLIN, 0};
+        if (::poll(&p, 1, 20) > 0) {
+            cut = true;
+            break;
+        }
+    }
+    ASSERT_TRUE(cut) << "the connection outlived " << kIoTimeout.count() << " s of dripping";
+    auto r = c.next();
+    if (r) { EXPECT_EQ(r->status(), 408); }
+    EXPECT_EQ(server_->stats().headerTimeouts, 1u);
+}
+
+TEST_F(HttpServer, SilentConnectionIsCutOffByTheHeaderTimeout) {
+    ServerOptions o = defaults();
+    o.headerTimeout = 200ms;
+    startServer(o);
+    Client c(port_);
+    auto r = c.next();  // sends nothing; the server answers 408 and closes
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 408);
+    EXPECT_TRUE(c.closedByPeer());
+}
+
+TEST_F(HttpServer, IdleKeepAliveConnectionIsClosed) {
+    ServerOptions o = defaults();
+    o.idleTimeout = 200ms;
+    startServer(o);
+    Client c(port_);
+    ASSERT_TRUE(c.send(get("/hello")));
+    auto r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200);
+    EXPECT_TRUE(c.closedByPeer());
+    EXPECT_EQ(c.buffered(), "");  // closed silently: an idle connection gets no 408
+    EXPECT_EQ(server_->stats().idleTimeouts, 1u);
+}
+
+TEST_F(HttpServer, GracefulShutdownDeliversResponsesInFlight) {
+    const std::vector<char> big = testing_support::pattern(8 * 1024 * 1024, 3);
+    writeFile("big.bin", std::string_view(big.data(), big.size()));
+    ServerOptions o = defaults();
+    o.root = dir_;
+    o.drainTimeout = 60s;
+    startServer(o);
+
+    // A: a large response in flight, read slowly.
+    Client a(port_);
+    ASSERT_TRUE(a.send(get("/big.bin")));
+    ASSERT_TRUE(a.receiveMore());  // the answer has begun
+    // B: idle keep-alive connections, which the shutdown closes.
+    Client b(port_);
+    ASSERT_TRUE(b.send(get("/hello")));
+    ASSERT_TRUE(b.next());
+    Client idle(port_);
+
+    server_->stop();
+    std::thread waiter([&] { server_->wait(); });
+    std::this_thread::sleep_for(50ms);  // (not needed for correctness: lets the drain begin first)
+
+    auto r = a.next();
+    ASSERT_TRUE(r) << "the response in flight was cut off";
+    EXPECT_EQ(r->status(), 200);
+    EXPECT_EQ(r->header("Connection"), std::nullopt);  // it was answered before the shutdown began
+    EXPECT_TRUE(r->body == std::string(big.data(), big.size()));
+    EXPECT_TRUE(b.closedByPeer());
+    EXPECT_TRUE(idle.closedByPeer());
+    EXPECT_TRUE(a.closedByPeer());  // once its answer is out, A is idle and closed too
+    waiter.join();
+    // New connections are refused once the listeners are closed.
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port_);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_NE(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ::close(fd);
+    EXPECT_EQ(server_->stats().active, 0u);
+}
+
+TEST_F(HttpServer, ManyConnectionsAcrossCarriers) {
+    startServer(defaults());
+    constexpr int kClients = 64;
+    std::vector<std::unique_ptr<Client>> clients;
+    for (int i = 0; i < kClients; ++i) { clients.push_back(std::make_unique<Client>(port_)); }
+    for (int round = 0; round < 3; ++round) {
+        for (auto& c : clients) { ASSERT_TRUE(c->send(get("/hello"))); }
+        for (auto& c : clients) {
+            auto r = c->next();
+            ASSERT_TRUE(r);
+            EXPECT_EQ(r->body, "Hello, World!");
+        }
+    }
+    EXPECT_EQ(server_->stats().accepted, static_cast<uint64_t>(kClients));
+    EXPECT_EQ(server_->stats().requests, static_cast<uint64_t>(3 * kClients));
+}
+
+}  // namespace
+}  // namespace spindle::httpd
