@@ -1,0 +1,230 @@
+#!/usr/bin/env bash
+# spindle-httpd against nginx on the hello route, both on one CPU, with wrk on another. Builds the
+# spindle-httpd target of the release preset, installs wrk and nginx-light when missing, then for
+# each connection count N: one warm-up run of each server, then R alternating A/B runs of
+#   taskset -c 1 wrk -t1 -cN -dD --latency http://127.0.0.1:PORT/hello
+# against spindle-httpd --carriers 1 and nginx (one worker process), each pinned with taskset -c 0.
+# Prints per N and server: requests/s median [min..max], server CPU µs per request (utime + stime
+# from /proc/PID/stat over the run, divided by the requests wrk counted), p99 latency (median of the
+# runs), and the ratios spindle/nginx.
+# --rss: instead, opens --rss-connections keep-alive connections to each server (one request on
+# each, then idle) and prints the server's VmRSS before and after, and the growth per connection.
+#
+# usage: scripts/bench/http.sh [--connections "10 100 1000 10000"] [--duration D] [--warmup W]
+#                              [--repetitions R] [--server-cpu C] [--client-cpu C]
+#                              [--rss [--rss-connections N]]
+#   --connections L   connection counts to sweep (default "10 100 1000 10000")
+#   --duration D      seconds per measured run (default 10)
+#   --warmup W        seconds of the warm-up run per server and N (default 3)
+#   --repetitions R   measured runs per server and N, alternating (default 3)
+#   --server-cpu C    CPU both servers are pinned to (default 0)
+#   --client-cpu C    CPU wrk is pinned to (default 1)
+#   --rss             memory mode (see above)
+#   --rss-connections N  connections in memory mode (default 10000)
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+conns="10 100 1000 10000"
+duration=10
+warmup=3
+reps=3
+server_cpu=0
+client_cpu=1
+rss=0
+rss_conns=10000
+while (($# > 0)); do
+  case "$1" in
+    --connections) conns="$2"; shift ;;
+    --duration) duration="$2"; shift ;;
+    --warmup) warmup="$2"; shift ;;
+    --repetitions) reps="$2"; shift ;;
+    --server-cpu) server_cpu="$2"; shift ;;
+    --client-cpu) client_cpu="$2"; shift ;;
+    --rss) rss=1 ;;
+    --rss-connections) rss_conns="$2"; shift ;;
+    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "http.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+
+spindle_port=18080
+nginx_port=18081
+
+# wrk and nginx-light, installed the way scripts/lib/deps.sh installs build dependencies.
+install_bench_tools() {
+  local -a missing=() priv=()
+  command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+  command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)
+  ((${#missing[@]} == 0)) && return 0
+  if [[ "$(id -u)" != 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || { echo "http.sh: not root and no sudo; install ${missing[*]}" >&2; return 1; }
+    priv=(sudo)
+  fi
+  echo "http.sh: installing ${missing[*]}" >&2
+  "${priv[@]}" apt-get update >&2
+  "${priv[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
+  # Debian's package starts its own nginx on port 80: it would share the CPUs we measure.
+  if command -v service >/dev/null 2>&1; then "${priv[@]}" service nginx stop >&2 || true; fi
+}
+
+build_httpd() {
+  (
+    cd "$SPINDLE_REPO_ROOT" &&
+      spindle_install_deps &&
+      cmake --preset release &&
+      cmake --build --preset release --target spindle-httpd
+  ) >&2
+}
+
+install_bench_tools
+build_httpd
+httpd="$SPINDLE_REPO_ROOT/build/release/apps/spindle-httpd"
+[[ -x "$httpd" ]] || { echo "http.sh: $httpd was not built" >&2; exit 1; }
+
+# 10,000 connections need as many descriptors in wrk and in each server.
+hard=$(ulimit -Hn)
+want=20000
+[[ "$hard" != unlimited ]] && ((hard < want)) && want=$hard
+ulimit -n "$want"
+
+tmp=$(mktemp -d)
+pids=()
+cleanup() {
+  local p
+  for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
+  for p in "${pids[@]}"; do wait "$p" 2>/dev/null || true; done
+  rm -rf "$tmp"
+}
+trap cleanup EXIT
+
+cat >"$tmp/nginx.conf" <<EOF
+daemon off;
+master_process off;           # one process: the worker itself (what we pin and measure)
+worker_processes 1;
+worker_rlimit_nofile $want;
+pid $tmp/nginx.pid;
+error_log $tmp/error.log warn;
+events { worker_connections $want; }
+http {
+  access_log off;
+  keepalive_requests 1000000;
+  keepalive_timeout 75s;
+  server_tokens off;          # "Server: nginx", as short as spindle's "Server: spindle"
+  default_type text/plain;
+  charset utf-8;              # "Content-Type: text/plain; charset=utf-8", as spindle sends
+  client_body_temp_path $tmp/body;
+  proxy_temp_path $tmp/proxy;
+  fastcgi_temp_path $tmp/fastcgi;
+  uwsgi_temp_path $tmp/uwsgi;
+  scgi_temp_path $tmp/scgi;
+  server {
+    listen 127.0.0.1:$nginx_port backlog=4096;
+    location / { return 200 "Hello, World!"; }
+  }
+}
+EOF
+
+wait_port() {
+  local i
+  for ((i = 0; i < 100; i++)); do
+    (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0
+    sleep 0.1
+  done
+  echo "http.sh: nothing listens on port $1" >&2
+  return 1
+}
+
+taskset -c "$server_cpu" "$httpd" --carriers 1 --address 127.0.0.1 --port "$spindle_port" 2>"$tmp/spindle.log" &
+spindle_pid=$!
+pids+=("$spindle_pid")
+taskset -c "$server_cpu" nginx -p "$tmp" -c "$tmp/nginx.conf" 2>"$tmp/nginx.stderr" &
+nginx_pid=$!
+pids+=("$nginx_pid")
+wait_port "$spindle_port"
+wait_port "$nginx_port"
+
+# CPU ticks (utime + stime, all threads) of a process.
+cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
+
+echo "machine: $(bench_machine_line)"
+echo "spindle-httpd pid $spindle_pid, $(nginx -v 2>&1) pid $nginx_pid; servers on CPU $server_cpu, wrk on CPU $client_cpu"
+
+if ((rss)); then
+  command -v python3 >/dev/null || { echo "http.sh: python3 is needed for --rss" >&2; exit 1; }
+  for server in spindle nginx; do
+    if [[ $server == spindle ]]; then pid=$spindle_pid port=$spindle_port; else pid=$nginx_pid port=$nginx_port; fi
+    before=$(rss_kib "$pid")
+    rm -f "$tmp/ready" "$tmp/release"
+    taskset -c "$client_cpu" python3 "$SPINDLE_REPO_ROOT/scripts/bench/http_idle_clients.py" \
+      "$port" "$rss_conns" "$tmp/ready" "$tmp/release" &
+    client=$!
+    while [[ ! -e "$tmp/ready" ]]; do
+      kill -0 "$client" 2>/dev/null || { echo "http.sh: the idle client failed" >&2; exit 1; }
+      sleep 0.2
+    done
+    sleep 1
+    after=$(rss_kib "$pid")
+    touch "$tmp/release"
+    wait "$client" || true
+    awk -v s="$server" -v n="$rss_conns" -v b="$before" -v a="$after" 'BEGIN {
+      printf "%-8s %6d idle keep-alive connections: VmRSS %d KiB -> %d KiB, %.2f KiB per connection\n",
+             s, n, b, a, (a - b) / n }'
+    sleep 2
+  done
+  exit 0
+fi
+
+# One wrk run: prints "requests_per_s cpu_us_per_request p99_us requests errors".
+run_wrk() {
+  local pid=$1 port=$2 n=$3 d=$4 c0 c1 out
+  c0=$(cpu_ticks "$pid")
+  out=$(taskset -c "$client_cpu" wrk -t1 -c"$n" -d"${d}s" --latency "http://127.0.0.1:$port/hello")
+  c1=$(cpu_ticks "$pid")
+  awk -v c0="$c0" -v c1="$c1" -v hz="$(getconf CLK_TCK)" '
+    function us(v) {
+      if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1e6; return v
+    }
+    /requests in/ { reqs = $1 }
+    /^Requests\/sec:/ { rps = $2 }
+    $1 == "99%" { p99 = us($2) }
+    /Socket errors:/ { errs += $4 + $6 + $8 + $10 }
+    /Non-2xx/ { errs += $NF }
+    END { printf "%.1f %.3f %.1f %d %d\n", rps, (reqs > 0 ? (c1 - c0) / hz * 1e6 / reqs : 0), p99, reqs, errs + 0 }
+  ' <<<"$out"
+}
+
+# stats V...: "median min max" of the values.
+stats() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%s %s %s\n", v[int((NR + 1) / 2)], v[1], v[NR] }'; }
+
+printf '%-6s %-8s %28s %10s %10s %7s\n' N server "req/s median [min..max]" "cpu us/req" "p99 us" errors
+for n in $conns; do
+  run_wrk "$spindle_pid" "$spindle_port" "$n" "$warmup" >/dev/null
+  run_wrk "$nginx_pid" "$nginx_port" "$n" "$warmup" >/dev/null
+  declare -A rps=() cpu=() p99=() errs=()
+  for ((r = 1; r <= reps; r++)); do
+    order=(spindle nginx)
+    ((r % 2 == 0)) && order=(nginx spindle)
+    for server in "${order[@]}"; do
+      if [[ $server == spindle ]]; then pid=$spindle_pid port=$spindle_port; else pid=$nginx_pid port=$nginx_port; fi
+      read -r a b c _ e < <(run_wrk "$pid" "$port" "$n" "$duration")
+      rps[$server]+="$a " cpu[$server]+="$b " p99[$server]+="$c " errs[$server]=$((${errs[$server]:-0} + e))
+    done
+  done
+  declare -A med=() medcpu=()
+  for server in spindle nginx; do
+    # shellcheck disable=SC2086  # the lists are space-separated numbers
+    read -r m lo hi < <(stats ${rps[$server]})
+    # shellcheck disable=SC2086
+    read -r cm _ _ < <(stats ${cpu[$server]})
+    # shellcheck disable=SC2086
+    read -r pm _ _ < <(stats ${p99[$server]})
+    med[$server]=$m medcpu[$server]=$cm
+    printf '%-6s %-8s %12.0f [%.0f..%.0f] %10.2f %10.0f %7d\n' "$n" "$server" "$m" "$lo" "$hi" "$cm" "$pm" "${errs[$server]}"
+  done
+  printf '%-6s ratio spindle/nginx: req/s %s, cpu/req %s\n' "$n" \
+    "$(ratio "${med[spindle]}" "${med[nginx]}")" "$(ratio "${medcpu[spindle]}" "${medcpu[nginx]}")"
+  unset rps cpu p99 errs med medcpu
+done
