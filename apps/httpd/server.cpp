@@ -237,13 +237,14 @@ private:
                 lingerClose();
                 return;
             }
-            if (reader_.size() == 0) {
+            if (reader_.size() == 0 && !headStarted) {
                 if (!waitForRequest()) { return; }
-                headStarted = false;
                 continue;
             }
-            // A head is incomplete: read more of it before its deadline.
+            // A head is incomplete (or, on a new connection, not begun): read more before its deadline.
+            node_.idle = reader_.size() == 0;  // a new connection that sent nothing yet loses nothing
             const Result<size_t> n = reader_.fill(headDeadline);
+            node_.idle = false;
             if (n && *n > 0) { continue; }
             if (!n && n.errorCode() == ETIMEDOUT) {
                 bump(worker_.headerTimeouts);
