@@ -44,6 +44,9 @@ int main(int argc, char** argv) {
     size_t stackKib = spindle::httpd::kDefaultConnectionStack / 1024;
     unsigned providedBuffers = 1024;
     bool noProvidedBuffers = false;
+    unsigned ringEntries = 4096;
+    std::string pollMode = "block";
+    unsigned spinMicros = 50;
 
     CLI::App app{"spindle-httpd: HTTP/1.1 on spindle fibers (hello route, static files)"};
     app.add_option("--address", address, "numeric IPv4 or IPv6 address to listen on")->capture_default_str();
@@ -68,6 +71,12 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(size_t{16}, size_t{8192}))->capture_default_str();
     app.add_option("--provided-buffers", providedBuffers, "provided receive buffers per carrier (a power of two)")
         ->check(CLI::Range(1u, 32768u))->capture_default_str();
+    app.add_option("--ring-entries", ringEntries, "io_uring SQ entries per carrier (the CQ has twice as many)")
+        ->check(CLI::Range(64u, 32768u))->capture_default_str();
+    app.add_option("--poll-mode", pollMode, "idle carriers: block, spin, or hybrid (spin --spin-us, then block)")
+        ->check(CLI::IsMember({"block", "spin", "hybrid"}))->capture_default_str();
+    app.add_option("--spin-us", spinMicros, "hybrid: microseconds an idle carrier spins before it blocks")
+        ->check(CLI::Range(1u, 1000000u))->capture_default_str();
     app.add_flag("--no-provided-buffers", noProvidedBuffers, "each connection keeps its own receive buffer");
     CLI11_PARSE(app, argc, argv);
 
@@ -94,6 +103,11 @@ int main(int argc, char** argv) {
 
     spindle::RuntimeOptions ro;
     ro.carriers = carriers;
+    ro.ringEntries = ringEntries;  // thousands of connections keep a receive each in flight
+    ro.pollMode = pollMode == "spin"     ? spindle::PollMode::kSpin
+                  : pollMode == "hybrid" ? spindle::PollMode::kHybrid
+                                         : spindle::PollMode::kBlock;
+    ro.spinMicros = spinMicros;
     auto rt = spindle::Runtime::start(ro);
     if (!rt) {
         std::fprintf(stderr, "spindle-httpd: the runtime did not start: %s\n", rt.error().message().c_str());
@@ -152,8 +166,9 @@ int main(int argc, char** argv) {
     ::close(sfd);
     std::fprintf(stderr, "%s\n",
                  fmt::format("spindle-httpd: stopped after {} connections, {} requests ({} errors, {} header "
-                             "timeouts, {} idle timeouts)",
-                             st.accepted, st.requests, st.errors, st.headerTimeouts, st.idleTimeouts)
+                             "timeouts, {} idle timeouts; receives: {} into provided buffers, {} into heap buffers)",
+                             st.accepted, st.requests, st.errors, st.headerTimeouts, st.idleTimeouts, st.providedRecvs,
+                             st.fallbackRecvs)
                      .c_str());
     return 0;
 }
