@@ -42,7 +42,8 @@ int main(int argc, char** argv) {
     size_t maxHeaders = 100;
     uint64_t maxBodyBytes = 1 << 20;
     size_t stackKib = spindle::httpd::kDefaultConnectionStack / 1024;
-    unsigned providedBuffers = 1024;
+    unsigned providedBuffers = 4096;
+    size_t providedBufferSize = 2048;
     bool noProvidedBuffers = false;
     unsigned ringEntries = 4096;
     std::string pollMode = "block";
@@ -77,6 +78,8 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"block", "spin", "hybrid"}))->capture_default_str();
     app.add_option("--spin-us", spinMicros, "hybrid: microseconds an idle carrier spins before it blocks")
         ->check(CLI::Range(1u, 1000000u))->capture_default_str();
+    app.add_option("--provided-buffer-size", providedBufferSize, "bytes of each provided receive buffer")
+        ->check(CLI::Range(size_t{256}, size_t{1} << 20))->capture_default_str();
     app.add_flag("--no-provided-buffers", noProvidedBuffers, "each connection keeps its own receive buffer");
     CLI11_PARSE(app, argc, argv);
 
@@ -125,6 +128,7 @@ int main(int argc, char** argv) {
     so.connectionStackSize = stackKib * 1024;
     so.providedBuffers = !noProvidedBuffers;
     so.providedBufferCount = providedBuffers;
+    so.providedBufferSize = providedBufferSize;
     auto server = spindle::httpd::Server::start(*rt, so);
     if (!server) {
         std::fprintf(stderr, "spindle-httpd: cannot start: %s\n", server.error().message().c_str());

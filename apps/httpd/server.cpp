@@ -114,6 +114,17 @@ constexpr size_t kMaxHeadBytes = 512;
 
 }  // namespace
 
+/// What a connection needs only while it has bytes to answer: the responses of one batch and the
+/// header slots of the request being parsed. Leased from its carrier's free list and given back
+/// before the connection waits, so that an idle connection holds neither (nor the stack pages they
+/// would otherwise occupy).
+struct Scratch {
+    Scratch* nextFree = nullptr;  // in the worker's free list
+    Scratch* nextMade = nullptr;  // every block the worker made, for its destructor
+    OutBuffer out;
+    std::array<Header, kStackHeaders> headers;
+};
+
 /// One carrier's share of the server: its listener, its connections, its counters.
 struct Worker;
 
@@ -156,6 +167,28 @@ struct Worker {
     std::atomic<uint64_t> errors{0};
     std::atomic<uint64_t> headerTimeouts{0};
     std::atomic<uint64_t> idleTimeouts{0};
+    // Scratch blocks of this carrier: as many are made as connections ever answered at once, then reused.
+    Scratch* freeScratch = nullptr;
+    Scratch* madeScratch = nullptr;
+
+    Worker() = default;
+    Worker(const Worker&) = delete;
+    Worker& operator=(const Worker&) = delete;
+    ~Worker() {
+        while (madeScratch != nullptr) { delete std::exchange(madeScratch, madeScratch->nextMade); }
+    }
+
+    /// A scratch block, or null when none can be allocated.
+    Scratch* takeScratch() noexcept {
+        if (freeScratch != nullptr) { return std::exchange(freeScratch, freeScratch->nextFree); }
+        auto* s = new (std::nothrow) Scratch;
+        if (s != nullptr) { s->nextMade = std::exchange(madeScratch, s); }
+        return s;
+    }
+    void giveScratch(Scratch* s) noexcept {
+        s->out.clear();
+        s->nextFree = std::exchange(freeScratch, s);
+    }
 
     void link(ConnectionNode* n) noexcept {
         n->next = connections;
@@ -188,28 +221,42 @@ public:
         node_.fd = stream_.fd();
         worker_.link(&node_);
         (void)stream_.setNoDelay();
-        // Header slots: on the stack for the usual limit, on the heap for a larger one.
-        std::array<Header, kStackHeaders> stackHeaders;
-        std::unique_ptr<Header[]> heapHeaders;
-        std::span<Header> headers(stackHeaders);
+        // Header slots: in the scratch block for the usual limit, on the heap for a larger one.
         if (options_.limits.maxHeaders > kStackHeaders) {
-            heapHeaders.reset(new (std::nothrow) Header[options_.limits.maxHeaders]);
-            if (heapHeaders) { headers = std::span<Header>(heapHeaders.get(), options_.limits.maxHeaders); }
+            heapHeaders_.reset(new (std::nothrow) Header[options_.limits.maxHeaders]);
         }
-        serve(headers);
+        serve();
+        if (scratch_ != nullptr) { worker_.giveScratch(std::exchange(scratch_, nullptr)); }
         worker_.unlink(&node_);
     }
 
 private:
-    void serve(std::span<Header> headers) noexcept {
+    /// Leases the scratch block (idempotent); false when none could be allocated.
+    bool acquire() noexcept {
+        if (scratch_ == nullptr) { scratch_ = worker_.takeScratch(); }
+        return scratch_ != nullptr;
+    }
+    /// Gives the scratch block back when nothing is waiting in it to be sent (before a wait).
+    void release() noexcept {
+        if (scratch_ != nullptr && scratch_->out.size() == 0) { worker_.giveScratch(std::exchange(scratch_, nullptr)); }
+    }
+    /// Precondition: acquire() returned true since the last release().
+    OutBuffer& out() noexcept { return scratch_->out; }
+    std::span<Header> headerSlots() noexcept {
+        if (heapHeaders_) { return {heapHeaders_.get(), options_.limits.maxHeaders}; }
+        return scratch_->headers;
+    }
+
+    void serve() noexcept {
         Deadline headDeadline(options_.headerTimeout);  // the first request's head: from the accept
         bool headStarted = true;                         // headDeadline runs for the head being read
         for (;;) {
             // Answer every complete request buffered; stop at the first incomplete one.
             bool close = false;
             while (!close && reader_.size() > 0) {
+                if (!acquire()) { return; }
                 Request req;
-                const ParseResult r = parseRequest(reader_.view(), options_.limits, headers, req);
+                const ParseResult r = parseRequest(reader_.view(), options_.limits, headerSlots(), req);
                 if (r.status == ParseStatus::kIncomplete) {
                     if (!headStarted) {  // started lazily: a head that arrives whole never reads the clock
                         headDeadline = Deadline(options_.headerTimeout);
@@ -243,6 +290,7 @@ private:
             }
             // A head is incomplete (or, on a new connection, not begun): read more before its deadline.
             node_.idle = reader_.size() == 0;  // a new connection that sent nothing yet loses nothing
+            release();
             const Result<size_t> n = reader_.fill(headDeadline);
             node_.idle = false;
             if (n && *n > 0) { continue; }
@@ -259,6 +307,7 @@ private:
 
     /// Waits for the first byte of the next request; false when the connection should close.
     bool waitForRequest() noexcept {
+        release();
         if (server_.draining.load(std::memory_order_relaxed)) {
             // Shutting down: a request already on its way (in the socket) is still served; a silent
             // connection is closed.
@@ -279,6 +328,7 @@ private:
         while (left > 0) {
             if (reader_.size() == 0) {
                 if (!flush()) { return false; }  // the client may wait for our answer before it sends more
+                release();
                 const Result<size_t> n = reader_.fill(deadline);
                 if (!n || *n == 0) { return false; }
             }
@@ -291,42 +341,42 @@ private:
 
     /// Sends what is buffered; false when the connection is broken.
     bool flush() noexcept {
-        if (out_.size() == 0) { return true; }
-        const Result<void> r = stream_.writeAll(out_.data(), out_.size(), options_.sendTimeout);
-        out_.clear();
+        if (scratch_ == nullptr || out().size() == 0) { return true; }
+        const Result<void> r = stream_.writeAll(out().data(), out().size(), options_.sendTimeout);
+        out().clear();
         return r.ok();
     }
 
     /// Makes room for `n` bytes, flushing first when needed.
-    bool reserve(size_t n) noexcept { return out_.room() >= n || flush(); }
+    bool reserve(size_t n) noexcept { return acquire() && (out().room() >= n || flush()); }
 
     void putHead(int status, std::string_view contentType, uint64_t contentLength, bool keepAlive, int versionMinor) noexcept {
-        out_.put(versionMinor == 0 ? "HTTP/1.0 " : "HTTP/1.1 ");
-        out_.putNumber(static_cast<uint64_t>(status));
-        out_.put(" ");
-        out_.put(reasonPhrase(status));
-        out_.put("\r\n");
-        out_.put(kServerHeader);
-        out_.put("Date: ");
-        out_.put(httpDate());
-        out_.put("\r\nContent-Type: ");
-        out_.put(contentType);
-        out_.put("\r\nContent-Length: ");
-        out_.putNumber(contentLength);
+        out().put(versionMinor == 0 ? "HTTP/1.0 " : "HTTP/1.1 ");
+        out().putNumber(static_cast<uint64_t>(status));
+        out().put(" ");
+        out().put(reasonPhrase(status));
+        out().put("\r\n");
+        out().put(kServerHeader);
+        out().put("Date: ");
+        out().put(httpDate());
+        out().put("\r\nContent-Type: ");
+        out().put(contentType);
+        out().put("\r\nContent-Length: ");
+        out().putNumber(contentLength);
         if (!keepAlive) {
-            out_.put("\r\nConnection: close");
+            out().put("\r\nConnection: close");
         } else if (versionMinor == 0) {
-            out_.put("\r\nConnection: keep-alive");
+            out().put("\r\nConnection: keep-alive");
         }
-        if (status == 405) { out_.put("\r\nAllow: GET, HEAD"); }
-        out_.put("\r\n\r\n");
+        if (status == 405) { out().put("\r\nAllow: GET, HEAD"); }
+        out().put("\r\n\r\n");
     }
 
     /// A short text response; false when the connection broke.
     bool simple(int status, std::string_view body, bool keepAlive, int versionMinor, bool head) noexcept {
         if (!reserve(kMaxHeadBytes + body.size())) { return false; }
         putHead(status, "text/plain; charset=utf-8", body.size(), keepAlive, versionMinor);
-        if (!head) { out_.put(body); }
+        if (!head) { out().put(body); }
         return true;
     }
 
@@ -334,8 +384,8 @@ private:
     bool appendError(int status) noexcept {
         if (!reserve(kMaxHeadBytes + 64)) { return false; }
         putHead(status, "text/plain; charset=utf-8", reasonPhrase(status).size() + 1, false, 1);
-        out_.put(reasonPhrase(status));
-        out_.put("\n");
+        out().put(reasonPhrase(status));
+        out().put("\n");
         return true;
     }
 
@@ -346,6 +396,7 @@ private:
     /// Half-closes, then reads and drops what the client still sends (briefly), so that closing
     /// with unread bytes does not reset the connection before the client has read our answer.
     void lingerClose() noexcept {
+        release();
         if (!stream_.shutdown(SHUT_WR, options_.lingerTimeout)) { return; }
         const Deadline deadline(options_.lingerTimeout);
         size_t dropped = 0;
@@ -405,16 +456,16 @@ private:
         // The body goes out through the same buffer: small files leave with their head in one send.
         uint64_t offset = 0;
         while (offset < size) {
-            if (out_.room() == 0 && !flush()) { return false; }
-            const size_t want = static_cast<size_t>(std::min<uint64_t>(out_.room(), size - offset));
-            const Result<size_t> n = spindle::read(*fd, out_.tail(), want, offset);
+            if (out().room() == 0 && !flush()) { return false; }
+            const size_t want = static_cast<size_t>(std::min<uint64_t>(out().room(), size - offset));
+            const Result<size_t> n = spindle::read(*fd, out().tail(), want, offset);
             if (!n || *n == 0) {
                 // The file shrank or failed under us: the promised length cannot be kept.
                 log::warn("spindle-httpd: reading {} failed at {} of {} bytes", rel.data(), offset, size);
                 (void)flush();
                 return false;
             }
-            out_.advance(*n);
+            out().advance(*n);
             offset += *n;
         }
         return true;
@@ -426,7 +477,8 @@ private:
     net::TcpStream& stream_;
     net::BufferedReader reader_;
     ConnectionNode node_;
-    OutBuffer out_;
+    Scratch* scratch_ = nullptr;             // leased while there is something to answer
+    std::unique_ptr<Header[]> heapHeaders_;  // only for maxHeaders > kStackHeaders
 };
 
 void serveConnection(Worker& worker, net::TcpStream stream) noexcept {
