@@ -37,6 +37,13 @@ constexpr size_t kLingerBytes = 64 * 1024;       // bytes read and dropped after
 constexpr std::string_view kHelloBody = "Hello, World!";
 constexpr std::string_view kServerHeader = "Server: spindle\r\n";
 
+/// CLOCK_MONOTONIC_COARSE in nanoseconds: a vDSO read of a few ns, precise to a tick (1-4 ms).
+uint64_t coarseNowNs() noexcept {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+    return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
+}
+
 // One writer per counter (the carrier that owns it), readers anywhere: no read-modify-write needed.
 void bump(std::atomic<uint64_t>& c, uint64_t by = 1) noexcept { c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed); }
 
@@ -153,7 +160,9 @@ struct ConnectionNode {
     ConnectionNode* prev = nullptr;
     ConnectionNode* next = nullptr;
     int fd = -1;
-    bool idle = false;  // waiting for the first byte of a request: closing it loses nothing
+    bool idle = false;          // waiting for the first byte of a request: closing it loses nothing
+    bool idleTimedOut = false;  // the idle sweep shut it down
+    uint64_t idleSinceNs = 0;   // coarseNowNs() when it began to wait between requests
 };
 
 struct Worker {
@@ -170,6 +179,7 @@ struct Worker {
     // Scratch blocks of this carrier: as many are made as connections ever answered at once, then reused.
     Scratch* freeScratch = nullptr;
     Scratch* madeScratch = nullptr;
+    FiberHandle<void> sweeper;  // the idle sweep of this carrier (see sweepIdle)
 
     Worker() = default;
     Worker(const Worker&) = delete;
@@ -314,11 +324,14 @@ private:
             const Result<size_t> n = reader_.fill(Deadline(1ms));
             return n && *n > 0;
         }
+        // No deadline here: the carrier's idle sweep shuts the connection down when its time is up,
+        // which costs one clock read per request instead of a linked timeout (an SQE and a CQE).
         node_.idle = true;
-        const Result<size_t> n = reader_.fill(options_.idleTimeout);
+        node_.idleSinceNs = coarseNowNs();
+        const Result<size_t> n = reader_.fill();
         node_.idle = false;
         if (n && *n > 0) { return true; }
-        if (!n && n.errorCode() == ETIMEDOUT) { bump(worker_.idleTimeouts); }
+        if (node_.idleTimedOut) { bump(worker_.idleTimeouts); }
         return false;
     }
 
@@ -490,6 +503,25 @@ void serveConnection(Worker& worker, net::TcpStream stream) noexcept {
     worker.active.store(worker.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
 }
 
+/// The idle sweep of one carrier: every idleTimeout / 8 (1 ms to 1 s) it shuts down the connections
+/// that have waited between requests for idleTimeout or longer, so that a keep-alive connection is
+/// closed between idleTimeout and idleTimeout plus one period after its last request. Ends at the
+/// drain (the acceptor cancels it) or the runtime's shutdown.
+void sweepIdle(Worker& w) noexcept {
+    const ServerOptions& o = w.server->options;
+    const auto period = std::clamp<std::chrono::milliseconds>(o.idleTimeout / 8, 1ms, 1000ms);
+    const auto limitNs = static_cast<uint64_t>(std::chrono::nanoseconds(o.idleTimeout).count());
+    while (spindle::sleep(period)) {
+        const uint64_t now = coarseNowNs();
+        for (ConnectionNode* n = w.connections; n != nullptr; n = n->next) {
+            if (n->idle && !n->idleTimedOut && now - n->idleSinceNs >= limitNs) {
+                n->idleTimedOut = true;
+                ::shutdown(n->fd, SHUT_RDWR);  // its pending receive returns 0
+            }
+        }
+    }
+}
+
 /// The acceptor fiber of one carrier: accepts until stop() (or the runtime's shutdown), then drains.
 void acceptLoop(Worker& w) noexcept {
     Server::Impl& s = *w.server;
@@ -534,6 +566,10 @@ void acceptLoop(Worker& w) noexcept {
         w.shutdownConnections(/*idleOnly=*/false);
         this_fiber::yield();
         if (!spindle::sleep(1ms)) { this_fiber::acknowledgeCancellation(); }
+    }
+    if (w.sweeper.joinable()) {
+        w.sweeper.cancel();
+        w.sweeper.join();
     }
 }
 
@@ -600,6 +636,16 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
     }
     for (auto& w : impl->workers) {
         Worker* worker = w.get();
+        // The sweep first: the acceptor joins it when it drains.
+        auto sweeper = rt.spawn([worker]() noexcept { sweepIdle(*worker); },
+                                SpawnOptions{.name = "http-idle", .stackSize = options.connectionStackSize,
+                                             .carrier = static_cast<int>(worker->index), .pinned = true});
+        if (sweeper) {
+            worker->sweeper = std::move(*sweeper);
+        } else {
+            log::warn("spindle-httpd: no idle sweep on carrier {} ({}): idle connections stay open",
+                      worker->index, sweeper.error().message());
+        }
         auto h = rt.spawn([worker]() noexcept { acceptLoop(*worker); },
                           SpawnOptions{.name = "http-accept", .carrier = static_cast<int>(worker->index), .pinned = true});
         if (!h) {
@@ -635,6 +681,13 @@ void Server::wait() noexcept {
         acceptors = std::move(impl_->acceptors);
     }
     for (auto& h : acceptors) { h.join(); }
+    // Each acceptor ended its carrier's sweep; one whose acceptor never started (start() failed) is ended here.
+    for (auto& w : impl_->workers) {
+        if (w->sweeper.joinable()) {
+            w->sweeper.cancel();
+            w->sweeper.join();
+        }
+    }
 }
 
 ServerStats Server::stats() const noexcept {
