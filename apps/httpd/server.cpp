@@ -331,7 +331,6 @@ private:
         const Result<size_t> n = reader_.fill();
         node_.idle = false;
         if (n && *n > 0) { return true; }
-        if (node_.idleTimedOut) { bump(worker_.idleTimeouts); }
         return false;
     }
 
@@ -516,6 +515,7 @@ void sweepIdle(Worker& w) noexcept {
         for (ConnectionNode* n = w.connections; n != nullptr; n = n->next) {
             if (n->idle && !n->idleTimedOut && now - n->idleSinceNs >= limitNs) {
                 n->idleTimedOut = true;
+                bump(w.idleTimeouts);          // counted before the client can see the end of stream
                 ::shutdown(n->fd, SHUT_RDWR);  // its pending receive returns 0
             }
         }
