@@ -161,8 +161,9 @@ struct ConnectionNode {
     ConnectionNode* next = nullptr;
     int fd = -1;
     bool idle = false;          // waiting for the first byte of a request: closing it loses nothing
+    bool keepAliveWait = false; // waiting between requests: what the idle sweep looks at
     bool idleTimedOut = false;  // the idle sweep shut it down
-    uint64_t idleSinceNs = 0;   // coarseNowNs() when it began to wait between requests
+    uint64_t idleSinceNs = 0;   // coarseNowNs() when the keep-alive wait began
 };
 
 struct Worker {
@@ -327,9 +328,11 @@ private:
         // No deadline here: the carrier's idle sweep shuts the connection down when its time is up,
         // which costs one clock read per request instead of a linked timeout (an SQE and a CQE).
         node_.idle = true;
+        node_.keepAliveWait = true;
         node_.idleSinceNs = coarseNowNs();
         const Result<size_t> n = reader_.fill();
         node_.idle = false;
+        node_.keepAliveWait = false;
         if (n && *n > 0) { return true; }
         return false;
     }
@@ -513,7 +516,7 @@ void sweepIdle(Worker& w) noexcept {
     while (spindle::sleep(period)) {
         const uint64_t now = coarseNowNs();
         for (ConnectionNode* n = w.connections; n != nullptr; n = n->next) {
-            if (n->idle && !n->idleTimedOut && now - n->idleSinceNs >= limitNs) {
+            if (n->keepAliveWait && !n->idleTimedOut && now - n->idleSinceNs >= limitNs) {
                 n->idleTimedOut = true;
                 bump(w.idleTimeouts);          // counted before the client can see the end of stream
                 ::shutdown(n->fd, SHUT_RDWR);  // its pending receive returns 0

@@ -435,6 +435,20 @@ TEST_F(HttpServer, IdleKeepAliveConnectionIsClosed) {
     EXPECT_EQ(server_->stats().idleTimeouts, 1u);
 }
 
+TEST_F(HttpServer, NewConnectionGetsTheHeaderTimeoutNotTheIdleOne) {
+    ServerOptions o = defaults();
+    o.idleTimeout = 50ms;  // swept every 6 ms
+    o.headerTimeout = 60s;
+    startServer(o);
+    Client c(port_);
+    std::this_thread::sleep_for(500ms);  // ten idle timeouts, well inside the header timeout
+    ASSERT_TRUE(c.send(get("/hello")));
+    auto r = c.next();
+    ASSERT_TRUE(r) << "a connection that had not sent its first request was closed as idle";
+    EXPECT_EQ(r->status(), 200);
+    EXPECT_EQ(server_->stats().idleTimeouts, 0u);
+}
+
 TEST_F(HttpServer, GracefulShutdownDeliversResponsesInFlight) {
     const std::vector<char> big = testing_support::pattern(8 * 1024 * 1024, 3);
     writeFile("big.bin", std::string_view(big.data(), big.size()));
