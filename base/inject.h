@@ -7,7 +7,8 @@
 /// uring/inject.h forwards here.
 ///
 /// Two kinds of point:
-/// - Call-site points (kRingSetup, kStackMap, kRegisterBuffers, kRegisterFiles, kHwlocLoad, kMembind)
+/// - Call-site points (kRingSetup, kStackMap, kRegisterBuffers, kRegisterFiles, kHwlocLoad, kMembind,
+///   kRegisterBufRing)
 ///   sit at one system call on a cold path; SPINDLE_INJECT there costs one relaxed load when disarmed.
 /// - I/O fault classes (kSubmitFail, kShortIo, kSqFull, kDelayCompletion) are
 ///   applied by uring::Ring to the operations a caller waits on (user_data
@@ -31,6 +32,7 @@
 /// | kDelayCompletion | a waited-on CQE being reaped                | reap passes to hold it   |
 /// | kHwlocLoad       | numa::Topology::machine loading hwloc       | the errno it fails with  |
 /// | kMembind         | a numa memory binding (area or thread)      | the errno it fails with  |
+/// | kRegisterBufRing | registering a provided-buffer ring          | the errno it fails with  |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -79,6 +81,7 @@ enum class Point : uint8_t {
     kSqpollSetup,      // uring::Ring::init, before setting up a ring with SQPOLL (then it runs without)
     kHwlocLoad,        // numa::Topology::machine, in place of hwloc_topology_load (then the flat fallback)
     kMembind,          // numa::Topology's memory binding (area and thread), in place of the hwloc call
+    kRegisterBufRing,  // uring::Ring::registerBufRing, before io_uring_register_buf_ring
     kCount,
 };
 

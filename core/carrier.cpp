@@ -12,6 +12,7 @@
 
 #include "base/log.h"
 #include "core/internal/context.h"
+#include "core/internal/io_submit.h"
 #include "core/internal/runtime_impl.h"
 #include "core/internal/sanitizer.h"
 
@@ -549,6 +550,10 @@ void Carrier::drainInbox() noexcept {
             case Message::Kind::kRemoveFixedFile:
                 static_cast<FixedFileTable*>(m->target)->onRemoveMessage(m);
                 break;
+            case Message::Kind::kCancelOp:
+                cancelOpHere(reinterpret_cast<uint64_t>(m->target));
+                delete m;
+                break;
         }
         n = next;
     }
@@ -571,6 +576,12 @@ void Carrier::handleCancelWait(Fiber* fiber) noexcept {
     releaseFiber(fiber);
 }
 
+void Carrier::cancelOpHere(uint64_t userData) noexcept {
+    io_uring_sqe* sqe = acquireUntrackedSqe();
+    io_uring_prep_cancel64(sqe, userData, 0);
+    io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
+}
+
 void Carrier::cancelWaitHere(Fiber* fiber) noexcept {
     // waitOn_ names this carrier, and only this thread clears it: the wait is still on.
     const CancelPoint point = fiber->waitPoint_;
@@ -579,7 +590,7 @@ void Carrier::cancelWaitHere(Fiber* fiber) noexcept {
             // Queued behind the operation's own SQE, so the kernel sees the operation first. The
             // operation completes with -ECANCELED (or its result, had it finished); its CQE ends the wait.
             io_uring_sqe* sqe = acquireUntrackedSqe();
-            io_uring_prep_cancel64(sqe, uring::encodeUserData(point.what, uring::Tag::kLocalFuture), 0);
+            io_uring_prep_cancel64(sqe, reinterpret_cast<uint64_t>(point.what), 0);  // the call's whole user_data
             io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
             break;
         }
@@ -628,6 +639,23 @@ void Carrier::dispatch(const io_uring_cqe* cqe) noexcept {
             --inflight_;
             uring::pointerOf<FiberFuture>(ud)->setLocal(cqe->res);
             break;
+        case uring::Tag::kLocalFutureFlags: {
+            SPINDLE_ASSERT(inflight_ > 0);
+            --inflight_;
+            auto* slot = uring::pointerOf<FlaggedFuture>(ud);
+            slot->flags = cqe->flags;
+            slot->future.setLocal(cqe->res);
+            break;
+        }
+        case uring::Tag::kMultishot: {
+            if ((cqe->flags & IORING_CQE_F_MORE) == 0) {
+                SPINDLE_ASSERT(inflight_ > 0);
+                --inflight_;
+            }
+            auto* m = uring::pointerOf<MultishotCompletion>(ud);
+            m->fn(m, cqe->res, cqe->flags);
+            break;
+        }
         case uring::Tag::kCompletion: {
             auto* c = uring::pointerOf<Completion>(ud);
             c->fn(c, cqe->res, cqe->flags);

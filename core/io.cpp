@@ -4,6 +4,7 @@
 
 #include <cerrno>
 #include <cstdint>
+#include <new>
 
 #include "base/log.h"
 #include "core/fiber.h"
@@ -32,7 +33,7 @@ int32_t mapCancelled(int32_t res, Deadline deadline, bool cancelled) noexcept {
     return res;
 }
 
-int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline) noexcept {
+int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline, uint32_t* cqeFlags) noexcept {
     thread_local ThreadRing tr;
     if (!tr.ring.initialized()) {
         if (tr.setupError != 0) { return -tr.setupError; }
@@ -68,6 +69,7 @@ int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadli
         tr.ring.reap([&](const io_uring_cqe* cqe) {
             if (uring::tagOf(cqe->user_data) == uring::Tag::kFuture) {
                 res = cqe->res;
+                if (cqeFlags != nullptr) { *cqeFlags = cqe->flags; }
                 done = true;
             } else {
                 timeoutDone = true;
@@ -81,20 +83,28 @@ constexpr size_t kMaxRw = 0x7ffff000;  // what read(2)/write(2) transfer at most
 
 }  // namespace
 
-int32_t submitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline) noexcept {
+int32_t submitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline, uint32_t* cqeFlags) noexcept {
+    if (cqeFlags != nullptr) { *cqeFlags = 0; }
     Carrier* c = Carrier::current();
-    if (c == nullptr || c->running() == nullptr) { return threadSubmitAndWait(prepare, ctx, deadline); }
+    if (c == nullptr || c->running() == nullptr) { return threadSubmitAndWait(prepare, ctx, deadline, cqeFlags); }
     if (c->stopping()) { return -ECANCELED; }
     Fiber* self = c->running();
-    FiberFuture done;
-    // Before the SQE exists: a cancellation found here costs nothing to undo.
-    if (!beginCancellableWait(self, c, CancelPoint::Kind::kIo, &done)) { return -ECANCELED; }
+    // With cqeFlags the dispatch also stores the CQE's flags beside the future (kLocalFutureFlags).
+    FlaggedFuture slot;
+    FiberFuture& done = slot.future;
+    const uint64_t ud = cqeFlags != nullptr ? uring::encodeUserData(&slot, uring::Tag::kLocalFutureFlags)
+                                            : uring::encodeUserData(&done, uring::Tag::kLocalFuture);
+    // Before the SQE exists: a cancellation found here costs nothing to undo. The cancel point is the
+    // whole user_data, which the carrier's IORING_OP_ASYNC_CANCEL must match.
+    if (!beginCancellableWait(self, c, CancelPoint::Kind::kIo, reinterpret_cast<void*>(ud))) { return -ECANCELED; }
     if (!deadline.isSet()) {
         io_uring_sqe* sqe = c->acquireSqe();
         prepare(sqe, ctx);
-        io_uring_sqe_set_data64(sqe, uring::encodeUserData(&done, uring::Tag::kLocalFuture));
+        io_uring_sqe_set_data64(sqe, ud);
         self->waitReason_ = "io";
-        return done.waitLocal();
+        const int32_t res = done.waitLocal();
+        if (cqeFlags != nullptr) { *cqeFlags = slot.flags; }
+        return res;
     }
     if (deadline.expired()) {
         self->waitOn_.store(nullptr, std::memory_order_relaxed);
@@ -113,7 +123,7 @@ int32_t submitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline) no
     io_uring_sqe* sqe = c->acquireSqe();
     prepare(sqe, ctx);
     sqe->flags |= IOSQE_IO_LINK;
-    io_uring_sqe_set_data64(sqe, uring::encodeUserData(&done, uring::Tag::kLocalFuture));
+    io_uring_sqe_set_data64(sqe, ud);
     io_uring_sqe* t = c->acquireSqe();
     io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
     io_uring_sqe_set_data64(t, uring::encodeUserData(&timeoutDone, uring::Tag::kFuture));
@@ -121,10 +131,50 @@ int32_t submitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline) no
     const int32_t res = done.waitLocal();
     self->waitReason_ = "io (linked timeout)";
     (void)timeoutDone.wait();
+    if (cqeFlags != nullptr) { *cqeFlags = slot.flags; }
     return mapCancelled(res, deadline, self->cancelRequested_.load(std::memory_order_relaxed));
 }
 
 }  // namespace detail
+
+OpResult submitOp(PrepareSqe prepare, const void* ctx, Deadline deadline) noexcept {
+    OpResult r;
+    r.res = detail::submitAndWait(prepare, ctx, deadline, &r.flags);
+    return r;
+}
+
+Result<unsigned> armMultishot(PrepareSqe prepare, const void* ctx, MultishotCompletion* completion) noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (c == nullptr || c->running() == nullptr) { return Error{EPERM}; }
+    if (c->stopping()) { return Error{ECANCELED}; }
+    io_uring_sqe* sqe = c->acquireSqe();  // in flight until the CQE without F_MORE (Carrier::dispatch)
+    prepare(sqe, ctx);
+    io_uring_sqe_set_data64(sqe, uring::encodeUserData(completion, uring::Tag::kMultishot));
+    completion->owner = c;
+    return c->index();
+}
+
+Result<void> cancelMultishot(MultishotCompletion* completion) noexcept {
+    auto* owner = static_cast<detail::Carrier*>(completion->owner);
+    SPINDLE_CHECK_MSG(owner != nullptr, "cancelMultishot before armMultishot");
+    const uint64_t ud = uring::encodeUserData(completion, uring::Tag::kMultishot);
+    if (detail::Carrier::current() == owner) {
+        owner->cancelOpHere(ud);
+        return {};
+    }
+    auto* m = new (std::nothrow) detail::Message;
+    if (m == nullptr) { return Error{ENOMEM}; }
+    m->kind = detail::Message::Kind::kCancelOp;
+    m->target = reinterpret_cast<void*>(ud);
+    owner->post(m);
+    return {};
+}
+
+uring::Ring* currentRing() noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (c == nullptr || c->running() == nullptr) { return nullptr; }
+    return &c->ring();
+}
 
 namespace {
 Result<size_t> sizeFromRes(int32_t res) noexcept {

@@ -10,7 +10,7 @@
 /// non-numeric port, a port above 65535, a bad IPv4 or IPv6 literal, an unknown scope,
 /// an IPv6 literal without brackets), and ENAMETOOLONG for a Unix path that does not fit
 /// sockaddr_un (107 bytes). parseError() gives the reason in words.
-/// Cost: 112 bytes (sockaddr_storage would be 128), copyable, no allocation.
+/// Cost: 116 bytes (a sockaddr_storage alone is 128), copyable, no allocation.
 
 #include <netinet/in.h>
 #include <sys/socket.h>

@@ -53,7 +53,9 @@ private:
     TcpStream& stream_;
     ProvidedBufferPool* pool_;
     size_t capacity_;
+    [[nodiscard]] bool ensureOwn(size_t need) noexcept;
     std::unique_ptr<char[]> own_;   // the reader's own buffer, or null
+    size_t ownCap_ = 0;
     ProvidedBuffer lease_;          // a provided buffer being parsed in place, or empty
     char* begin_ = nullptr;         // unread bytes: [begin_, end_) in own_ or lease_
     char* end_ = nullptr;

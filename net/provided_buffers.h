@@ -26,6 +26,9 @@
 namespace spindle::net {
 
 class ProvidedBufferPool;
+namespace detail {
+struct PbufRing;  // one carrier's registered ring of a pool (provided_buffers.cpp)
+}
 
 /// A filled receive buffer, owned until destroyed or released.
 class ProvidedBuffer {
@@ -39,7 +42,7 @@ public:
 
     [[nodiscard]] char* data() const noexcept { return data_; }
     [[nodiscard]] size_t size() const noexcept { return size_; }
-    [[nodiscard]] size_t capacity() const noexcept;
+    [[nodiscard]] size_t capacity() const noexcept { return capacity_; }
     [[nodiscard]] bool empty() const noexcept { return data_ == nullptr; }
     /// Whether the kernel picked it from a registered ring (false: the heap fallback).
     [[nodiscard]] bool provided() const noexcept { return owner_ != nullptr; }
@@ -48,12 +51,11 @@ public:
 
 private:
     friend class ProvidedBufferPool;
-    struct CarrierRing;
     char* data_ = nullptr;
     size_t size_ = 0;
-    CarrierRing* owner_ = nullptr;    // the carrier ring it returns to, or null for a heap buffer
+    size_t capacity_ = 0;
+    detail::PbufRing* owner_ = nullptr;  // the carrier ring it returns to, or null for a heap buffer
     uint16_t bid_ = 0;
-    ProvidedBufferPool* pool_ = nullptr;
 };
 
 struct ProvidedBufferOptions {
@@ -85,9 +87,8 @@ public:
     struct Impl;
 
 private:
-    explicit ProvidedBufferPool(const ProvidedBufferOptions& options) noexcept;
-    friend class ProvidedBuffer;
-    void giveBack(ProvidedBuffer& b) noexcept;
+    explicit ProvidedBufferPool(const ProvidedBufferOptions& options);
+    detail::PbufRing* ringHere() noexcept;
     ProvidedBufferOptions options_;
     std::unique_ptr<Impl> impl_;
 };

@@ -72,7 +72,7 @@ public:
     /// Errors: ETIMEDOUT, ECANCELED, EBADF after close(); EMFILE and its kin are not returned but
     /// backed off (see ListenOptions) until the deadline.
     [[nodiscard]] Result<TcpStream> accept(SocketAddress* peer = nullptr, Deadline deadline = {}) noexcept;
-    [[nodiscard]] Result<TcpStream> accept(Deadline deadline) noexcept { return accept(nullptr, deadline); }
+    [[nodiscard]] Result<TcpStream> accept(Deadline deadline) noexcept;
 
     /// The bound address (with the port the kernel chose for port 0).
     [[nodiscard]] SocketAddress localAddress() const noexcept;

@@ -62,6 +62,23 @@ Result<void> Ring::unregisterBuffers() noexcept {
     return {};
 }
 
+Result<void> Ring::registerBufRing(io_uring_buf_ring* ring, unsigned entries, uint16_t bgid) noexcept {
+    SPINDLE_INJECT(inject::Point::kRegisterBufRing, { return Error{injectedErrno}; });
+    io_uring_buf_reg reg{};
+    reg.ring_addr = reinterpret_cast<uint64_t>(ring);
+    reg.ring_entries = entries;
+    reg.bgid = bgid;
+    const int r = io_uring_register_buf_ring(&ring_, &reg, 0);
+    if (r < 0) { return errorFromRes(r); }
+    return {};
+}
+
+Result<void> Ring::unregisterBufRing(uint16_t bgid) noexcept {
+    const int r = io_uring_unregister_buf_ring(&ring_, bgid);
+    if (r < 0) { return errorFromRes(r); }
+    return {};
+}
+
 Result<void> Ring::registerFilesSparse(unsigned slots) noexcept {
     SPINDLE_INJECT(inject::Point::kRegisterFiles, { return Error{injectedErrno}; });
     const int r = io_uring_register_files_sparse(&ring_, slots);

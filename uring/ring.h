@@ -39,6 +39,8 @@ enum class Tag : uint64_t {
     kCompletion = 2,  // a Completion* whose complete() runs on the owner
     kIgnore = 3,      // nothing to do (skip-success side effects, shutdown cancels)
     kLocalFuture = 4, // a FiberFuture* whose waiter parked on this ring's owner: setLocal()
+    kLocalFutureFlags = 5,  // as kLocalFuture, for a FlaggedFuture that also keeps cqe->flags
+    kMultishot = 6,   // a MultishotCompletion* called for each CQE; in flight until one lacks F_MORE
 };
 inline constexpr uint64_t kTagMask = 7;
 
@@ -182,6 +184,13 @@ public:
     [[nodiscard]] Result<void> updateFile(unsigned slot, int fd) noexcept;
     /// Drops the file table (io_uring_unregister_files). Errors: ENXIO when none is registered.
     [[nodiscard]] Result<void> unregisterFiles() noexcept;
+    /// Registers a provided-buffer ring of `entries` (a power of two) at `ring` as buffer group `bgid`
+    /// (IORING_REGISTER_PBUF_RING, 5.19); `ring` must be page-aligned and stay mapped until unregistered.
+    /// Errors: EINVAL on kernels without it or for bad arguments, EEXIST for a group in use, ENOMEM;
+    /// the injected errno at kRegisterBufRing.
+    [[nodiscard]] Result<void> registerBufRing(io_uring_buf_ring* ring, unsigned entries, uint16_t bgid) noexcept;
+    /// Drops buffer group `bgid`'s ring. Errors: EINVAL/ENOENT when the group has none.
+    [[nodiscard]] Result<void> unregisterBufRing(uint16_t bgid) noexcept;
     /// Whether reap() can miss completions that an io_uring_enter with GETEVENTS would
     /// post: an overflow backlog, or (TASKRUN_FLAG) completions queued as task work.
     /// One load of the SQ flags, no system call. With DEFER_TASKRUN it cannot tell:

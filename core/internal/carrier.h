@@ -106,6 +106,8 @@ public:
     void pushYielded(Fiber* fiber) noexcept;
     /// Hands a message to this carrier from any thread and wakes it if parked.
     void post(Message* message) noexcept;
+    /// Queues an IORING_OP_ASYNC_CANCEL for the operation with `userData`. Precondition: on this carrier's thread.
+    void cancelOpHere(uint64_t userData) noexcept;
     /// Wakes this carrier if it is parked (any thread).
     void wake() noexcept;
     /// Switches the running fiber out and runs `action` on the scheduler.

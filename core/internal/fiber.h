@@ -42,9 +42,10 @@ struct Stack {
 
 /// Work handed to a carrier by another thread through its inbox.
 struct Message : MpscNode {
-    enum class Kind : uint8_t { kRunFiber, kCancelTimer, kCancelWait, kRemoveFixedFile };
+    enum class Kind : uint8_t { kRunFiber, kCancelTimer, kCancelWait, kRemoveFixedFile, kCancelOp };
     Kind kind = Kind::kRunFiber;
-    void* target = nullptr;  // the Fiber* (kRunFiber, kCancelWait), TimerEntry* or FixedFileTable* it concerns
+    void* target = nullptr;  // the Fiber* (kRunFiber, kCancelWait), TimerEntry* or FixedFileTable* it concerns,
+                             // or (kCancelOp, a heap message the handler deletes) the user_data to cancel
 };
 
 /// A callback the scheduler runs right after a fiber has switched out, on the
@@ -56,7 +57,7 @@ struct SuspendAction {
 };
 
 /// What a fiber in a cancellable wait is waiting for, so that the carrier it waits on can end the
-/// wait: the FiberFuture its in-flight SQE points at (kIo), or its TimerEntry (kTimer).
+/// wait: the user_data of its in-flight SQE, tag included (kIo), or its TimerEntry (kTimer).
 struct CancelPoint {
     enum class Kind : uint8_t { kIo, kTimer };
     Kind kind = Kind::kIo;

@@ -1,0 +1,145 @@
+#include "net/buffered.h"
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+
+#include "base/check.h"
+
+namespace spindle::net {
+
+// ---- BufferedReader ------------------------------------------------------------------------------
+
+BufferedReader::BufferedReader(TcpStream& stream, size_t capacity, ProvidedBufferPool* pool) noexcept
+    : stream_(stream), pool_(pool), capacity_(std::max<size_t>(capacity, 1)) {}
+
+BufferedReader::~BufferedReader() = default;
+
+bool BufferedReader::ensureOwn(size_t need) noexcept {
+    if (own_ && ownCap_ >= need) { return true; }
+    const size_t cap = std::max(capacity_, need);
+    std::unique_ptr<char[]> fresh(new (std::nothrow) char[cap]);
+    if (!fresh) { return false; }
+    const size_t n = size();
+    if (n > 0) { std::memcpy(fresh.get(), begin_, n); }
+    own_ = std::move(fresh);
+    ownCap_ = cap;
+    begin_ = own_.get();
+    end_ = begin_ + n;
+    lease_.release();  // whatever was parsed in place is in own_ now
+    return true;
+}
+
+Result<size_t> BufferedReader::fill(Deadline deadline) noexcept {
+    if (size() >= capacity_) { return Error{ENOBUFS}; }
+    if (pool_ != nullptr && size() == 0 && lease_.empty() && !own_) {
+        // Idle with a pool: the kernel picks the buffer when data arrives.
+        auto b = pool_->recv(stream_.fd(), deadline);
+        if (!b) { return Error{b.errorCode()}; }
+        if (b->empty()) { return size_t{0}; }
+        lease_ = std::move(*b);
+        begin_ = lease_.data();
+        end_ = begin_ + lease_.size();
+        return lease_.size();
+    }
+    // A message split across receives (or no pool): continue in a buffer of our own.
+    if (!ensureOwn(size())) { return Error{ENOMEM}; }
+    if (begin_ != own_.get()) {
+        const size_t n = size();
+        std::memmove(own_.get(), begin_, n);
+        begin_ = own_.get();
+        end_ = begin_ + n;
+    }
+    const size_t room = std::min(capacity_, ownCap_) - size();
+    auto r = stream_.recv(end_, room, deadline);
+    if (!r) { return r; }
+    end_ += *r;
+    return *r;
+}
+
+void BufferedReader::consume(size_t n) noexcept {
+    SPINDLE_CHECK_MSG(n <= size(), "BufferedReader::consume past the buffered bytes");
+    begin_ += n;
+    releaseIfEmpty();
+}
+
+void BufferedReader::releaseIfEmpty() noexcept {
+    if (begin_ != end_) { return; }
+    lease_.release();
+    if (pool_ != nullptr) {
+        own_.reset();  // an idle reader with a pool holds nothing
+        ownCap_ = 0;
+        begin_ = end_ = nullptr;
+    } else {
+        begin_ = end_ = own_.get();
+    }
+}
+
+Result<size_t> BufferedReader::read(void* dst, size_t len, Deadline deadline) noexcept {
+    if (len == 0) { return size_t{0}; }
+    if (size() == 0) {
+        auto r = fill(deadline);
+        if (!r) { return r; }
+        if (*r == 0) { return size_t{0}; }
+    }
+    const size_t n = std::min(len, size());
+    std::memcpy(dst, begin_, n);
+    consume(n);
+    return n;
+}
+
+Result<void> BufferedReader::readExact(void* dst, size_t len, Deadline deadline) noexcept {
+    auto* p = static_cast<char*>(dst);
+    while (len > 0) {
+        auto r = read(p, len, deadline);
+        if (!r) { return Error{r.errorCode()}; }
+        if (*r == 0) { return Error{ENODATA}; }
+        p += *r;
+        len -= *r;
+    }
+    return {};
+}
+
+size_t BufferedReader::memoryHeld() const noexcept { return (own_ ? ownCap_ : 0) + lease_.capacity(); }
+
+// ---- BufferedWriter ------------------------------------------------------------------------------
+
+BufferedWriter::BufferedWriter(TcpStream& stream, size_t capacity) noexcept
+    : stream_(stream), capacity_(std::max<size_t>(capacity, 1)) {}
+
+Result<void> BufferedWriter::write(const void* data, size_t len, Deadline deadline) noexcept {
+    if (used_ + len <= capacity_) {
+        if (!buf_) {
+            buf_.reset(new (std::nothrow) char[capacity_]);
+            if (!buf_) { return Error{ENOMEM}; }
+        }
+        std::memcpy(buf_.get() + used_, data, len);
+        used_ += len;
+        return {};
+    }
+    // Does not fit: what is buffered and the new bytes leave in one gathered send.
+    iovec iov[2] = {{buf_.get(), used_}, {const_cast<void*>(data), len}};
+    const size_t before = used_;
+    auto r = stream_.writevAll(iov, 2, deadline);
+    if (!r) {
+        // Keep what of the buffered bytes did not leave; the caller's bytes are its own to retry.
+        const size_t sentOfBuffer = before - iov[0].iov_len;
+        if (sentOfBuffer > 0 && iov[0].iov_len > 0) { std::memmove(buf_.get(), buf_.get() + sentOfBuffer, iov[0].iov_len); }
+        used_ = iov[0].iov_len;
+        return r;
+    }
+    used_ = 0;
+    return {};
+}
+
+Result<void> BufferedWriter::flush(Deadline deadline) noexcept {
+    if (used_ == 0) { return {}; }
+    size_t sent = 0;
+    auto r = stream_.writeAll(buf_.get(), used_, deadline, &sent);
+    if (sent > 0 && sent < used_) { std::memmove(buf_.get(), buf_.get() + sent, used_ - sent); }
+    used_ -= sent;
+    return r;
+}
+
+}  // namespace spindle::net

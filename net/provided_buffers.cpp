@@ -1,0 +1,255 @@
+#include "net/provided_buffers.h"
+
+#include <liburing.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <mutex>
+#include <vector>
+
+#include "base/log.h"
+#include "core/fiber.h"
+#include "core/ring_ops.h"
+#include "core/runtime.h"
+#include "net/internal/ops.h"
+#include "uring/ring.h"
+
+namespace spindle::net {
+namespace detail {
+
+/// One carrier's registered ring of a pool: `count` buffers of `size` bytes behind an
+/// io_uring_buf_ring. The kernel takes buffers from the head; we add them back at the tail.
+/// Thread-safety: `lock` serialises returns (from any thread); the kernel never writes the tail.
+struct PbufRing {
+    io_uring_buf_ring* ring = nullptr;
+    size_t ringBytes = 0;
+    char* buffers = nullptr;
+    size_t bufferBytes = 0;
+    size_t size = 0;
+    unsigned count = 0;
+    uint16_t bgid = 0;
+    unsigned carrier = 0;
+    std::mutex lock;
+
+    void giveBack(uint16_t bid) noexcept {
+        std::lock_guard<std::mutex> g(lock);
+        io_uring_buf_ring_add(ring, buffers + static_cast<size_t>(bid) * size, static_cast<unsigned>(size), bid,
+                              io_uring_buf_ring_mask(count), 0);
+        io_uring_buf_ring_advance(ring, 1);
+    }
+};
+
+}  // namespace detail
+
+namespace {
+std::atomic<uint16_t> gNextGroup{1};
+
+void unmapRing(detail::PbufRing* r) noexcept {
+    if (r->ring != nullptr) { ::munmap(r->ring, r->ringBytes); }
+    if (r->buffers != nullptr) { ::munmap(r->buffers, r->bufferBytes); }
+}
+
+struct RecvArgs {
+    int fd;
+    unsigned len;
+    uint16_t bgid;
+};
+}  // namespace
+
+struct ProvidedBufferPool::Impl {
+    uint16_t bgid = 0;
+    std::mutex lock;                                   // guards rings, failed, runtime
+    std::vector<std::unique_ptr<detail::PbufRing>> rings;  // by carrier index; null: not registered there
+    std::vector<bool> failed;                          // registration refused on that carrier
+    spindle::detail::RuntimeImpl* runtime = nullptr;   // whose carriers hold the registrations
+    std::atomic<uint64_t> provided{0};
+    std::atomic<uint64_t> fallback{0};
+    std::atomic<uint64_t> exhausted{0};
+    std::atomic<int> registerError{0};
+};
+
+// ---- ProvidedBuffer ------------------------------------------------------------------------------
+
+ProvidedBuffer::ProvidedBuffer(ProvidedBuffer&& o) noexcept
+    : data_(std::exchange(o.data_, nullptr)),
+      size_(std::exchange(o.size_, 0)),
+      capacity_(std::exchange(o.capacity_, 0)),
+      owner_(std::exchange(o.owner_, nullptr)),
+      bid_(o.bid_) {}
+
+ProvidedBuffer& ProvidedBuffer::operator=(ProvidedBuffer&& o) noexcept {
+    if (this != &o) {
+        release();
+        data_ = std::exchange(o.data_, nullptr);
+        size_ = std::exchange(o.size_, 0);
+        capacity_ = std::exchange(o.capacity_, 0);
+        owner_ = std::exchange(o.owner_, nullptr);
+        bid_ = o.bid_;
+    }
+    return *this;
+}
+
+void ProvidedBuffer::release() noexcept {
+    if (data_ == nullptr) { return; }
+    if (owner_ != nullptr) {
+        owner_->giveBack(bid_);
+    } else {
+        delete[] data_;
+    }
+    data_ = nullptr;
+    size_ = 0;
+    capacity_ = 0;
+    owner_ = nullptr;
+}
+
+// ---- ProvidedBufferPool --------------------------------------------------------------------------
+
+ProvidedBufferPool::ProvidedBufferPool(const ProvidedBufferOptions& options) : options_(options), impl_(std::make_unique<Impl>()) {
+    impl_->bgid = gNextGroup.fetch_add(1, std::memory_order_relaxed);
+}
+
+Result<std::unique_ptr<ProvidedBufferPool>> ProvidedBufferPool::create(const ProvidedBufferOptions& options) noexcept {
+    const unsigned c = options.count;
+    if (c == 0 || c > 32768 || (c & (c - 1)) != 0) { return Error{EINVAL}; }
+    if (options.size == 0 || options.size > (1u << 20)) { return Error{EINVAL}; }
+    try {
+        return std::unique_ptr<ProvidedBufferPool>(new ProvidedBufferPool(options));
+    } catch (...) {
+        return Error{ENOMEM};
+    }
+}
+
+ProvidedBufferPool::~ProvidedBufferPool() {
+    // Each registration is dropped by its own carrier's thread (SINGLE_ISSUER): a pinned fiber there.
+    for (auto& r : impl_->rings) {
+        if (!r) { continue; }
+        detail::PbufRing* ring = r.get();
+        auto drop = [ring] {
+            if (uring::Ring* here = currentRing()) { (void)here->unregisterBufRing(ring->bgid); }
+        };
+        if (this_fiber::carrierIndex() == static_cast<int>(ring->carrier) && this_fiber::inFiber()) {
+            drop();
+        } else if (impl_->runtime != nullptr) {
+            auto h = spindle::detail::spawnOn(impl_->runtime, drop,
+                                              SpawnOptions{.name = "pbuf-unregister", .carrier = static_cast<int>(ring->carrier), .pinned = true});
+            // ECANCELED: the runtime is shutting down, and the ring goes with its carrier.
+            if (h) { h->join(); }
+        }
+        unmapRing(ring);
+    }
+}
+
+detail::PbufRing* ProvidedBufferPool::ringHere() noexcept {
+    uring::Ring* ring = currentRing();
+    if (ring == nullptr) { return nullptr; }
+    const auto idx = static_cast<size_t>(this_fiber::carrierIndex());
+    Impl& im = *impl_;
+    std::lock_guard<std::mutex> g(im.lock);
+    try {
+        if (im.rings.size() <= idx) {
+            im.rings.resize(idx + 1);
+            im.failed.resize(idx + 1, false);
+        }
+    } catch (...) {
+        return nullptr;
+    }
+    if (im.rings[idx]) { return im.rings[idx].get(); }
+    if (im.failed[idx]) { return nullptr; }
+    auto fail = [&](int e, detail::PbufRing* r) -> detail::PbufRing* {
+        im.failed[idx] = true;
+        int expected = 0;
+        if (im.registerError.compare_exchange_strong(expected, e)) {
+            log::info("provided buffers: no buffer ring on carrier {} ({}); receives fall back to plain buffers", idx,
+                      std::strerror(e));
+        }
+        if (r != nullptr) { unmapRing(r); }
+        return nullptr;
+    };
+    std::unique_ptr<detail::PbufRing> r;
+    try {
+        r = std::make_unique<detail::PbufRing>();
+    } catch (...) {
+        return fail(ENOMEM, nullptr);
+    }
+    r->count = options_.count;
+    r->size = options_.size;
+    r->bgid = im.bgid;
+    r->carrier = static_cast<unsigned>(idx);
+    const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
+    r->ringBytes = (sizeof(io_uring_buf) * r->count + page - 1) / page * page;
+    r->bufferBytes = (r->size * r->count + page - 1) / page * page;
+    void* ringMem = ::mmap(nullptr, r->ringBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ringMem == MAP_FAILED) { return fail(errno, r.get()); }
+    r->ring = static_cast<io_uring_buf_ring*>(ringMem);
+    void* bufMem = ::mmap(nullptr, r->bufferBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (bufMem == MAP_FAILED) { return fail(errno, r.get()); }
+    r->buffers = static_cast<char*>(bufMem);
+    io_uring_buf_ring_init(r->ring);
+    if (auto reg = ring->registerBufRing(r->ring, r->count, r->bgid); !reg) { return fail(reg.errorCode(), r.get()); }
+    const int mask = io_uring_buf_ring_mask(r->count);
+    for (unsigned i = 0; i < r->count; ++i) {
+        io_uring_buf_ring_add(r->ring, r->buffers + static_cast<size_t>(i) * r->size, static_cast<unsigned>(r->size),
+                              static_cast<unsigned short>(i), mask, static_cast<int>(i));
+    }
+    io_uring_buf_ring_advance(r->ring, static_cast<int>(r->count));
+    if (im.runtime == nullptr) { im.runtime = spindle::detail::currentRuntime(); }
+    im.rings[idx] = std::move(r);
+    return im.rings[idx].get();
+}
+
+Result<ProvidedBuffer> ProvidedBufferPool::recv(int fd, Deadline deadline) noexcept {
+    Impl& im = *impl_;
+    // No fiber switch between choosing the ring and submitting: the SQE goes to that carrier's ring.
+    if (detail::PbufRing* ring = ringHere()) {
+        const RecvArgs a{fd, static_cast<unsigned>(options_.size), ring->bgid};
+        const OpResult r = submitOp(
+            [](io_uring_sqe* sqe, const void* ctx) {
+                const auto* x = static_cast<const RecvArgs*>(ctx);
+                io_uring_prep_recv(sqe, x->fd, nullptr, x->len, 0);
+                sqe->flags |= IOSQE_BUFFER_SELECT;
+                sqe->buf_group = x->bgid;
+            },
+            &a, deadline);
+        ProvidedBuffer b;
+        if ((r.flags & IORING_CQE_F_BUFFER) != 0) {
+            b.bid_ = static_cast<uint16_t>(r.flags >> IORING_CQE_BUFFER_SHIFT);
+            b.owner_ = ring;
+            b.data_ = ring->buffers + static_cast<size_t>(b.bid_) * ring->size;
+            b.capacity_ = ring->size;
+            b.size_ = r.res > 0 ? static_cast<size_t>(r.res) : 0;
+        }
+        if (r.res == -ENOBUFS) {
+            im.exhausted.fetch_add(1, std::memory_order_relaxed);
+        } else if (r.res < 0) {
+            return Error{-r.res};
+        } else {
+            im.provided.fetch_add(1, std::memory_order_relaxed);
+            if (r.res == 0) { b.release(); }  // end of stream holds no buffer
+            return b;
+        }
+    }
+    im.fallback.fetch_add(1, std::memory_order_relaxed);
+    ProvidedBuffer b;
+    b.data_ = new (std::nothrow) char[options_.size];
+    if (b.data_ == nullptr) { return Error{ENOMEM}; }
+    b.capacity_ = options_.size;
+    auto n = detail::recv(fd, b.data_, options_.size, 0, deadline);
+    if (!n) { return Error{n.errorCode()}; }
+    b.size_ = *n;
+    if (*n == 0) { b.release(); }
+    return b;
+}
+
+ProvidedBufferStats ProvidedBufferPool::stats() const noexcept {
+    ProvidedBufferStats s;
+    s.providedRecvs = impl_->provided.load(std::memory_order_relaxed);
+    s.fallbackRecvs = impl_->fallback.load(std::memory_order_relaxed);
+    s.exhausted = impl_->exhausted.load(std::memory_order_relaxed);
+    s.registerError = impl_->registerError.load(std::memory_order_relaxed);
+    std::lock_guard<std::mutex> g(impl_->lock);
+    for (const auto& r : impl_->rings) { s.carriersRegistered += r ? 1 : 0; }
+    return s;
+}
+
+}  // namespace spindle::net
