@@ -143,6 +143,15 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
     const int signo = waiter->join();
     (*server)->stop();
     const spindle::echo::ServerStats stats = (*server)->stats();
+    // What the rings did, for syscalls per message: enters are io_uring_enter calls.
+    for (const spindle::CarrierStats& c : rt->stats()) {
+        std::fprintf(stderr,
+                     "spindle-echo: carrier %u (pu %d): enters %llu parks %llu idle spins %llu sqes %llu cqes %llu "
+                     "fibers run %llu\n",
+                     c.index, c.pu, static_cast<unsigned long long>(c.enters), static_cast<unsigned long long>(c.parks),
+                     static_cast<unsigned long long>(c.idleSpins), static_cast<unsigned long long>(c.sqesSubmitted),
+                     static_cast<unsigned long long>(c.cqesReaped), static_cast<unsigned long long>(c.fibersRun));
+    }
     server->reset();
     rt->shutdown();
     rt->join();
