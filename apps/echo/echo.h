@@ -42,6 +42,10 @@ struct ServerOptions {
     bool reusePort = true;        // a listener per carrier (SO_REUSEPORT); false: one listener for all
     size_t bufferSize = 16 * 1024;  // receive buffer per connection
     bool noDelay = true;          // TCP_NODELAY on every accepted connection
+    // Echo with one send(2) with MSG_DONTWAIT from the fiber, and go through the ring (writeAll) only for
+    // what the socket did not take at once. Saves an SQE, a CQE and a park per message; a full socket
+    // costs the failed syscall. false: every send goes through the ring.
+    bool inlineSend = false;
 };
 
 /// Counters of a server (read racily while it runs; exact after stop()).

@@ -85,7 +85,8 @@ std::optional<spindle::net::SocketAddress> parseAddress(const std::string& host,
     return *address;
 }
 
-int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, bool reusePort, size_t bufferSize) {
+int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, bool reusePort, size_t bufferSize,
+              bool inlineSend) {
     auto address = parseAddress(host, port);
     if (!address) { return kExitUsage; }
     // Block the signals before the carriers start, so that every thread inherits the mask and the
@@ -112,6 +113,7 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
     options.address = *address;
     options.reusePort = reusePort;
     options.bufferSize = bufferSize;
+    options.inlineSend = inlineSend;
     auto server = spindle::echo::EchoServer::start(*rt, options);
     if (!server) {
         std::fprintf(stderr, "spindle-echo: cannot listen on %s: %s\n", address->toString().c_str(),
@@ -219,6 +221,9 @@ int main(int argc, char** argv) {
                      "a listener per carrier with SO_REUSEPORT (default), or one listener for all");
     server->add_option("--buffer-size", bufferSize, "receive buffer per connection, bytes")
         ->check(CLI::Range(size_t{1}, size_t{16} << 20));
+    bool inlineSend = false;
+    server->add_flag("--inline-send", inlineSend,
+                     "echo with send(2) MSG_DONTWAIT first, through the ring only when the socket is full");
     serverRt.addTo(*server);
 
     CLI::App* client = app.add_subcommand("client", "ping-pong load: send, read the echo back, check it, time it");
@@ -260,5 +265,5 @@ int main(int argc, char** argv) {
         clientOptions.ioTimeout = std::chrono::milliseconds(ioTimeoutMs);
         return runClient(clientRt, clientHost, clientPort, clientOptions, warmup, duration, json);
     }
-    return runServer(serverRt, serverHost, serverPort, reusePort, bufferSize);
+    return runServer(serverRt, serverHost, serverPort, reusePort, bufferSize, inlineSend);
 }

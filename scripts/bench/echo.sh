@@ -7,7 +7,7 @@
 #
 # usage: scripts/bench/echo.sh [--repetitions N] [--duration S] [--warmup S] [--connections "1 10 100 1000"]
 #                              [--size BYTES] [--port N] [--poll-mode block|spin|hybrid] [--epoll-mode lt|et]
-#                              [--server-cpu N] [--client-cpu N] [--nice N] [--no-build]
+#                              [--server-flags "..."] [--server-cpu N] [--client-cpu N] [--nice N] [--no-build]
 #   --repetitions N   A/B rounds per connection count; the median is reported (default 3)
 #   --duration S      measured seconds per run, after the warm-up (default 5)
 #   --warmup S        seconds of load before measuring (default 1)
@@ -16,6 +16,7 @@
 #   --port N          TCP port both servers listen on, one at a time (default 7400)
 #   --poll-mode M     spindle-echo server's poll mode (default block; the client always blocks)
 #   --epoll-mode M    epoll_echo's triggering: lt (level, default) or et (edge)
+#   --server-flags F  more flags for spindle-echo server, e.g. "--inline-send" (word-split)
 #   --server-cpu N    CPU both servers are pinned to (default 0)
 #   --client-cpu N    CPU the client is pinned to (default 1)
 #   --nice N          run servers and client under `nice -n N` (e.g. -20 on a shared machine)
@@ -38,6 +39,7 @@ size=64
 port=7400
 poll_mode=block
 epoll_mode=lt
+server_flags=""
 server_cpu=0
 client_cpu=1
 nice=0
@@ -52,11 +54,12 @@ while (($# > 0)); do
     --port) port="$2"; shift ;;
     --poll-mode) poll_mode="$2"; shift ;;
     --epoll-mode) epoll_mode="$2"; shift ;;
+    --server-flags) server_flags="$2"; shift ;;
     --server-cpu) server_cpu="$2"; shift ;;
     --client-cpu) client_cpu="$2"; shift ;;
     --nice) nice="$2"; shift ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "echo.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -86,9 +89,10 @@ fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "machine: $(bench_machine_line)"
 echo "runs: $reps A/B rounds x ${duration}s (+${warmup}s warm-up), ${size}-byte messages; servers on CPU $server_cpu, client on CPU $client_cpu"
-echo "spindle-echo server --carriers 1 --poll-mode $poll_mode; epoll_echo --mode $epoll_mode; client: spindle-echo client --carriers 1"
+echo "spindle-echo server --carriers 1 --poll-mode $poll_mode $server_flags; epoll_echo --mode $epoll_mode; client: spindle-echo client --carriers 1"
 echo "nice: $nice; ulimit -n: $(ulimit -n); load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
+read -r -a extra <<<"$server_flags"
 out=$(mktemp -d)
 server_pid=""
 cleanup() {
@@ -118,7 +122,7 @@ run_one() {  # impl conns tag
   local impl=$1 conns=$2 tag=$3 t0 t1
   if [[ "$impl" == spindle ]]; then
     nice -n "$nice" taskset -c "$server_cpu" "$bin" server --carriers 1 --port "$port" --address 127.0.0.1 \
-      --poll-mode "$poll_mode" 2>"$out/$tag.server.log" &
+      --poll-mode "$poll_mode" "${extra[@]}" 2>"$out/$tag.server.log" &
   else
     nice -n "$nice" taskset -c "$server_cpu" "$epoll_bin" --port "$port" --address 127.0.0.1 --mode "$epoll_mode" \
       2>"$out/$tag.server.log" &

@@ -42,8 +42,9 @@ protected:
         if (serverRt_) { EXPECT_EQ(settledLiveFibers(*serverRt_), 0u); }
     }
 
-    std::unique_ptr<EchoServer> startServer(bool reusePort = true, size_t bufferSize = 16 * 1024) {
+    std::unique_ptr<EchoServer> startServer(bool reusePort = true, size_t bufferSize = 16 * 1024, bool inlineSend = false) {
         ServerOptions options;
+        options.inlineSend = inlineSend;
         options.address = net::SocketAddress::ipv4Loopback(0);
         options.reusePort = reusePort;
         options.bufferSize = bufferSize;
@@ -104,6 +105,25 @@ TEST_F(EchoTest, EchoesEveryByteOverSeveralConnections) {
     ASSERT_TRUE(report) << report.error().message();
     server->stop();  // waits for every connection fiber, so the counts below are final
     expectCleanRun(*report, server->stats(), connections, 64, messages);
+}
+
+// send(2) first, the ring for the rest: with messages larger than the socket takes at once (64 KiB
+// through a 4 KiB buffer, and small ones), both halves of the path run.
+TEST_F(EchoTest, InlineSendEchoesEveryByte) {
+    auto server = startServer(/*reusePort=*/true, /*bufferSize=*/4096, /*inlineSend=*/true);
+    ASSERT_NE(server, nullptr);
+    const uint64_t messages = kSanitized ? 20 : 200;
+    auto small = runClient(*clientRt_, countedLoad(*server, 4, 64, messages));
+    ASSERT_TRUE(small) << small.error().message();
+    auto large = runClient(*clientRt_, countedLoad(*server, 4, kMaxMessageSize, messages / 10));
+    ASSERT_TRUE(large) << large.error().message();
+    server->stop();
+    EXPECT_TRUE(small->ok()) << small->firstError;
+    EXPECT_TRUE(large->ok()) << large->firstError;
+    EXPECT_EQ(small->messages, 4 * messages);
+    EXPECT_EQ(large->messages, 4 * (messages / 10));
+    EXPECT_EQ(server->stats().bytesEchoed, small->messages * 64 + large->messages * kMaxMessageSize);
+    EXPECT_EQ(server->stats().connectionErrors, 0u);
 }
 
 TEST_F(EchoTest, SingleListenerDealsConnectionsToEveryCarrier) {
