@@ -109,6 +109,11 @@ Result<void> RuntimeImpl::start() noexcept {
                    options_.stackSize, options_.ringEntries, options_.offloadThreads);
         return Error{EINVAL};
     }
+    if (options_.cqEntries != 0 && (options_.cqEntries < options_.ringEntries || options_.cqEntries > 524288)) {
+        log::error("invalid runtime options: cqEntries {} (0, or ringEntries {}..524288)", options_.cqEntries,
+                   options_.ringEntries);
+        return Error{EINVAL};
+    }
     if (auto r = validateFixedOptions(options_); !r) { return r; }
     const auto mode = static_cast<unsigned>(options_.pollMode);
     if (mode > static_cast<unsigned>(PollMode::kHybrid) || options_.spinMicros == 0 ||
@@ -156,6 +161,7 @@ Result<void> RuntimeImpl::start() noexcept {
             cfg.logicalPu = topology_ ? static_cast<int>(placed[i]) : -1;
             cfg.pu = canBind ? cfg.logicalPu : -1;
             cfg.ring.entries = options_.ringEntries;
+            cfg.ring.cqEntries = options_.cqEntries;
             cfg.ring.deferTaskrun = options_.deferTaskrun;
             cfg.ring.sqpoll = options_.sqpoll;
             cfg.ring.sqThreadIdleMs = options_.sqThreadIdleMs;

@@ -67,6 +67,8 @@ const char* toString(StealPolicy policy) noexcept;
 struct RuntimeOptions {
     unsigned carriers = 0;          // 0: one per core of the process cpuset
     unsigned ringEntries = 256;     // SQ entries per carrier ring
+    unsigned cqEntries = 0;         // CQ entries per carrier ring (0: max(2 x ringEntries, 4096); else
+                                    // ringEntries..524288): room for one completion per operation in flight
     size_t stackSize = 64 * 1024;   // default usable stack per fiber
     bool bindCarriers = true;       // pin each carrier thread to one PU with hwloc
     // "" (see below), "machine", "synthetic:<hwloc string>" or "xml:<path>". Precedence: this option, then

@@ -3,6 +3,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -142,7 +143,8 @@ Result<void> Ring::init(const RingOptions& options, OverflowHandler onReap, void
             std::memset(&params, 0, sizeof(params));
             // TASKRUN_FLAG needs COOP_TASKRUN; it rides along with it and is dropped with it.
             const bool taskrunFlag = options.taskrunFlag && (want & IORING_SETUP_COOP_TASKRUN) != 0;
-            params.flags = want | sq | (taskrunFlag ? IORING_SETUP_TASKRUN_FLAG : 0u);
+            params.flags = want | sq | (taskrunFlag ? IORING_SETUP_TASKRUN_FLAG : 0u) | IORING_SETUP_CQSIZE;
+            params.cq_entries = options.cqEntries != 0 ? options.cqEntries : std::max(2 * options.entries, 4096u);
             params.sq_thread_idle = options.sqThreadIdleMs;
             params.sq_thread_cpu = options.sqThreadCpu >= 0 ? static_cast<unsigned>(options.sqThreadCpu) : 0u;
             ret = io_uring_queue_init_params(options.entries, &ring_, &params);

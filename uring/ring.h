@@ -54,7 +54,11 @@ template <class T>
 }
 
 struct RingOptions {
-    unsigned entries = 256;     // SQ size; the CQ is twice as large (kernel default)
+    unsigned entries = 256;     // SQ size
+    // CQ size (IORING_SETUP_CQSIZE, 5.5), rounded up to a power of two by the kernel; 0: max(2 x entries,
+    // 4096). A CQ too small for the operations in flight (a recv per idle connection) overflows into the
+    // kernel's backlog list, which costs a slow path per completion.
+    unsigned cqEntries = 0;
     bool singleIssuer = true;   // IORING_SETUP_SINGLE_ISSUER where the kernel has it
     bool deferTaskrun = true;   // IORING_SETUP_DEFER_TASKRUN where the kernel has it
     bool coopTaskrun = true;    // IORING_SETUP_COOP_TASKRUN where the kernel has it

@@ -120,6 +120,25 @@ TEST(RuntimeStart, RejectsBadOptions) {
     RuntimeOptions bogus;
     bogus.topology = "bogus";
     EXPECT_EQ(Runtime::start(bogus).errorCode(), EINVAL);
+
+    RuntimeOptions smallCq;
+    smallCq.cqEntries = smallCq.ringEntries - 1;
+    EXPECT_EQ(Runtime::start(smallCq).errorCode(), EINVAL);
+    RuntimeOptions hugeCq;
+    hugeCq.cqEntries = 1u << 20;
+    EXPECT_EQ(Runtime::start(hugeCq).errorCode(), EINVAL);
+}
+
+TEST(RuntimeStart, CompletionQueueIsSizedForManyOperationsInFlight) {
+    for (const auto& [asked, expected] : {std::pair{0u, "cq=4096 "}, std::pair{5000u, "cq=8192 "}}) {
+        RuntimeOptions o;
+        o.carriers = 1;
+        o.cqEntries = asked;
+        auto rt = Runtime::start(o);
+        ASSERT_TRUE(rt) << rt.error().message();
+        const std::string ring = rt->stats()[0].ring;
+        EXPECT_NE(ring.find(expected), std::string::npos) << ring;
+    }
 }
 
 TEST(RuntimeStart, SyntheticTopologyStartsOneUnboundCarrierPerCore) {
