@@ -1,0 +1,425 @@
+#include "apps/echo/echo.h"
+
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <utility>
+
+#include <fmt/format.h>
+
+#include "base/log.h"
+#include "core/io.h"
+
+namespace spindle::echo {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Errors that end a connection because its peer went away or the runtime is stopping: not the
+// server's failure.
+bool isPeerOrShutdown(int err) noexcept {
+    return err == ECONNRESET || err == EPIPE || err == ENOTCONN || err == ECANCELED || err == ENODATA;
+}
+
+// One send(2) that never blocks: the bytes the socket took, or -errno. A raw system call rather than
+// ::send: the descriptor came from an accept on the ring, which ThreadSanitizer cannot see, so its
+// send interceptor would pair this call with an unrelated earlier socket(2) of the same number.
+ssize_t sendNow(int fd, const void* buf, size_t len) noexcept {
+    const long n = ::syscall(SYS_sendto, fd, buf, len, MSG_DONTWAIT | MSG_NOSIGNAL, nullptr, 0);
+    return n >= 0 ? static_cast<ssize_t>(n) : -errno;
+}
+
+}  // namespace
+
+// One accepted stream. It lives in its connection fiber's frame; index_ is its slot in
+// EchoServer::connections_ while registered (under the server's mutex_).
+struct EchoServer::Connection {
+    explicit Connection(int fd) noexcept : stream(fd) {}
+    net::TcpStream stream;
+    size_t index = 0;
+};
+
+EchoServer::EchoServer(Runtime& runtime, const ServerOptions& options) noexcept
+    : runtime_(runtime), options_(options), address_(options.address) {}
+
+Result<std::unique_ptr<EchoServer>> EchoServer::start(Runtime& runtime, const ServerOptions& options) {
+    if (options.bufferSize == 0) { return Error{EINVAL}; }
+    std::unique_ptr<EchoServer> server(new EchoServer(runtime, options));
+    const unsigned carriers = runtime.carrierCount();
+    const unsigned listeners = options.reusePort ? carriers : 1;
+    net::ListenOptions listenOptions;
+    listenOptions.reusePort = options.reusePort;
+    for (unsigned i = 0; i < listeners; ++i) {
+        // The first bind settles the port (the kernel's choice for port 0); the others share it.
+        auto listener = net::TcpListener::bind(server->address_, listenOptions);
+        if (!listener) {
+            server->stop();
+            return Error{listener.errorCode()};
+        }
+        if (i == 0) { server->address_ = listener->localAddress(); }
+        auto acceptor = runtime.spawn(
+            [s = server.get(), i, l = std::move(*listener)]() mutable { s->acceptLoop(i, l); },
+            SpawnOptions{.name = "echo-accept", .carrier = static_cast<int>(i), .pinned = true});
+        if (!acceptor) {
+            server->stop();
+            return Error{acceptor.errorCode()};
+        }
+        server->acceptors_.push_back(std::move(*acceptor));
+    }
+    return server;
+}
+
+EchoServer::~EchoServer() { stop(); }
+
+ServerStats EchoServer::stats() const noexcept {
+    ServerStats s;
+    s.accepted = accepted_.load(std::memory_order_relaxed);
+    s.closed = closed_.load(std::memory_order_relaxed);
+    s.bytesEchoed = bytesEchoed_.load(std::memory_order_relaxed);
+    s.connectionErrors = connectionErrors_.load(std::memory_order_relaxed);
+    s.acceptErrors = acceptErrors_.load(std::memory_order_relaxed);
+    return s;
+}
+
+void EchoServer::stop() {
+    if (stopped_) { return; }
+    stopped_ = true;
+    stopping_.store(true, std::memory_order_release);
+    // Acceptors first, so that no connection starts after the sweep below.
+    for (auto& acceptor : acceptors_) {
+        if (acceptor.joinable()) { acceptor.cancel(); }
+    }
+    for (auto& acceptor : acceptors_) {
+        if (acceptor.joinable()) { acceptor.join(); }
+    }
+    std::unique_lock lock(mutex_);
+    shutDown_ = true;
+    // shutdown(2) wakes a receive in flight with end of stream and fails a blocked send with EPIPE,
+    // from any thread; the fibers then close their descriptors themselves.
+    for (Connection* c : connections_) { (void)::shutdown(c->stream.fd(), SHUT_RDWR); }
+    drained_.wait(lock, [this] { return live_ == 0; });
+}
+
+void EchoServer::acceptLoop(unsigned carrier, net::TcpListener& listener) noexcept {
+    const unsigned carriers = runtime_.carrierCount();
+    unsigned next = carrier;
+    for (;;) {
+        auto stream = listener.accept();
+        if (!stream) {
+            const int err = stream.errorCode();
+            if (stopping_.load(std::memory_order_acquire) || err == ECANCELED || err == EBADF) { break; }
+            acceptErrors_.fetch_add(1, std::memory_order_relaxed);
+            log::warn("spindle-echo: accept on carrier {}: {}", carrier, std::strerror(err));
+            // A persistent error would otherwise spin; the sleep ends with ECANCELED at shutdown.
+            if (!sleep(std::chrono::milliseconds(10))) { break; }
+            continue;
+        }
+        // With a listener per carrier the connection stays where the kernel delivered it; one shared
+        // listener deals connections out to the carriers in turn.
+        const unsigned target = options_.reusePort ? carrier : next++ % carriers;
+        const int fd = stream->release();
+        if (!spawnConnection(target, fd)) {
+            acceptErrors_.fetch_add(1, std::memory_order_relaxed);
+            net::TcpStream dropped(fd);  // closes it
+        }
+    }
+    // Closing awaits the multishot accept's last completion, which a pending cancel would cut short.
+    (void)this_fiber::acknowledgeCancellation();
+    listener.close();
+}
+
+bool EchoServer::spawnConnection(unsigned carrier, int fd) noexcept {
+    {
+        std::lock_guard lock(mutex_);
+        ++live_;
+    }
+    accepted_.fetch_add(1, std::memory_order_relaxed);
+    auto fiber = runtime_.spawn(
+        [this, fd] {
+            Connection connection(fd);
+            serve(connection);
+        },
+        SpawnOptions{.name = "echo-conn", .carrier = static_cast<int>(carrier), .pinned = true});
+    if (fiber) { return true; }
+    log::warn("spindle-echo: no fiber for a connection: {}", std::strerror(fiber.errorCode()));
+    std::lock_guard lock(mutex_);
+    if (--live_ == 0) { drained_.notify_all(); }
+    return false;
+}
+
+void EchoServer::registerConnection(Connection& connection) noexcept {
+    std::lock_guard lock(mutex_);
+    connection.index = connections_.size();
+    connections_.push_back(&connection);
+    if (shutDown_) { (void)::shutdown(connection.stream.fd(), SHUT_RDWR); }
+}
+
+void EchoServer::unregisterConnection(Connection& connection) noexcept {
+    std::lock_guard lock(mutex_);
+    Connection* last = connections_.back();
+    connections_[connection.index] = last;
+    last->index = connection.index;
+    connections_.pop_back();
+}
+
+void EchoServer::serve(Connection& connection) noexcept {
+    registerConnection(connection);
+    net::TcpStream& stream = connection.stream;
+    int err = 0;
+    if (options_.noDelay) {
+        if (auto r = stream.setNoDelay(); !r) { log::debug("spindle-echo: TCP_NODELAY: {}", r.error().message()); }
+    }
+    uint64_t echoed = 0;
+    auto buffer = std::make_unique_for_overwrite<char[]>(options_.bufferSize);
+    for (;;) {
+        auto got = stream.recv(buffer.get(), options_.bufferSize);
+        if (!got) {
+            err = got.errorCode();
+            break;
+        }
+        if (*got == 0) { break; }  // the client closed its side
+        size_t done = 0;
+        if (options_.inlineSend) {
+            const ssize_t n = sendNow(stream.fd(), buffer.get(), *got);
+            if (n >= 0) {
+                done = static_cast<size_t>(n);
+            } else if (n != -EAGAIN && n != -EINTR) {
+                err = static_cast<int>(-n);
+                break;
+            }
+        }
+        if (done < *got) {
+            if (auto sent = stream.writeAll(buffer.get() + done, *got - done); !sent) {
+                err = sent.errorCode();
+                break;
+            }
+        }
+        echoed += *got;
+    }
+    if (err != 0 && !isPeerOrShutdown(err)) {
+        connectionErrors_.fetch_add(1, std::memory_order_relaxed);
+        log::warn("spindle-echo: connection on fd {}: {}", stream.fd(), std::strerror(err));
+    }
+    bytesEchoed_.fetch_add(echoed, std::memory_order_relaxed);
+    unregisterConnection(connection);
+    // Through the ring, as every other call on the stream. Once the runtime shuts down the ring refuses
+    // new operations with ECANCELED and the descriptor is still open: close(2) it then. (TcpStream::close()
+    // gives the descriptor up before it tries, so it would leak it in that case.)
+    const int fd = stream.release();
+    if (auto closed = spindle::close(fd); !closed && closed.errorCode() == ECANCELED) { (void)::close(fd); }
+    closed_.fetch_add(1, std::memory_order_relaxed);
+    // Under the lock: stop() cannot see live_ reach 0 and destroy the server before this fiber is done
+    // with its members.
+    std::lock_guard lock(mutex_);
+    if (--live_ == 0) { drained_.notify_all(); }
+}
+
+namespace {
+
+// What the connection fibers of one carrier gather. They are pinned to that carrier, which runs one
+// fiber at a time, so plain fields suffice; runClient reads them after joining every fiber.
+struct alignas(64) CarrierTally {
+    LogLinearHistogram latency;
+    uint64_t messages = 0;
+    uint64_t totalMessages = 0;
+    unsigned connected = 0;
+    unsigned failed = 0;
+    uint64_t refused = 0;
+    uint64_t connectErrors = 0;
+    uint64_t earlyCloses = 0;
+    uint64_t mismatches = 0;
+    uint64_t timeouts = 0;
+    uint64_t otherErrors = 0;
+    std::string firstError;
+
+    void fail(uint64_t& kind, std::string what) {
+        ++kind;
+        ++failed;
+        if (firstError.empty()) { firstError = std::move(what); }
+    }
+};
+
+struct Window {
+    Clock::time_point start;  // measuring starts (after the warm-up)
+    Clock::time_point end;    // measuring ends; no round trip starts after it
+    uint64_t count = 0;       // > 0: round trips per connection instead (all measured)
+};
+
+// Fills the bytes of a message that never change on this connection: distinct per connection, so
+// that bytes echoed on the wrong stream do not compare equal.
+void fillConnectionPattern(std::vector<unsigned char>& message, unsigned id) {
+    uint64_t x = 0x9e3779b97f4a7c15ull * (uint64_t{id} + 1);
+    for (size_t i = 0; i < message.size(); ++i) {
+        x ^= x >> 29;
+        x *= 0xbf58476d1ce4e5b9ull;
+        message[i] = static_cast<unsigned char>(x >> 56);
+    }
+}
+
+// Stamps the sequence number into the first and the last (up to) 8 bytes, so that a stale or
+// repeated echo does not compare equal either.
+void stampSequence(std::vector<unsigned char>& message, uint64_t seq) noexcept {
+    const size_t n = std::min<size_t>(message.size(), sizeof seq);
+    std::memcpy(message.data(), &seq, n);
+    std::memcpy(message.data() + message.size() - n, &seq, n);
+}
+
+void classifyIoError(CarrierTally& tally, int err, const char* call, unsigned id) {
+    std::string what = fmt::format("connection {}: {}: {}", id, call, std::strerror(err));
+    if (err == ENODATA) { what = fmt::format("connection {}: {}: the server closed the connection", id, call); }
+    if (err == ENODATA || err == ECONNRESET || err == EPIPE || err == ENOTCONN) {
+        tally.fail(tally.earlyCloses, std::move(what));
+    } else if (err == ETIMEDOUT) {
+        tally.fail(tally.timeouts, std::move(what));
+    } else {
+        tally.fail(tally.otherErrors, std::move(what));
+    }
+}
+
+void runConnection(CarrierTally& tally, unsigned id, const ClientOptions& options, const Window& window) {
+    auto stream = net::TcpStream::connect(options.address, options.connectTimeout);
+    if (!stream) {
+        const int err = stream.errorCode();
+        std::string what = fmt::format("connection {}: connect to {}: {}", id, options.address.toString(), std::strerror(err));
+        tally.fail(err == ECONNREFUSED ? tally.refused : tally.connectErrors, std::move(what));
+        return;
+    }
+    ++tally.connected;
+    if (options.noDelay) {
+        if (auto r = stream->setNoDelay(); !r) {
+            classifyIoError(tally, r.errorCode(), "TCP_NODELAY", id);
+            return;
+        }
+    }
+    std::vector<unsigned char> sent(options.messageSize);
+    std::vector<unsigned char> received(options.messageSize);
+    fillConnectionPattern(sent, id);
+    for (uint64_t seq = 0;; ++seq) {
+        const Clock::time_point begin = Clock::now();
+        if (window.count > 0 ? seq >= window.count : begin >= window.end) { break; }
+        stampSequence(sent, seq);
+        if (auto r = stream->writeAll(sent.data(), sent.size(), options.ioTimeout); !r) {
+            classifyIoError(tally, r.errorCode(), "send", id);
+            return;
+        }
+        if (auto r = stream->readExact(received.data(), received.size(), options.ioTimeout); !r) {
+            classifyIoError(tally, r.errorCode(), "receive", id);
+            return;
+        }
+        const Clock::time_point done = Clock::now();
+        if (std::memcmp(sent.data(), received.data(), sent.size()) != 0) {
+            tally.fail(tally.mismatches, fmt::format("connection {}: message {} came back altered", id, seq));
+            return;
+        }
+        ++tally.totalMessages;
+        if (window.count > 0 || (done >= window.start && done <= window.end)) {
+            ++tally.messages;
+            tally.latency.record(static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(done - begin).count()));
+        }
+    }
+    // A clean end: FIN after the last echo; the server's fiber sees end of stream and closes.
+    (void)stream->close();
+}
+
+}  // namespace
+
+Result<ClientReport> runClient(Runtime& runtime, const ClientOptions& options) {
+    if (options.connections == 0 || options.messageSize == 0 || options.messageSize > kMaxMessageSize ||
+        options.duration <= std::chrono::nanoseconds::zero() || options.warmup < std::chrono::nanoseconds::zero()) {
+        return Error{EINVAL};
+    }
+    const unsigned carriers = runtime.carrierCount();
+    std::vector<CarrierTally> tallies(carriers);
+    const Clock::time_point begin = Clock::now();
+    Window window;
+    window.start = begin + std::chrono::duration_cast<Clock::duration>(options.warmup);
+    window.end = window.start + std::chrono::duration_cast<Clock::duration>(options.duration);
+    window.count = options.messagesPerConnection;
+
+    std::vector<FiberHandle<void>> fibers;
+    fibers.reserve(options.connections);
+    int spawnError = 0;
+    for (unsigned id = 0; id < options.connections; ++id) {
+        const unsigned carrier = id % carriers;
+        auto fiber = runtime.spawn([&tallies, carrier, id, &options, &window] { runConnection(tallies[carrier], id, options, window); },
+                                   SpawnOptions{.name = "echo-client", .carrier = static_cast<int>(carrier), .pinned = true});
+        if (!fiber) {
+            spawnError = fiber.errorCode();
+            break;
+        }
+        fibers.push_back(std::move(*fiber));
+    }
+    for (auto& fiber : fibers) { fiber.join(); }
+    if (spawnError != 0) { return Error{spawnError}; }
+
+    ClientReport report;
+    report.connections = options.connections;
+    report.messageSize = options.messageSize;
+    report.seconds = options.messagesPerConnection > 0 ? std::chrono::duration<double>(Clock::now() - begin).count()
+                                                       : std::chrono::duration<double>(options.duration).count();
+    for (const CarrierTally& t : tallies) {
+        report.latency.merge(t.latency);
+        report.messages += t.messages;
+        report.totalMessages += t.totalMessages;
+        report.connected += t.connected;
+        report.failedConnections += t.failed;
+        report.refused += t.refused;
+        report.connectErrors += t.connectErrors;
+        report.earlyCloses += t.earlyCloses;
+        report.mismatches += t.mismatches;
+        report.timeouts += t.timeouts;
+        report.otherErrors += t.otherErrors;
+        if (report.firstError.empty()) { report.firstError = t.firstError; }
+    }
+    return report;
+}
+
+namespace {
+
+double micros(uint64_t ns) { return static_cast<double>(ns) / 1e3; }
+
+}  // namespace
+
+std::string formatReport(const ClientReport& r) {
+    const LogLinearHistogram& h = r.latency;
+    return fmt::format(
+        "connections={} connected={} size={} duration_s={:.3f} messages={} total_messages={} msg_per_s={:.1f} "
+        "mb_per_s={:.3f} p50_us={:.2f} p99_us={:.2f} p999_us={:.2f} max_us={:.2f} failed_connections={} refused={} "
+        "connect_errors={} early_closes={} mismatches={} timeouts={} other_errors={}",
+        r.connections, r.connected, r.messageSize, r.seconds, r.messages, r.totalMessages, r.messagesPerSecond(),
+        r.megabytesPerSecond(), micros(h.percentile(0.5)), micros(h.percentile(0.99)), micros(h.percentile(0.999)),
+        micros(h.max()), r.failedConnections, r.refused, r.connectErrors, r.earlyCloses, r.mismatches, r.timeouts,
+        r.otherErrors);
+}
+
+std::string formatReportJson(const ClientReport& r) {
+    const LogLinearHistogram& h = r.latency;
+    std::string escaped;
+    for (char ch : r.firstError) {
+        if (ch == '"' || ch == '\\') {
+            escaped += '\\';
+            escaped += ch;
+        } else if (static_cast<unsigned char>(ch) < 0x20) {
+            escaped += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(ch)));
+        } else {
+            escaped += ch;
+        }
+    }
+    return fmt::format(
+        "{{\"connections\":{},\"connected\":{},\"size\":{},\"duration_s\":{:.3f},\"messages\":{},"
+        "\"total_messages\":{},\"msg_per_s\":{:.1f},\"mb_per_s\":{:.3f},"
+        "\"lat_us\":{{\"p50\":{:.2f},\"p99\":{:.2f},\"p999\":{:.2f},\"max\":{:.2f},\"mean\":{:.2f}}},"
+        "\"failed_connections\":{},\"errors\":{{\"refused\":{},\"connect\":{},\"early_close\":{},\"mismatch\":{},"
+        "\"timeout\":{},\"other\":{}}},\"first_error\":\"{}\"}}",
+        r.connections, r.connected, r.messageSize, r.seconds, r.messages, r.totalMessages, r.messagesPerSecond(),
+        r.megabytesPerSecond(), micros(h.percentile(0.5)), micros(h.percentile(0.99)), micros(h.percentile(0.999)),
+        micros(h.max()), h.mean() / 1e3, r.failedConnections, r.refused, r.connectErrors, r.earlyCloses, r.mismatches,
+        r.timeouts, r.otherErrors, escaped);
+}
+
+}  // namespace spindle::echo

@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# Runs spindle-echo's server (one carrier) and the reference C epoll loop (scripts/bench/epoll_echo.c,
+# one thread) under the same load: spindle-echo's ping-pong client with 64-byte messages at 1, 10, 100
+# and 1000 connections. Both servers are pinned to one CPU and the client (one carrier) to another;
+# each run starts a fresh server, warms up, then measures. Runs alternate (spindle, epoll; then epoll,
+# spindle) for each repetition, and the table gives medians [min..max] and the ratios.
+#
+# usage: scripts/bench/echo.sh [--repetitions N] [--duration S] [--warmup S] [--connections "1 10 100 1000"]
+#                              [--size BYTES] [--port N] [--poll-mode block|spin|hybrid] [--epoll-mode lt|et]
+#                              [--server-flags "..."] [--server-cpu N] [--client-cpu N] [--nice N] [--no-build]
+#   --repetitions N   A/B rounds per connection count; the median is reported (default 3)
+#   --duration S      measured seconds per run, after the warm-up (default 5)
+#   --warmup S        seconds of load before measuring (default 1)
+#   --connections L   connection counts (default "1 10 100 1000")
+#   --size BYTES      message size (default 64)
+#   --port N          TCP port both servers listen on, one at a time (default 7400)
+#   --poll-mode M     spindle-echo server's poll mode (default block; the client always blocks)
+#   --epoll-mode M    epoll_echo's triggering: lt (level, default) or et (edge)
+#   --server-flags F  more flags for spindle-echo server, e.g. "--inline-send" (word-split)
+#   --server-cpu N    CPU both servers are pinned to (default 0)
+#   --client-cpu N    CPU the client is pinned to (default 1)
+#   --nice N          run servers and client under `nice -n N` (e.g. -20 on a shared machine)
+#   --no-build        use the existing build/release and build/bench-echo/epoll_echo
+#
+# Columns: messages/s (round trips completed in the measured window / its length), p99 round-trip
+# latency as the client sees it, and server CPU per message: the server's utime + stime from
+# /proc/PID/stat (all its threads, 1/CLK_TCK resolution) over the whole client run (warm-up included),
+# divided by every round trip of that run. "ratio" is spindle / epoll for messages/s (>1: spindle
+# faster) and epoll / spindle for CPU per message (>1: spindle cheaper).
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+reps=3
+duration=5
+warmup=1
+connections="1 10 100 1000"
+size=64
+port=7400
+poll_mode=block
+epoll_mode=lt
+server_flags=""
+server_cpu=0
+client_cpu=1
+nice=0
+build=1
+while (($# > 0)); do
+  case "$1" in
+    --repetitions) reps="$2"; shift ;;
+    --duration) duration="$2"; shift ;;
+    --warmup) warmup="$2"; shift ;;
+    --connections) connections="$2"; shift ;;
+    --size) size="$2"; shift ;;
+    --port) port="$2"; shift ;;
+    --poll-mode) poll_mode="$2"; shift ;;
+    --epoll-mode) epoll_mode="$2"; shift ;;
+    --server-flags) server_flags="$2"; shift ;;
+    --server-cpu) server_cpu="$2"; shift ;;
+    --client-cpu) client_cpu="$2"; shift ;;
+    --nice) nice="$2"; shift ;;
+    --no-build) build=0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "echo.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "echo.sh: --repetitions needs a positive integer" >&2; exit 2; }
+[[ "$poll_mode" =~ ^(block|spin|hybrid)$ ]] || { echo "echo.sh: --poll-mode takes block, spin or hybrid" >&2; exit 2; }
+[[ "$epoll_mode" =~ ^(lt|et)$ ]] || { echo "echo.sh: --epoll-mode takes lt or et" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "echo.sh: python3 is needed to read the JSON results" >&2; exit 1; }
+
+root="$SPINDLE_REPO_ROOT"
+bin="$root/build/release/apps/spindle-echo"
+epoll_bin="$root/build/bench-echo/epoll_echo"
+if ((build)); then
+  (
+    cd "$root" &&
+      spindle_install_deps &&
+      cmake --preset release &&
+      cmake --build build/release -j2 --target spindle-echo
+  ) >&2
+  mkdir -p "$root/build/bench-echo"
+  cc -O2 -o "$epoll_bin" "$root/scripts/bench/epoll_echo.c"
+fi
+[[ -x "$bin" ]] || { echo "echo.sh: $bin is missing; build the release preset" >&2; exit 1; }
+[[ -x "$epoll_bin" ]] || { echo "echo.sh: $epoll_bin is missing; run without --no-build" >&2; exit 1; }
+
+# A thousand connections take two descriptors each when both ends live on this machine.
+ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
+echo "machine: $(bench_machine_line)"
+echo "runs: $reps A/B rounds x ${duration}s (+${warmup}s warm-up), ${size}-byte messages; servers on CPU $server_cpu, client on CPU $client_cpu"
+echo "spindle-echo server --carriers 1 --poll-mode $poll_mode $server_flags; epoll_echo --mode $epoll_mode; client: spindle-echo client --carriers 1"
+echo "nice: $nice; ulimit -n: $(ulimit -n); load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
+
+read -r -a extra <<<"$server_flags"
+out=$(mktemp -d)
+server_pid=""
+cleanup() {
+  if [[ -n "$server_pid" ]]; then kill "$server_pid" 2>/dev/null || true; fi
+  rm -rf "$out"
+}
+trap cleanup EXIT
+
+# Waits until something accepts on $port (at most 10 s).
+wait_for_port() {
+  local i
+  for ((i = 0; i < 1000; ++i)); do
+    if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then return 0; fi
+    sleep 0.01
+  done
+  echo "echo.sh: nothing listens on port $port" >&2
+  return 1
+}
+
+# utime + stime of a whole process, in clock ticks (fields 14 and 15 of /proc/PID/stat; the command
+# name in field 2 is cut off first, as it may hold spaces).
+cpu_ticks() {
+  sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
+}
+
+run_one() {  # impl conns tag
+  local impl=$1 conns=$2 tag=$3 t0 t1
+  if [[ "$impl" == spindle ]]; then
+    nice -n "$nice" taskset -c "$server_cpu" "$bin" server --carriers 1 --port "$port" --address 127.0.0.1 \
+      --poll-mode "$poll_mode" "${extra[@]}" 2>"$out/$tag.server.log" &
+  else
+    nice -n "$nice" taskset -c "$server_cpu" "$epoll_bin" --port "$port" --address 127.0.0.1 --mode "$epoll_mode" \
+      2>"$out/$tag.server.log" &
+  fi
+  server_pid=$!
+  wait_for_port
+  t0=$(cpu_ticks "$server_pid")
+  if ! nice -n "$nice" taskset -c "$client_cpu" "$bin" client --carriers 1 --port "$port" --connections "$conns" \
+      --size "$size" --duration "$duration" --warmup "$warmup" --json >"$out/$tag.json" 2>"$out/$tag.client.log"; then
+    echo "echo.sh: the client failed against $impl ($conns connections): $(cat "$out/$tag.client.log")" >&2
+    exit 1
+  fi
+  t1=$(cpu_ticks "$server_pid")
+  kill -INT "$server_pid"
+  wait "$server_pid" || { echo "echo.sh: $impl did not exit cleanly: $(cat "$out/$tag.server.log")" >&2; exit 1; }
+  server_pid=""
+  echo "$((t1 - t0))" >"$out/$tag.ticks"
+}
+
+for c in $connections; do
+  for ((r = 1; r <= reps; ++r)); do
+    if ((r % 2 == 1)); then order="spindle epoll"; else order="epoll spindle"; fi
+    for impl in $order; do run_one "$impl" "$c" "${impl}_c${c}_r${r}"; done
+  done
+  echo "  done: $c connections" >&2
+done
+
+echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
+python3 - "$out" "$reps" "$connections" "$(getconf CLK_TCK)" <<'PY'
+import json, os, statistics, sys
+out, reps, conns, hz = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4])
+
+def run(impl, c, r):
+    tag = os.path.join(out, f"{impl}_c{c}_r{r}")
+    j = json.load(open(tag + ".json"))
+    ticks = int(open(tag + ".ticks").read())
+    cpu_us = ticks / hz * 1e6 / max(j["total_messages"], 1)
+    return j["msg_per_s"], j["lat_us"]["p99"], cpu_us
+
+def med(vals):
+    return statistics.median(vals), min(vals), max(vals)
+
+hdr = (f"{'conns':>5s} {'spindle msg/s':>30s} {'epoll msg/s':>30s} {'ratio':>6s}"
+       f" {'spindle p99':>11s} {'epoll p99':>10s} {'spindle CPU/msg':>15s} {'epoll CPU/msg':>13s} {'ratio':>6s}")
+print()
+print(hdr)
+print("-" * len(hdr))
+for c in conns:
+    s = [run("spindle", c, r) for r in range(1, reps + 1)]
+    e = [run("epoll", c, r) for r in range(1, reps + 1)]
+    sm, em = med([x[0] for x in s]), med([x[0] for x in e])
+    sp, ep = med([x[1] for x in s]), med([x[1] for x in e])
+    sc, ec = med([x[2] for x in s]), med([x[2] for x in e])
+    fmt = lambda m: f"{m[0]:.0f} [{m[1]:.0f}..{m[2]:.0f}]"
+    print(f"{c:>5s} {fmt(sm):>30s} {fmt(em):>30s} {sm[0] / em[0]:6.3f}"
+          f" {sp[0]:9.1f}us {ep[0]:8.1f}us {sc[0]:13.2f}us {ec[0]:11.2f}us {ec[0] / sc[0]:6.3f}")
+print()
+print("msg/s ratio = spindle / epoll (medians; >1: spindle faster); CPU ratio = epoll / spindle (>1: spindle cheaper).")
+print("CPU/msg: server utime+stime over the whole client run (warm-up included) / every round trip of it.")
+PY
