@@ -113,6 +113,15 @@ Result<void> shutdown(int fd, int how, Deadline deadline) noexcept {
     return {};
 }
 
+Result<void> closeDescriptor(int fd) noexcept {
+    auto r = spindle::close(fd);
+    if (!r && r.errorCode() == ECANCELED) {
+        if (::close(fd) != 0 && errno != EINTR) { return Error{errno}; }
+        return {};
+    }
+    return r;
+}
+
 Result<int> openSocket(int family, int type) noexcept {
     const int fd = ::socket(family, type | SOCK_CLOEXEC, 0);
     if (fd < 0) { return Error{errno}; }

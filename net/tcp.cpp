@@ -412,7 +412,7 @@ Result<void> TcpStream::shutdown(int how, Deadline deadline) noexcept {
 
 Result<void> TcpStream::close() noexcept {
     if (fd_ < 0) { return {}; }
-    return spindle::close(release());
+    return detail::closeDescriptor(release());
 }
 
 Result<void> TcpStream::setNoDelay(bool on) noexcept {

@@ -129,7 +129,9 @@ public:
 
     /// shutdown(2) through the ring: SHUT_WR sends FIN and leaves receiving open (half-close).
     [[nodiscard]] Result<void> shutdown(int how = SHUT_WR, Deadline deadline = {}) noexcept;
-    /// Closes the descriptor through the ring. Idempotent (EBADF never: a closed stream returns ok).
+    /// Closes the descriptor through the ring (with close(2) where the ring refuses the call: during
+    /// runtime shutdown, or while a cancellation is pending), so it never leaks. Idempotent: a closed
+    /// stream returns ok.
     Result<void> close() noexcept;
 
     [[nodiscard]] Result<void> setNoDelay(bool on = true) noexcept;

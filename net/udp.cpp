@@ -106,7 +106,7 @@ Result<SocketAddress> UdpSocket::localAddress() const noexcept {
 
 Result<void> UdpSocket::close() noexcept {
     if (fd_ < 0) { return {}; }
-    return spindle::close(release());
+    return detail::closeDescriptor(release());
 }
 
 }  // namespace spindle::net

@@ -31,6 +31,10 @@ Result<size_t> recvmsg(int fd, msghdr* msg, int flags, Deadline deadline) noexce
 Result<int> accept(int fd, sockaddr* addr, socklen_t* len, Deadline deadline) noexcept;
 Result<void> connect(int fd, const sockaddr* addr, socklen_t len, Deadline deadline) noexcept;
 Result<void> shutdown(int fd, int how, Deadline deadline) noexcept;
+/// Closes `fd` through the ring; where the ring refuses the call (ECANCELED: runtime shutdown, or a
+/// cancellation the fiber has not acknowledged) with close(2) instead, so the descriptor never leaks.
+/// Errors: the kernel's close errors (EIO, say); the descriptor is gone either way.
+Result<void> closeDescriptor(int fd) noexcept;
 /// socket(2) with SOCK_CLOEXEC.
 Result<int> openSocket(int family, int type) noexcept;
 Result<void> setIntOption(int fd, int level, int name, int value) noexcept;

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -272,6 +273,28 @@ TEST_F(Tcp, CancellingAFiberBlockedInRecvOrAcceptEndsItWithEcanceled) {
     acceptFiber.cancel();
     EXPECT_EQ(recvFiber.join(), ECANCELED);
     EXPECT_EQ(acceptFiber.join(), ECANCELED);
+    onFiber([&] { l.close(); });
+}
+
+TEST_F(Tcp, CloseWhileACancellationIsPendingStillClosesTheDescriptor) {
+    TcpListener l;
+    onFiber([&] { l = listenLoopback(); });
+    auto c = onFiber([&] { return TcpStream::connect(l.localAddress(), 5s); });
+    ASSERT_TRUE(c);
+    const int fd = c->fd();
+    std::atomic<bool> go{false};
+    auto f = anywhere([&] {
+        while (!go.load()) { this_fiber::yield(); }
+        auto r = c->close();  // the ring refuses (ECANCELED): close(2) does it
+        this_fiber::acknowledgeCancellation();
+        return r ? 0 : r.errorCode();
+    });
+    f.cancel();
+    go.store(true);
+    EXPECT_EQ(f.join(), 0);
+    EXPECT_FALSE(c->isOpen());
+    EXPECT_EQ(::fcntl(fd, F_GETFD), -1);
+    EXPECT_EQ(errno, EBADF);
     onFiber([&] { l.close(); });
 }
 
