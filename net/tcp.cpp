@@ -302,18 +302,6 @@ void TcpListener::close() noexcept {
 
 // ---- TcpStream -----------------------------------------------------------------------------------
 
-TcpStream& TcpStream::operator=(TcpStream&& o) noexcept {
-    if (this != &o) {
-        if (fd_ >= 0) { ::close(fd_); }
-        fd_ = o.release();
-    }
-    return *this;
-}
-
-TcpStream::~TcpStream() {
-    if (fd_ >= 0) { ::close(fd_); }
-}
-
 Result<TcpStream> TcpStream::connect(const SocketAddress& address, Deadline deadline) noexcept {
     const int family = address.family();
     if (family != AF_INET && family != AF_INET6 && family != AF_UNIX) { return Error{EINVAL}; }
@@ -410,11 +398,6 @@ Result<void> TcpStream::shutdown(int how, Deadline deadline) noexcept {
     return detail::shutdown(fd_, how, deadline);
 }
 
-Result<void> TcpStream::close() noexcept {
-    if (fd_ < 0) { return {}; }
-    return detail::closeDescriptor(release());
-}
-
 Result<void> TcpStream::setNoDelay(bool on) noexcept {
     if (fd_ < 0) { return Error{EBADF}; }
     return detail::setIntOption(fd_, IPPROTO_TCP, TCP_NODELAY, on ? 1 : 0);
@@ -440,24 +423,6 @@ Result<void> TcpStream::setResetOnClose() noexcept {
     const linger l{1, 0};
     if (::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof(l)) != 0) { return Error{errno}; }
     return {};
-}
-
-Result<SocketAddress> TcpStream::localAddress() const noexcept {
-    if (fd_ < 0) { return Error{EBADF}; }
-    SocketAddress a;
-    socklen_t len = SocketAddress::capacity();
-    if (auto r = detail::sockName(fd_, false, a.data(), &len); !r) { return Error{r.errorCode()}; }
-    a.setSize(len);
-    return a;
-}
-
-Result<SocketAddress> TcpStream::peerAddress() const noexcept {
-    if (fd_ < 0) { return Error{EBADF}; }
-    SocketAddress a;
-    socklen_t len = SocketAddress::capacity();
-    if (auto r = detail::sockName(fd_, true, a.data(), &len); !r) { return Error{r.errorCode()}; }
-    a.setSize(len);
-    return a;
 }
 
 }  // namespace spindle::net

@@ -27,6 +27,7 @@
 #include "base/result.h"
 #include "core/deadline.h"
 #include "net/address.h"
+#include "net/socket.h"
 
 namespace spindle::net {
 
@@ -98,16 +99,12 @@ struct KeepAlive {
 };
 
 /// A connected stream socket (TCP, or Unix stream from a Unix listener).
-class TcpStream {
+/// Owns its descriptor as a Socket (net/socket.h: close(), localAddress(), fd(), release()).
+class TcpStream : public Socket {
 public:
     TcpStream() noexcept = default;
     /// Adopts a connected stream socket descriptor.
-    explicit TcpStream(int fd) noexcept : fd_(fd) {}
-    TcpStream(TcpStream&& o) noexcept : fd_(o.release()) {}
-    TcpStream& operator=(TcpStream&& o) noexcept;
-    TcpStream(const TcpStream&) = delete;
-    TcpStream& operator=(const TcpStream&) = delete;
-    ~TcpStream();
+    explicit TcpStream(int fd) noexcept : Socket(fd) {}
 
     /// socket + IORING_OP_CONNECT. Errors: ECONNREFUSED, ENETUNREACH, ETIMEDOUT, ECANCELED, EMFILE.
     [[nodiscard]] static Result<TcpStream> connect(const SocketAddress& address, Deadline deadline = {}) noexcept;
@@ -129,10 +126,6 @@ public:
 
     /// shutdown(2) through the ring: SHUT_WR sends FIN and leaves receiving open (half-close).
     [[nodiscard]] Result<void> shutdown(int how = SHUT_WR, Deadline deadline = {}) noexcept;
-    /// Closes the descriptor through the ring (with close(2) where the ring refuses the call: during
-    /// runtime shutdown, or while a cancellation is pending), so it never leaks. Idempotent: a closed
-    /// stream returns ok.
-    Result<void> close() noexcept;
 
     [[nodiscard]] Result<void> setNoDelay(bool on = true) noexcept;
     /// SO_KEEPALIVE, with the probe timings when enabling.
@@ -140,19 +133,7 @@ public:
     /// SO_LINGER with a zero timeout: close() then sends RST instead of FIN (tests, load shedding).
     [[nodiscard]] Result<void> setResetOnClose() noexcept;
 
-    [[nodiscard]] Result<SocketAddress> localAddress() const noexcept;
-    [[nodiscard]] Result<SocketAddress> peerAddress() const noexcept;
-    [[nodiscard]] int fd() const noexcept { return fd_; }
-    [[nodiscard]] bool isOpen() const noexcept { return fd_ >= 0; }
-    /// Gives up ownership of the descriptor.
-    int release() noexcept {
-        const int fd = fd_;
-        fd_ = -1;
-        return fd;
-    }
-
-private:
-    int fd_ = -1;
+    [[nodiscard]] Result<SocketAddress> peerAddress() const noexcept { return address(true); }
 };
 
 }  // namespace spindle::net

@@ -9,18 +9,6 @@
 
 namespace spindle::net {
 
-UdpSocket& UdpSocket::operator=(UdpSocket&& o) noexcept {
-    if (this != &o) {
-        if (fd_ >= 0) { ::close(fd_); }
-        fd_ = o.release();
-    }
-    return *this;
-}
-
-UdpSocket::~UdpSocket() {
-    if (fd_ >= 0) { ::close(fd_); }
-}
-
 Result<UdpSocket> UdpSocket::open(int family) noexcept {
     if (family != AF_INET && family != AF_INET6) { return Error{EAFNOSUPPORT}; }
     auto fd = detail::openSocket(family, SOCK_DGRAM);
@@ -93,20 +81,6 @@ Result<size_t> UdpSocket::recvMsg(msghdr* msg, int flags, Deadline deadline) noe
     if (fd_ < 0) { return Error{EBADF}; }
     if (msg == nullptr) { return Error{EFAULT}; }
     return detail::recvmsg(fd_, msg, flags, deadline);
-}
-
-Result<SocketAddress> UdpSocket::localAddress() const noexcept {
-    if (fd_ < 0) { return Error{EBADF}; }
-    SocketAddress a;
-    socklen_t len = SocketAddress::capacity();
-    if (auto r = detail::sockName(fd_, false, a.data(), &len); !r) { return Error{r.errorCode()}; }
-    a.setSize(len);
-    return a;
-}
-
-Result<void> UdpSocket::close() noexcept {
-    if (fd_ < 0) { return {}; }
-    return detail::closeDescriptor(release());
 }
 
 }  // namespace spindle::net

@@ -17,18 +17,15 @@
 #include "base/result.h"
 #include "core/deadline.h"
 #include "net/address.h"
+#include "net/socket.h"
 
 namespace spindle::net {
 
-class UdpSocket {
+/// Owns its descriptor as a Socket (net/socket.h: close(), localAddress(), fd(), release()).
+class UdpSocket : public Socket {
 public:
     UdpSocket() noexcept = default;
-    explicit UdpSocket(int fd) noexcept : fd_(fd) {}
-    UdpSocket(UdpSocket&& o) noexcept : fd_(o.release()) {}
-    UdpSocket& operator=(UdpSocket&& o) noexcept;
-    UdpSocket(const UdpSocket&) = delete;
-    UdpSocket& operator=(const UdpSocket&) = delete;
-    ~UdpSocket();
+    explicit UdpSocket(int fd) noexcept : Socket(fd) {}
 
     /// A socket bound to `address` (port 0: the kernel picks; see localAddress()). `reusePort`
     /// sets SO_REUSEPORT. Errors: EADDRINUSE, EACCES, EINVAL (AF_UNSPEC or a Unix address).
@@ -50,19 +47,6 @@ public:
     /// the call returns. MSG_NOSIGNAL is added to send flags.
     [[nodiscard]] Result<size_t> sendMsg(const msghdr* msg, int flags = 0, Deadline deadline = {}) noexcept;
     [[nodiscard]] Result<size_t> recvMsg(msghdr* msg, int flags = 0, Deadline deadline = {}) noexcept;
-
-    [[nodiscard]] Result<SocketAddress> localAddress() const noexcept;
-    Result<void> close() noexcept;
-    [[nodiscard]] int fd() const noexcept { return fd_; }
-    [[nodiscard]] bool isOpen() const noexcept { return fd_ >= 0; }
-    int release() noexcept {
-        const int fd = fd_;
-        fd_ = -1;
-        return fd;
-    }
-
-private:
-    int fd_ = -1;
 };
 
 }  // namespace spindle::net
