@@ -80,7 +80,7 @@ TEST_F(Limits, AcceptUnderEmfileBacksOffAndRecoversWhenDescriptorsFree) {
             std::vector<TcpStream> accepted;
             {
                 // No descriptor left: every accept now fails with EMFILE inside the kernel. The
-                // placeholders go back one at a time, each making room for one accepted connection.
+                // /dev/null descriptors are closed one at a time, each making room for one accepted connection.
                 SoftFdLimit limit(openFds() + kClients);
                 ASSERT_TRUE(limit.ok());
                 std::vector<int> spare = fillDescriptorTable();
