@@ -35,6 +35,21 @@ struct AddrArgs {
     socklen_t* outLen;
 };
 
+// A send with a deadline tries first without one, with MSG_DONTWAIT: a socket with room in its send
+// buffer (nearly always) completes it at once, and the linked timeout (an extra SQE, a timer armed and
+// cancelled, its own CQE awaited) is paid only when the kernel answers EAGAIN and the send must wait.
+template <class Args>
+int32_t sendWithDeadline(PrepareSqe prepare, Args& a, Deadline deadline) noexcept {
+    if (deadline.isSet() && (a.flags & MSG_DONTWAIT) == 0) {
+        if (deadline.expired()) { return -ETIMEDOUT; }
+        a.flags |= MSG_DONTWAIT;
+        const int32_t res = submitOp(prepare, &a).res;
+        a.flags &= ~MSG_DONTWAIT;
+        if (res != -EAGAIN) { return res; }
+    }
+    return submitOp(prepare, &a, deadline).res;
+}
+
 }  // namespace
 
 Result<size_t> recv(int fd, void* buf, size_t len, int flags, Deadline deadline) noexcept {
@@ -48,23 +63,23 @@ Result<size_t> recv(int fd, void* buf, size_t len, int flags, Deadline deadline)
 }
 
 Result<size_t> send(int fd, const void* buf, size_t len, int flags, Deadline deadline) noexcept {
-    const BufArgs a{fd, const_cast<void*>(buf), std::min(len, kMaxIo), flags | MSG_NOSIGNAL};
-    return sizeOrError(submitOp(
+    BufArgs a{fd, const_cast<void*>(buf), std::min(len, kMaxIo), flags | MSG_NOSIGNAL};
+    return sizeOrError(sendWithDeadline(
         [](io_uring_sqe* sqe, const void* ctx) {
             const auto* x = static_cast<const BufArgs*>(ctx);
             io_uring_prep_send(sqe, x->fd, x->buf, x->len, x->flags);
         },
-        &a, deadline).res);
+        a, deadline));
 }
 
 Result<size_t> sendmsg(int fd, const msghdr* msg, int flags, Deadline deadline) noexcept {
-    const MsgArgs a{fd, msg, flags | MSG_NOSIGNAL};
-    return sizeOrError(submitOp(
+    MsgArgs a{fd, msg, flags | MSG_NOSIGNAL};
+    return sizeOrError(sendWithDeadline(
         [](io_uring_sqe* sqe, const void* ctx) {
             const auto* x = static_cast<const MsgArgs*>(ctx);
             io_uring_prep_sendmsg(sqe, x->fd, x->msg, static_cast<unsigned>(x->flags));
         },
-        &a, deadline).res);
+        a, deadline));
 }
 
 Result<size_t> recvmsg(int fd, msghdr* msg, int flags, Deadline deadline) noexcept {
