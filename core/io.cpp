@@ -3,14 +3,17 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstdint>
 #include <new>
 
 #include "base/log.h"
 #include "core/fiber.h"
+#include "core/fiber_future.h"
 #include "core/offload.h"
 #include "core/internal/carrier.h"
 #include "core/internal/io_submit.h"
+#include "core/internal/runtime_impl.h"
 #include "uring/ring.h"
 
 namespace spindle {
@@ -168,6 +171,38 @@ Result<void> cancelMultishot(MultishotCompletion* completion) noexcept {
     m->target = reinterpret_cast<void*>(ud);
     owner->post(m);
     return {};
+}
+
+int32_t waitMultishot(FiberFuture* future, MultishotCompletion* completion, Deadline deadline) noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    detail::Fiber* self = c != nullptr ? c->running() : nullptr;
+    // The cheap wait needs the fiber to resume on this thread (pinned: never stolen), which is the
+    // thread that handles a cancel for the wait: see the end of this function.
+    if (self == nullptr || c != completion->owner || self->pinCount_ == 0 || deadline.isSet()) {
+        std::chrono::nanoseconds left = std::chrono::hours(24 * 365);
+        if (deadline.isSet()) {
+            const uint64_t now = detail::nowNs();
+            left = std::chrono::nanoseconds(deadline.ns() > now ? deadline.ns() - now : 0);
+            if (left.count() == 0) { return future->isSet() ? future->result() : -ETIMEDOUT; }
+        }
+        for (;;) {
+            const int32_t r = FiberFuture::waitWithTimeout(future, left);
+            if (r != -ETIMEDOUT || deadline.isSet()) { return r; }
+        }
+    }
+    // The cancel point is the operation: a cancel issues IORING_OP_ASYNC_CANCEL for it on this ring,
+    // and its last CQE, which the handler passes to the future, ends the wait.
+    const uint64_t ud = uring::encodeUserData(completion, uring::Tag::kMultishot);
+    if (!detail::beginCancellableWait(self, c, detail::CancelPoint::Kind::kIo, reinterpret_cast<void*>(ud))) {
+        return -ECANCELED;
+    }
+    self->waitReason_ = "multishot";
+    const int32_t res = future->wait();
+    // Cleared by the waiter rather than in the handler's step, but on the same thread (the fiber is
+    // pinned here): a cancel the carrier handles in between finds the operation still there (the
+    // completion outlives this call) and cancels it, which is what a sticky cancellation asks for.
+    self->waitOn_.store(nullptr, std::memory_order_relaxed);
+    return res;
 }
 
 uring::Ring* currentRing() noexcept {

@@ -13,6 +13,7 @@
 #include "core/deadline.h"
 
 namespace spindle {
+class FiberFuture;
 namespace uring {
 class Ring;
 }
@@ -55,6 +56,21 @@ struct MultishotCompletion {
 /// Precondition: armMultishot(..., completion) succeeded and the runtime has not been joined.
 /// Errors: ENOMEM when the message to another carrier cannot be allocated (nothing was sent).
 [[nodiscard]] Result<void> cancelMultishot(MultishotCompletion* completion) noexcept;
+
+/// Parks the calling fiber until `future` is set by `completion`'s handler, for a consumer of a
+/// multishot operation's CQEs. The handler must set the future (FiberFuture::set) for the CQE the
+/// consumer waits for, and always for the operation's last CQE.
+/// Returns the future's result; -ETIMEDOUT when `deadline` passes first; -ECANCELED when the fiber is
+/// cancelled (at once, without parking, when a cancellation is pending).
+/// Cost: for a pinned fiber on the carrier that holds the operation, without a deadline, nothing
+/// beyond the park: a
+/// FiberHandle::cancel() there is delivered by cancelling the operation itself, so the consumer
+/// then sees its last CQE (-ECANCELED) through the future, and must expect the operation to have
+/// ended. Otherwise (a fiber that may migrate, another carrier, a thread, a deadline) the wait is FiberFuture::waitWithTimeout (a timer), and after
+/// -ETIMEDOUT or -ECANCELED the future may still be set later: the caller withdraws it, as there.
+/// Precondition: on a fiber or a plain thread; armMultishot(..., completion) succeeded; the future is
+/// not set and has no other waiter.
+[[nodiscard]] int32_t waitMultishot(FiberFuture* future, MultishotCompletion* completion, Deadline deadline = {}) noexcept;
 
 /// The ring of the carrier running the calling fiber, for registrations that must come from its
 /// owner's thread (SINGLE_ISSUER). Valid until the fiber next blocks (it may migrate); null off-fiber.

@@ -11,8 +11,8 @@ namespace spindle::net {
 
 // ---- BufferedReader ------------------------------------------------------------------------------
 
-BufferedReader::BufferedReader(TcpStream& stream, size_t capacity, ProvidedBufferPool* pool) noexcept
-    : stream_(stream), pool_(pool), capacity_(std::max<size_t>(capacity, 1)) {}
+BufferedReader::BufferedReader(TcpStream& stream, size_t capacity, ProvidedBufferPool* pool, bool multishot) noexcept
+    : stream_(stream), pool_(pool), capacity_(std::max<size_t>(capacity, 1)), multishot_(multishot) {}
 
 BufferedReader::~BufferedReader() = default;
 
@@ -33,29 +33,46 @@ bool BufferedReader::ensureOwn(size_t need) noexcept {
 
 Result<size_t> BufferedReader::fill(Deadline deadline) noexcept {
     if (size() >= capacity_) { return Error{ENOBUFS}; }
-    if (pool_ != nullptr && size() == 0 && lease_.empty() && !own_) {
-        // Idle with a pool: the kernel picks the buffer when data arrives.
-        auto b = pool_->recv(stream_.fd(), deadline);
+    if (pool_ != nullptr) {
+        Result<ProvidedBuffer> b = Error{EBADF};
+        if (multishot_) {
+            if (!receiver_) { receiver_.emplace(*pool_, stream_.fd()); }
+            b = receiver_->next(deadline);
+        } else {
+            b = pool_->recv(stream_.fd(), deadline);
+        }
         if (!b) { return Error{b.errorCode()}; }
         if (b->empty()) { return size_t{0}; }
-        lease_ = std::move(*b);
-        begin_ = lease_.data();
-        end_ = begin_ + lease_.size();
-        return lease_.size();
+        const size_t n = b->size();
+        if (size() == 0 && lease_.empty() && !own_) {
+            // Idle: parse in place, in the buffer the kernel picked.
+            lease_ = std::move(*b);
+            begin_ = lease_.data();
+            end_ = begin_ + n;
+            return n;
+        }
+        // A message split across receives: continue in a buffer of our own, behind what is there.
+        if (!ensureOwn(size() + n)) { return Error{ENOMEM}; }
+        compactOwn();
+        std::memcpy(end_, b->data(), n);
+        end_ += n;
+        return n;
     }
-    // A message split across receives (or no pool): continue in a buffer of our own.
     if (!ensureOwn(size())) { return Error{ENOMEM}; }
-    if (begin_ != own_.get()) {
-        const size_t n = size();
-        std::memmove(own_.get(), begin_, n);
-        begin_ = own_.get();
-        end_ = begin_ + n;
-    }
+    compactOwn();
     const size_t room = std::min(capacity_, ownCap_) - size();
     auto r = stream_.recv(end_, room, deadline);
     if (!r) { return r; }
     end_ += *r;
     return *r;
+}
+
+void BufferedReader::compactOwn() noexcept {
+    if (begin_ == own_.get()) { return; }
+    const size_t n = size();
+    std::memmove(own_.get(), begin_, n);
+    begin_ = own_.get();
+    end_ = begin_ + n;
 }
 
 void BufferedReader::consume(size_t n) noexcept {

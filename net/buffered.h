@@ -6,7 +6,9 @@
 /// empty reader holds no memory at all while it waits: the kernel picks a buffer from the carrier's
 /// ring when data arrives, the reader parses in place and gives the buffer back once consumed. Only
 /// a message split across receives is copied, into a buffer of the reader's own (freed when it is
-/// emptied again). Without a pool the reader allocates `capacity` bytes on its first fill().
+/// emptied again). With a pool, receives go through a MultishotReceiver by default: one receive
+/// stays armed for the life of the connection (pass multishot = false for one receive per fill()).
+/// Without a pool the reader allocates `capacity` bytes on its first fill().
 ///
 /// BufferedWriter gathers small writes and sends them in one send on flush() (or when full).
 /// Errors: fill() returns 0 at end of stream, ENOBUFS when the buffer is full (view().size() ==
@@ -15,6 +17,7 @@
 
 #include <cstddef>
 #include <memory>
+#include <optional>
 #include <string_view>
 
 #include "base/result.h"
@@ -26,8 +29,12 @@ namespace spindle::net {
 
 class BufferedReader {
 public:
-    /// Reads from `stream` (which must outlive the reader) into up to `capacity` bytes.
-    explicit BufferedReader(TcpStream& stream, size_t capacity = 16 * 1024, ProvidedBufferPool* pool = nullptr) noexcept;
+    /// Reads from `stream` into up to `capacity` bytes (with a pool: up to `capacity` plus one pool
+    /// buffer, since a provided buffer is taken whole). The stream must outlive the reader and stay
+    /// open until the reader is destroyed: a multishot receive holds the socket until then.
+    /// While the reader lives, receive from the stream only through it.
+    explicit BufferedReader(TcpStream& stream, size_t capacity = 16 * 1024, ProvidedBufferPool* pool = nullptr,
+                            bool multishot = true) noexcept;
     BufferedReader(const BufferedReader&) = delete;
     BufferedReader& operator=(const BufferedReader&) = delete;
     ~BufferedReader();
@@ -47,13 +54,18 @@ public:
     /// Bytes of memory the reader holds now (its own buffer and a provided one); 0 when idle with a pool.
     [[nodiscard]] size_t memoryHeld() const noexcept;
     [[nodiscard]] size_t capacity() const noexcept { return capacity_; }
+    /// The multishot receiver in use, or null (no pool, multishot off, or no fill() yet).
+    [[nodiscard]] const MultishotReceiver* receiver() const noexcept { return receiver_ ? &*receiver_ : nullptr; }
 
 private:
     void releaseIfEmpty() noexcept;
     TcpStream& stream_;
     ProvidedBufferPool* pool_;
     size_t capacity_;
+    bool multishot_;
+    std::optional<MultishotReceiver> receiver_;  // created on the first fill() with a pool
     [[nodiscard]] bool ensureOwn(size_t need) noexcept;
+    void compactOwn() noexcept;  // moves the unread bytes in own_ to its start
     std::unique_ptr<char[]> own_;   // the reader's own buffer, or null
     size_t ownCap_ = 0;
     ProvidedBuffer lease_;          // a provided buffer being parsed in place, or empty

@@ -253,3 +253,207 @@ ProvidedBufferStats ProvidedBufferPool::stats() const noexcept {
 }
 
 }  // namespace spindle::net
+
+// ---- MultishotReceiver ---------------------------------------------------------------------------
+
+namespace spindle::net {
+namespace {
+
+constexpr size_t kHighWater = 64;  // queued buffers at which the operation is paused (cancelled)
+
+struct ArmArgs {
+    int fd;
+    uint16_t bgid;
+};
+
+void prepMultishotRecv(io_uring_sqe* sqe, const void* ctx) noexcept {
+    const auto* a = static_cast<const ArmArgs*>(ctx);
+    io_uring_prep_recv_multishot(sqe, a->fd, nullptr, 0, 0);
+    sqe->flags |= IOSQE_BUFFER_SELECT;
+    sqe->buf_group = a->bgid;
+}
+
+}  // namespace
+
+MultishotReceiver::MultishotReceiver(ProvidedBufferPool& pool, int fd) noexcept : pool_(pool), fd_(fd) {
+    completion_.fn = &MultishotReceiver::onCqe;
+    completion_.self = this;
+}
+
+MultishotReceiver::~MultishotReceiver() {
+    stop();
+    std::lock_guard<std::mutex> g(lock_);
+    Entry e{};
+    while (popLocked(e)) { e.ring->giveBack(e.bid); }
+}
+
+bool MultishotReceiver::pushLocked(const Entry& e) noexcept {
+    if (count_ < kInline && !(spill_ && spillHead_ < spill_->size())) {
+        inline_[(head_ + count_) % kInline] = e;
+        ++count_;
+        return true;
+    }
+    try {
+        if (!spill_) { spill_ = std::make_unique<std::vector<Entry>>(); }
+        spill_->push_back(e);
+    } catch (...) {
+        return false;
+    }
+    return true;
+}
+
+bool MultishotReceiver::popLocked(Entry& out) noexcept {
+    // Every entry inline is older than every spilled one: pushes go to the spill while it holds any.
+    if (count_ > 0) {
+        out = inline_[head_];
+        head_ = (head_ + 1) % kInline;
+        --count_;
+        return true;
+    }
+    if (spill_ && spillHead_ < spill_->size()) {
+        out = (*spill_)[spillHead_++];
+        if (spillHead_ == spill_->size()) {
+            spill_->clear();
+            spillHead_ = 0;
+        }
+        return true;
+    }
+    return false;
+}
+
+ProvidedBuffer MultishotReceiver::lease(const Entry& e) noexcept {
+    ProvidedBuffer b;
+    b.owner_ = e.ring;
+    b.bid_ = e.bid;
+    b.data_ = e.ring->buffers + static_cast<size_t>(e.bid) * e.ring->size;
+    b.capacity_ = e.ring->size;
+    b.size_ = static_cast<size_t>(e.len);
+    return b;
+}
+
+void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept {
+    MultishotReceiver* self = static_cast<Completion*>(c)->self;
+    std::lock_guard<std::mutex> g(self->lock_);
+    if ((flags & IORING_CQE_F_BUFFER) != 0) {
+        const Entry e{self->armedRing_, res, static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT)};
+        if (res > 0 && self->pushLocked(e)) {
+            self->delivered_ = true;
+            ++self->stats_.buffers;
+            self->pool_.impl_->provided.fetch_add(1, std::memory_order_relaxed);
+        } else {
+            e.ring->giveBack(e.bid);
+            if (res > 0) { self->broken_ = ENOMEM; }  // bytes the queue could not hold: the stream is broken
+        }
+    }
+    const size_t queued = self->count_ + (self->spill_ ? self->spill_->size() - self->spillHead_ : 0);
+    if ((flags & IORING_CQE_F_MORE) != 0 && !self->pausing_ && (queued >= kHighWater || self->broken_ != 0)) {
+        // The consumer lags (or lost bytes): stop receiving until it catches up; next() arms again.
+        self->pausing_ = true;
+        if (!cancelMultishot(c)) { (void)::shutdown(self->fd_, SHUT_RD); }
+    }
+    if ((flags & IORING_CQE_F_MORE) == 0) {
+        self->armed_ = false;
+        self->endRes_ = res > 0 ? 1 : res;
+        if (res == -ENOBUFS) { self->pool_.impl_->exhausted.fetch_add(1, std::memory_order_relaxed); }
+    }
+    if (FiberFuture* w = std::exchange(self->waiter_, nullptr)) { w->set(res); }
+    if ((flags & IORING_CQE_F_MORE) == 0) { self->ended_.set(res); }  // last: stop() may free us after it
+}
+
+Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
+    for (;;) {
+        FiberFuture wake;
+        ArmArgs args{fd_, 0};
+        bool arm = false;
+        {
+            std::unique_lock<std::mutex> g(lock_);
+            Entry e{};
+            if (popLocked(e)) {
+                g.unlock();
+                return lease(e);
+            }
+            if (broken_ != 0) { return Error{broken_}; }
+            if (eof_) { return ProvidedBuffer{}; }
+            if (armed_) {
+                waiter_ = &wake;
+            } else {
+                bool oneShot = !multishot_ || !this_fiber::inFiber();
+                const int32_t end = std::exchange(endRes_, 1);
+                if (end == 0) {
+                    eof_ = true;
+                    return ProvidedBuffer{};
+                }
+                if (end == -EINVAL && !delivered_) {
+                    multishot_ = false;  // a kernel before 6.0, or a socket it cannot do this for
+                    oneShot = true;
+                } else if (end == -ENOBUFS) {
+                    oneShot = true;      // the carrier's ring ran dry: this once, a heap buffer
+                } else if (end == -ECANCELED) {
+                    if (this_fiber::cancellationRequested()) { return Error{ECANCELED}; }
+                } else if (end < 0) {
+                    return Error{-end};
+                }
+                detail::PbufRing* ring = oneShot ? nullptr : pool_.ringHere();
+                if (ring == nullptr) {
+                    ++stats_.oneShot;
+                    g.unlock();
+                    auto b = pool_.recv(fd_, deadline);
+                    if (b && b->empty()) {
+                        std::lock_guard<std::mutex> g2(lock_);
+                        eof_ = true;
+                    }
+                    return b;
+                }
+                armed_ = true;
+                pausing_ = false;
+                delivered_ = false;
+                armedRing_ = ring;
+                ended_.reset();
+                ++stats_.arms;
+                args.bgid = ring->bgid;
+                arm = true;
+            }
+        }
+        if (arm) {
+            // Queued on this carrier, whose ring armedRing_ is; its CQEs come after this fiber parks.
+            if (auto r = armMultishot(&prepMultishotRecv, &args, &completion_); !r) {
+                std::lock_guard<std::mutex> g(lock_);
+                armed_ = false;
+                ended_.set(-r.errorCode());
+                return Error{r.errorCode()};
+            }
+            continue;
+        }
+        const int32_t w = waitMultishot(&wake, &completion_, deadline);
+        if (w == -ETIMEDOUT || w == -ECANCELED) {
+            bool mine = false;
+            {
+                std::lock_guard<std::mutex> g(lock_);
+                if (waiter_ == &wake) {
+                    waiter_ = nullptr;
+                    mine = true;
+                }
+            }
+            if (mine) { return Error{-w}; }
+            (void)wake.wait();  // the handler claimed it: what it queued is taken on the next turn
+        }
+    }
+}
+
+void MultishotReceiver::stop() noexcept {
+    {
+        std::lock_guard<std::mutex> g(lock_);
+        if (!armed_) { return; }
+        pausing_ = true;
+    }
+    if (!cancelMultishot(&completion_)) { (void)::shutdown(fd_, SHUT_RD); }
+    (void)ended_.wait();
+    std::lock_guard<std::mutex> g(lock_);  // the handler that set ended_ has let go of the receiver
+}
+
+MultishotReceiver::Stats MultishotReceiver::stats() const noexcept {
+    std::lock_guard<std::mutex> g(lock_);
+    return stats_;
+}
+
+}  // namespace spindle::net

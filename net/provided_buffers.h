@@ -19,9 +19,13 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
+#include <vector>
 
 #include "base/result.h"
 #include "core/deadline.h"
+#include "core/fiber_future.h"
+#include "core/ring_ops.h"
 
 namespace spindle::net {
 
@@ -51,6 +55,7 @@ public:
 
 private:
     friend class ProvidedBufferPool;
+    friend class MultishotReceiver;
     char* data_ = nullptr;
     size_t size_ = 0;
     size_t capacity_ = 0;
@@ -87,10 +92,88 @@ public:
     struct Impl;
 
 private:
+    friend class MultishotReceiver;
     explicit ProvidedBufferPool(const ProvidedBufferOptions& options);
     detail::PbufRing* ringHere() noexcept;
     ProvidedBufferOptions options_;
     std::unique_ptr<Impl> impl_;
+};
+
+/// A multishot receive on one connected stream socket into a pool's buffers (IORING_RECV_MULTISHOT,
+/// Linux 6.0). One operation stays armed on the carrier for as long as data keeps coming, so a
+/// connection costs one SQE for its whole life instead of one per receive, and the socket keeps one
+/// poll registration instead of arming and tearing down one per receive (io_uring's equivalent of an
+/// epoll registration). Each CQE's buffer is queued here until next() takes it.
+///
+/// Falls back to one ProvidedBufferPool::recv() per call off-fiber, where the pool has no ring on the
+/// carrier, where the kernel refuses multishot receive (EINVAL before any data), and once after the
+/// carrier's ring ran out of buffers (ENOBUFS ends the operation; the next call arms it again).
+/// Every receive on the socket must go through the receiver while it lives: a plain recv could take
+/// bytes out of order.
+/// Errors (next()): the socket's (ECONNRESET, ...), each reported once; ETIMEDOUT when the deadline
+/// passes with nothing queued; ECANCELED when the fiber is cancelled. Nothing received is lost: what
+/// the kernel delivered stays queued for the next call.
+/// Thread-safety: one consumer at a time (a fiber on any carrier, or a thread); the CQE handler runs
+/// on the carrier holding the operation, and a mutex orders the two. A pinned fiber on that carrier
+/// waits without a timer (see waitMultishot()).
+/// Lifetime: the socket must stay open until stop() or the destructor, which cancel the operation
+/// and wait for its last CQE; buffers still queued then go back to their ring.
+class MultishotReceiver {
+public:
+    MultishotReceiver(ProvidedBufferPool& pool, int fd) noexcept;
+    ~MultishotReceiver();
+    MultishotReceiver(const MultishotReceiver&) = delete;
+    MultishotReceiver& operator=(const MultishotReceiver&) = delete;
+
+    /// The next buffer of received bytes, in order; a lease of size 0 is end of stream (and stays so).
+    [[nodiscard]] Result<ProvidedBuffer> next(Deadline deadline = {}) noexcept;
+    /// Cancels the operation, if armed, and waits for its last CQE; buffers it queued stay queued for
+    /// next(), which arms it again. Errors: none (without memory for the message to another carrier,
+    /// it shuts the socket's receive side instead, which ends the operation all the same).
+    void stop() noexcept;
+
+    struct Stats {
+        uint64_t arms = 0;       // operations armed
+        uint64_t buffers = 0;    // buffers its CQEs delivered
+        uint64_t oneShot = 0;    // receives that went through ProvidedBufferPool::recv() instead
+    };
+    [[nodiscard]] Stats stats() const noexcept;
+
+private:
+    struct Entry {
+        detail::PbufRing* ring;
+        int32_t len;
+        uint16_t bid;
+    };
+    static constexpr unsigned kInline = 8;  // queued buffers held inline; more spill to `spill_`
+    struct Completion : MultishotCompletion {
+        MultishotReceiver* self = nullptr;
+    };
+    static void onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept;
+    [[nodiscard]] bool popLocked(Entry& out) noexcept;
+    [[nodiscard]] bool pushLocked(const Entry& e) noexcept;
+    [[nodiscard]] ProvidedBuffer lease(const Entry& e) noexcept;
+
+    ProvidedBufferPool& pool_;
+    int fd_;
+    Completion completion_;
+    mutable std::mutex lock_;     // guards everything below
+    Entry inline_[kInline];
+    unsigned head_ = 0;           // next to take, in inline_
+    unsigned count_ = 0;          // queued in inline_
+    std::unique_ptr<std::vector<Entry>> spill_;  // queued behind inline_, when it was full
+    size_t spillHead_ = 0;
+    detail::PbufRing* armedRing_ = nullptr;  // the carrier ring the armed operation picks from
+    int32_t endRes_ = 1;          // how the last operation ended: 0 EOF, < 0 -errno, 1 nothing to report
+    bool armed_ = false;
+    bool eof_ = false;
+    bool delivered_ = false;      // the current operation delivered a buffer (so EINVAL is not "unsupported")
+    bool multishot_ = true;       // false once the kernel refused it
+    bool pausing_ = false;        // a cancel of the armed operation is on its way
+    int broken_ = 0;              // a CQE's bytes could not be queued (ENOMEM): reported for good
+    FiberFuture* waiter_ = nullptr;
+    FiberFuture ended_;           // set by the last CQE of the armed operation
+    Stats stats_;
 };
 
 }  // namespace spindle::net

@@ -1,0 +1,306 @@
+// MultishotReceiver: one armed receive for a connection's life. Order and completeness of the bytes
+// (through the inline queue, its spill and the high-water pause), end of stream, peer reset,
+// deadlines and cancellation (pinned on the operation's carrier, where a cancel cancels the
+// operation, and unpinned, where a timer carries it), stop() and re-arming, an exhausted ring, and
+// the one-receive fallback off-fiber.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "core/fiber.h"
+#include "net/buffered.h"
+#include "net/provided_buffers.h"
+#include "net/tcp.h"
+#include "tests/core/with_runtime.h"
+
+namespace spindle::net {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Pair {
+    TcpListener listener;
+    TcpStream client;
+    TcpStream server;
+};
+
+Pair connectPair() {
+    Pair p;
+    auto l = TcpListener::bind(SocketAddress::ipv4Loopback(0));
+    SPINDLE_CHECK(static_cast<bool>(l));
+    p.listener = std::move(*l);
+    auto c = TcpStream::connect(p.listener.localAddress(), 5s);
+    SPINDLE_CHECK(static_cast<bool>(c));
+    p.client = std::move(*c);
+    auto s = p.listener.accept(5s);
+    SPINDLE_CHECK(static_cast<bool>(s));
+    p.server = std::move(*s);
+    return p;
+}
+
+// Takes buffers until `want` bytes came; appends them to `out`.
+void receiveBytes(MultishotReceiver& rx, size_t want, std::vector<char>& out) {
+    while (out.size() < want) {
+        auto b = rx.next(10s);
+        ASSERT_TRUE(b) << b.error().message();
+        ASSERT_GT(b->size(), 0u) << "end of stream after " << out.size() << " bytes";
+        out.insert(out.end(), b->data(), b->data() + b->size());
+    }
+}
+
+std::unique_ptr<ProvidedBufferPool> makePool(unsigned count, size_t size) {
+    auto p = ProvidedBufferPool::create(ProvidedBufferOptions{.count = count, .size = size});
+    SPINDLE_CHECK(static_cast<bool>(p));
+    return std::move(*p);
+}
+
+class MultishotRecv : public testing_support::WithRuntime {};
+
+TEST_F(MultishotRecv, OneOperationCarriesEveryByteInOrderThenEndOfStreamStays) {
+    auto pool = makePool(256, 512);
+    on(0, [&] {
+        Pair pair = connectPair();
+        MultishotReceiver rx(*pool, pair.server.fd());
+        const std::vector<char> data = testing_support::pattern(300000, 3);
+        auto writer = on(1, [&] { EXPECT_TRUE(pair.client.writeAll(data.data(), data.size(), 10s)); });
+        std::vector<char> got;
+        receiveBytes(rx, data.size(), got);
+        writer.join();
+        EXPECT_EQ(got, data);
+        ASSERT_TRUE(pair.client.shutdown(SHUT_WR));
+        for (int i = 0; i < 3; ++i) {  // end of stream, and it stays so
+            auto end = rx.next(5s);
+            ASSERT_TRUE(end);
+            EXPECT_TRUE(end->empty());
+        }
+        const MultishotReceiver::Stats st = rx.stats();
+        EXPECT_GE(st.buffers, data.size() / 512);
+        EXPECT_EQ(st.oneShot, 0u);
+        // Re-armed only after a pause (64 queued) or an exhausted ring: far fewer arms than buffers.
+        EXPECT_LT(st.arms * 8, st.buffers) << "arms " << st.arms << ", buffers " << st.buffers;
+    }).join();
+    EXPECT_GT(pool->stats().providedRecvs, 0u);
+}
+
+TEST_F(MultishotRecv, AConsumerThatLagsPausesTheOperationAndLosesNothing) {
+    // 2,000 small sends land in separate buffers while nobody takes them: the queue spills past
+    // its inline slots, the operation pauses at the high-water mark, and resumes as it drains.
+    auto pool = makePool(1024, 64);
+    on(0, [&] {
+        Pair pair = connectPair();
+        MultishotReceiver rx(*pool, pair.server.fd());
+        ASSERT_TRUE(pair.client.setNoDelay());
+        auto first = rx.next(5s);  // armed, nothing yet: times out
+        ASSERT_FALSE(first);
+        EXPECT_EQ(first.errorCode(), ETIMEDOUT);
+        std::string sent;
+        for (int i = 0; i < 2000; ++i) {
+            const std::string msg = "<" + std::to_string(i) + ">";
+            ASSERT_TRUE(pair.client.writeAll(msg.data(), msg.size(), 5s));
+            sent += msg;
+            if (i % 100 == 0) { this_fiber::yield(); }  // let the carrier dispatch CQEs meanwhile
+        }
+        std::vector<char> got;
+        receiveBytes(rx, sent.size(), got);
+        EXPECT_EQ(std::string(got.begin(), got.end()), sent);
+        EXPECT_GE(rx.stats().arms, 1u);
+    }).join();
+}
+
+TEST_F(MultishotRecv, PeerResetIsReportedOnceBuffersBeforeItAreTaken) {
+    auto pool = makePool(64, 256);
+    on(0, [&] {
+        Pair pair = connectPair();
+        MultishotReceiver rx(*pool, pair.server.fd());
+        ASSERT_TRUE(pair.client.writeAll("before", 6, 5s));
+        auto b = rx.next(5s);
+        ASSERT_TRUE(b);
+        EXPECT_EQ(std::string(b->data(), b->size()), "before");
+        ASSERT_TRUE(pair.client.setResetOnClose());
+        ASSERT_TRUE(pair.client.close());
+        auto r = rx.next(5s);
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.errorCode(), ECONNRESET);
+    }).join();
+}
+
+TEST_F(MultishotRecv, PinnedWaiterIsCancelledThroughTheOperationAndReceivesAfterAcknowledging) {
+    auto pool = makePool(64, 256);
+    Pair pair;
+    on(0, [&] { pair = connectPair(); }).join();
+    std::atomic<bool> waiting{false};
+    auto h = on(0, [&] {
+        MultishotReceiver rx(*pool, pair.server.fd());
+        ASSERT_TRUE(pair.client.writeAll("x", 1, 5s));
+        ASSERT_TRUE(rx.next(5s));  // armed now
+        waiting.store(true);
+        auto r = rx.next();  // no deadline, pinned on the operation's carrier: the cheap wait
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.errorCode(), ECANCELED);
+        EXPECT_FALSE(rx.next(1s)) << "the cancellation is sticky until acknowledged";
+        this_fiber::acknowledgeCancellation();
+        ASSERT_TRUE(pair.client.writeAll("after", 5, 5s));
+        auto b = rx.next(5s);  // armed again
+        ASSERT_TRUE(b) << b.error().message();
+        EXPECT_EQ(std::string(b->data(), b->size()), "after");
+        EXPECT_GE(rx.stats().arms, 2u);
+    });
+    while (!waiting.load()) { std::this_thread::sleep_for(1ms); }
+    std::this_thread::sleep_for(20ms);
+    h.cancel();
+    h.join();
+    on(0, [&] { pair = Pair{}; }).join();
+}
+
+TEST_F(MultishotRecv, UnpinnedWaiterHonoursDeadlinesAndCancellationThroughATimer) {
+    auto pool = makePool(64, 256);
+    Pair pair;
+    on(0, [&] { pair = connectPair(); }).join();
+    std::atomic<bool> waiting{false};
+    auto h = onUnpinned(1, [&] {
+        MultishotReceiver rx(*pool, pair.server.fd());
+        const auto t0 = std::chrono::steady_clock::now();
+        auto r = rx.next(30ms);
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.errorCode(), ETIMEDOUT);
+        EXPECT_GE(std::chrono::steady_clock::now() - t0, 25ms);
+        waiting.store(true);
+        auto c = rx.next();
+        ASSERT_FALSE(c);
+        EXPECT_EQ(c.errorCode(), ECANCELED);
+        this_fiber::acknowledgeCancellation();
+        ASSERT_TRUE(pair.client.writeAll("late", 4, 5s));
+        auto b = rx.next(5s);  // the operation armed before is still there
+        ASSERT_TRUE(b) << b.error().message();
+        EXPECT_EQ(std::string(b->data(), b->size()), "late");
+    });
+    while (!waiting.load()) { std::this_thread::sleep_for(1ms); }
+    std::this_thread::sleep_for(20ms);
+    h.cancel();
+    h.join();
+    on(0, [&] { pair = Pair{}; }).join();
+}
+
+TEST_F(MultishotRecv, StopEndsTheOperationAndKeepsWhatItQueued) {
+    auto pool = makePool(64, 256);
+    on(1, [&] {
+        Pair pair = connectPair();
+        MultishotReceiver rx(*pool, pair.server.fd());
+        EXPECT_FALSE(rx.next(10ms));  // arms it
+        ASSERT_TRUE(pair.client.writeAll("queued", 6, 5s));
+        // Let the CQE land before stop(): one pass of the carrier's loop is enough.
+        for (int i = 0; i < 100 && rx.stats().buffers == 0; ++i) { (void)this_fiber::sleep_for(1ms); }
+        rx.stop();
+        rx.stop();  // idempotent
+        ASSERT_TRUE(pair.client.writeAll("more", 4, 5s));
+        std::vector<char> got;
+        receiveBytes(rx, 10, got);
+        EXPECT_EQ(std::string(got.begin(), got.end()), "queuedmore");
+        EXPECT_EQ(rx.stats().arms, 2u);
+    }).join();
+}
+
+TEST_F(MultishotRecv, DestroyingAnArmedReceiverWithQueuedBuffersGivesThemBack) {
+    auto pool = makePool(4, 128);  // a small ring: one buffer not given back per round would drain it
+    on(0, [&] {
+        Pair pair = connectPair();
+        for (int round = 0; round < 20; ++round) {
+            MultishotReceiver rx(*pool, pair.server.fd());
+            EXPECT_FALSE(rx.next(1ms));  // arms it
+            ASSERT_TRUE(pair.client.writeAll("ab", 2, 5s));
+            for (int i = 0; i < 1000 && rx.stats().buffers == 0; ++i) { (void)this_fiber::sleep_for(1ms); }
+            ASSERT_EQ(rx.stats().buffers, 1u) << "round " << round;
+            // Destroyed armed, with one buffer queued: the operation is cancelled, the buffer returned.
+        }
+        MultishotReceiver last(*pool, pair.server.fd());
+        ASSERT_TRUE(pair.client.writeAll("end", 3, 5s));
+        auto b = last.next(5s);
+        ASSERT_TRUE(b);
+        EXPECT_EQ(std::string(b->data(), b->size()), "end");
+        EXPECT_TRUE(b->provided());
+    }).join();
+    EXPECT_EQ(pool->stats().exhausted, 0u) << "a buffer was not given back";
+}
+
+TEST_F(MultishotRecv, AnExhaustedRingFallsBackToOneReceiveAndRearms) {
+    auto pool = makePool(1, 128);
+    on(0, [&] {
+        Pair a = connectPair();
+        MultishotReceiver rx(*pool, a.server.fd());
+        ASSERT_TRUE(a.client.writeAll("one", 3, 5s));
+        auto held = rx.next(5s);  // holds the ring's only buffer
+        ASSERT_TRUE(held);
+        EXPECT_EQ(std::string(held->data(), held->size()), "one");
+        ASSERT_TRUE(a.client.writeAll("two", 3, 5s));
+        auto second = rx.next(5s);  // ENOBUFS ended the operation: a heap buffer this once
+        ASSERT_TRUE(second) << second.error().message();
+        EXPECT_EQ(std::string(second->data(), second->size()), "two");
+        EXPECT_FALSE(second->provided());
+        EXPECT_GE(rx.stats().oneShot, 1u);
+        held->release();
+        second->release();
+        ASSERT_TRUE(a.client.writeAll("three", 5, 5s));
+        auto third = rx.next(5s);
+        ASSERT_TRUE(third);
+        EXPECT_EQ(std::string(third->data(), third->size()), "three");
+    }).join();
+    EXPECT_GE(pool->stats().exhausted, 1u);
+}
+
+TEST(MultishotRecvOffFiber, APlainThreadReceivesThroughOneShotReceives) {
+    auto pool = makePool(16, 64);
+    auto l = TcpListener::bind(SocketAddress::ipv4Loopback(0));
+    ASSERT_TRUE(l);
+    auto c = TcpStream::connect(l->localAddress(), 5s);
+    ASSERT_TRUE(c);
+    auto s = l->accept(5s);
+    ASSERT_TRUE(s);
+    MultishotReceiver rx(*pool, s->fd());
+    ASSERT_TRUE(c->writeAll("thread", 6));
+    auto b = rx.next(5s);
+    ASSERT_TRUE(b);
+    EXPECT_EQ(std::string(b->data(), b->size()), "thread");
+    EXPECT_EQ(rx.stats().oneShot, 1u);
+    EXPECT_EQ(rx.stats().arms, 0u);
+    auto t = rx.next(20ms);
+    ASSERT_FALSE(t);
+    EXPECT_EQ(t.errorCode(), ETIMEDOUT);
+}
+
+TEST_F(MultishotRecv, BufferedReaderCarriesAHeadSplitAcrossBuffersWithMultishotAndWithout) {
+    auto pool = makePool(64, 16);  // 16-byte buffers: every line spans several
+    for (bool multishot : {true, false}) {
+        on(0, [&] {
+            Pair pair = connectPair();
+            BufferedReader reader(pair.server, 256, pool.get(), multishot);
+            ASSERT_TRUE(pair.client.setNoDelay());
+            std::string sent;
+            for (int i = 0; i < 200; ++i) {
+                const std::string line = "a rather long line number " + std::to_string(i) + "\n";
+                ASSERT_TRUE(pair.client.writeAll(line.data(), line.size(), 5s));
+                sent += line;
+            }
+            std::string got;
+            while (got.size() < sent.size()) {
+                const size_t nl = reader.view().find('\n');
+                if (nl == std::string_view::npos) {
+                    auto n = reader.fill(5s);
+                    ASSERT_TRUE(n) << n.error().message();
+                    ASSERT_GT(*n, 0u);
+                    continue;
+                }
+                got.append(reader.view().substr(0, nl + 1));
+                reader.consume(nl + 1);
+            }
+            EXPECT_EQ(got, sent);
+            EXPECT_EQ(reader.memoryHeld(), 0u);
+            EXPECT_EQ(reader.receiver() != nullptr, multishot);
+        }).join();
+    }
+}
+
+}  // namespace
+}  // namespace spindle::net
