@@ -50,6 +50,12 @@ EchoServer::EchoServer(Runtime& runtime, const ServerOptions& options) noexcept
 Result<std::unique_ptr<EchoServer>> EchoServer::start(Runtime& runtime, const ServerOptions& options) {
     if (options.bufferSize == 0) { return Error{EINVAL}; }
     std::unique_ptr<EchoServer> server(new EchoServer(runtime, options));
+    if (options.multishotRecv) {
+        auto pool = net::ProvidedBufferPool::create(
+            net::ProvidedBufferOptions{.count = options.providedBuffers, .size = options.providedBufferSize});
+        if (!pool) { return Error{pool.errorCode()}; }
+        server->pool_ = std::move(*pool);
+    }
     const unsigned carriers = runtime.carrierCount();
     const unsigned listeners = options.reusePort ? carriers : 1;
     net::ListenOptions listenOptions;
@@ -175,31 +181,46 @@ void EchoServer::serve(Connection& connection) noexcept {
         if (auto r = stream.setNoDelay(); !r) { log::debug("spindle-echo: TCP_NODELAY: {}", r.error().message()); }
     }
     uint64_t echoed = 0;
-    auto buffer = std::make_unique_for_overwrite<char[]>(options_.bufferSize);
-    for (;;) {
-        auto got = stream.recv(buffer.get(), options_.bufferSize);
-        if (!got) {
-            err = got.errorCode();
-            break;
-        }
-        if (*got == 0) { break; }  // the client closed its side
+    // Sends what arrived: one send(2) first with --inline-send, the ring for the rest. 0 or an errno.
+    auto echo = [&](const char* data, size_t len) -> int {
         size_t done = 0;
         if (options_.inlineSend) {
-            const ssize_t n = sendNow(stream.fd(), buffer.get(), *got);
+            const ssize_t n = sendNow(stream.fd(), data, len);
             if (n >= 0) {
                 done = static_cast<size_t>(n);
             } else if (n != -EAGAIN && n != -EINTR) {
-                err = static_cast<int>(-n);
-                break;
+                return static_cast<int>(-n);
             }
         }
-        if (done < *got) {
-            if (auto sent = stream.writeAll(buffer.get() + done, *got - done); !sent) {
-                err = sent.errorCode();
+        if (done < len) {
+            if (auto sent = stream.writeAll(data + done, len - done); !sent) { return sent.errorCode(); }
+        }
+        echoed += len;
+        return 0;
+    };
+    if (pool_) {
+        // The receiver cancels its operation when it goes, before the descriptor is closed below.
+        net::MultishotReceiver receiver(*pool_, stream.fd());
+        for (;;) {
+            auto got = receiver.next();
+            if (!got) {
+                err = got.errorCode();
                 break;
             }
+            if (got->empty()) { break; }  // the client closed its side
+            if ((err = echo(got->data(), got->size())) != 0) { break; }
         }
-        echoed += *got;
+    } else {
+        auto buffer = std::make_unique_for_overwrite<char[]>(options_.bufferSize);
+        for (;;) {
+            auto got = stream.recv(buffer.get(), options_.bufferSize);
+            if (!got) {
+                err = got.errorCode();
+                break;
+            }
+            if (*got == 0) { break; }  // the client closed its side
+            if ((err = echo(buffer.get(), *got)) != 0) { break; }
+        }
     }
     if (err != 0 && !isPeerOrShutdown(err)) {
         connectionErrors_.fetch_add(1, std::memory_order_relaxed);

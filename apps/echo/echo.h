@@ -33,6 +33,7 @@
 #include "core/fiber.h"
 #include "core/runtime.h"
 #include "net/address.h"
+#include "net/provided_buffers.h"
 #include "net/tcp.h"
 
 namespace spindle::echo {
@@ -46,6 +47,13 @@ struct ServerOptions {
     // what the socket did not take at once. Saves an SQE, a CQE and a park per message; a full socket
     // costs the failed syscall. false: every send goes through the ring.
     bool inlineSend = false;
+    // Receive with one multishot receive per connection into a ProvidedBufferPool of
+    // `providedBuffers` buffers of `providedBufferSize` bytes per carrier (net::MultishotReceiver): an
+    // idle connection holds no buffer, and a message costs no receive SQE. false: one receive per
+    // message into a `bufferSize` buffer of the connection's own.
+    bool multishotRecv = true;
+    unsigned providedBuffers = 1024;   // a power of two, 1..32768
+    size_t providedBufferSize = 4096;  // 1..1 MiB
 };
 
 /// Counters of a server (read racily while it runs; exact after stop()).
@@ -97,6 +105,7 @@ private:
     ServerOptions options_;
     net::SocketAddress address_;
     std::vector<FiberHandle<void>> acceptors_;
+    std::unique_ptr<net::ProvidedBufferPool> pool_;  // with multishotRecv; outlives every connection
     std::atomic<uint64_t> accepted_{0};
     std::atomic<uint64_t> closed_{0};
     std::atomic<uint64_t> bytesEchoed_{0};

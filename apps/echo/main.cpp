@@ -85,8 +85,7 @@ std::optional<spindle::net::SocketAddress> parseAddress(const std::string& host,
     return *address;
 }
 
-int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, bool reusePort, size_t bufferSize,
-              bool inlineSend) {
+int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, spindle::echo::ServerOptions options) {
     auto address = parseAddress(host, port);
     if (!address) { return kExitUsage; }
     // Block the signals before the carriers start, so that every thread inherits the mask and the
@@ -109,11 +108,7 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
         std::fprintf(stderr, "spindle-echo: the runtime did not start: %s\n", rt.error().message().c_str());
         return kExitFailure;
     }
-    spindle::echo::ServerOptions options;
     options.address = *address;
-    options.reusePort = reusePort;
-    options.bufferSize = bufferSize;
-    options.inlineSend = inlineSend;
     auto server = spindle::echo::EchoServer::start(*rt, options);
     if (!server) {
         std::fprintf(stderr, "spindle-echo: cannot listen on %s: %s\n", address->toString().c_str(),
@@ -224,6 +219,16 @@ int main(int argc, char** argv) {
     bool inlineSend = false;
     server->add_flag("--inline-send", inlineSend,
                      "echo with send(2) MSG_DONTWAIT first, through the ring only when the socket is full");
+    spindle::echo::ServerOptions serverOptions;
+    bool noMultishotRecv = false;
+    server->add_flag("--no-multishot-recv", noMultishotRecv,
+                     "one receive per message into the connection's own buffer, instead of one multishot receive "
+                     "per connection into provided buffers");
+    server->add_option("--provided-buffers", serverOptions.providedBuffers,
+                       "provided receive buffers per carrier (a power of two)")
+        ->check(CLI::Range(1u, 32768u))->capture_default_str();
+    server->add_option("--provided-buffer-size", serverOptions.providedBufferSize, "bytes of each provided buffer")
+        ->check(CLI::Range(size_t{1}, size_t{1} << 20))->capture_default_str();
     serverRt.addTo(*server);
 
     CLI::App* client = app.add_subcommand("client", "ping-pong load: send, read the echo back, check it, time it");
@@ -265,5 +270,9 @@ int main(int argc, char** argv) {
         clientOptions.ioTimeout = std::chrono::milliseconds(ioTimeoutMs);
         return runClient(clientRt, clientHost, clientPort, clientOptions, warmup, duration, json);
     }
-    return runServer(serverRt, serverHost, serverPort, reusePort, bufferSize, inlineSend);
+    serverOptions.reusePort = reusePort;
+    serverOptions.bufferSize = bufferSize;
+    serverOptions.inlineSend = inlineSend;
+    serverOptions.multishotRecv = !noMultishotRecv;
+    return runServer(serverRt, serverHost, serverPort, serverOptions);
 }

@@ -81,6 +81,9 @@ int main(int argc, char** argv) {
     app.add_option("--provided-buffer-size", providedBufferSize, "bytes of each provided receive buffer")
         ->check(CLI::Range(size_t{256}, size_t{1} << 20))->capture_default_str();
     app.add_flag("--no-provided-buffers", noProvidedBuffers, "each connection keeps its own receive buffer");
+    bool noMultishotRecv = false;
+    app.add_flag("--no-multishot-recv", noMultishotRecv,
+                 "with provided buffers: one receive per read instead of one multishot receive per connection");
     CLI11_PARSE(app, argc, argv);
 
     auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));
@@ -127,6 +130,7 @@ int main(int argc, char** argv) {
     so.drainTimeout = millis(drainTimeout);
     so.connectionStackSize = stackKib * 1024;
     so.providedBuffers = !noProvidedBuffers;
+    so.multishotRecv = !noMultishotRecv;
     so.providedBufferCount = providedBuffers;
     so.providedBufferSize = providedBufferSize;
     auto server = spindle::httpd::Server::start(*rt, so);

@@ -226,7 +226,7 @@ class Connection {
 public:
     Connection(Worker& worker, net::TcpStream& stream) noexcept
         : worker_(worker), server_(*worker.server), options_(server_.options), stream_(stream),
-          reader_(stream, std::max<size_t>(options_.limits.maxHeaderBytes, 1024), server_.pool.get()) {}
+          reader_(stream, std::max<size_t>(options_.limits.maxHeaderBytes, 1024), server_.pool.get(), options_.multishotRecv) {}
 
     void run() noexcept {
         node_.fd = stream_.fd();

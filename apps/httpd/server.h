@@ -59,6 +59,7 @@ struct ServerOptions {
     std::chrono::milliseconds lingerTimeout{1'000};  // after an error response, read and drop the client's bytes this long
     size_t connectionStackSize = kDefaultConnectionStack;
     bool providedBuffers = true;                  // receive into a ProvidedBufferPool when the kernel allows
+    bool multishotRecv = true;                    // with provided buffers: one multishot receive per connection
     unsigned providedBufferCount = 1024;          // per carrier, a power of two
     size_t providedBufferSize = 4096;
     int backlog = 4096;
