@@ -89,6 +89,7 @@ ServerStats EchoServer::stats() const noexcept {
     s.bytesEchoed = bytesEchoed_.load(std::memory_order_relaxed);
     s.connectionErrors = connectionErrors_.load(std::memory_order_relaxed);
     s.acceptErrors = acceptErrors_.load(std::memory_order_relaxed);
+    if (pool_) { s.ringExhausted = pool_->stats().exhausted; }
     return s;
 }
 

@@ -63,6 +63,7 @@ struct ServerStats {
     uint64_t bytesEchoed = 0;     // bytes written back
     uint64_t connectionErrors = 0;  // connections that ended on an error other than the peer's close
     uint64_t acceptErrors = 0;    // accept() failures other than the stop itself
+    uint64_t ringExhausted = 0;   // multishot receives a carrier's buffer ring ran dry under (ENOBUFS)
 };
 
 /// An echo server running on a Runtime's carriers.

@@ -142,6 +142,12 @@ run_one() {  # impl conns tag
   echo "$((t1 - t0))" >"$out/$tag.ticks"
 }
 
+# A server left over from another run would answer in place of the one measured.
+if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
+  echo "echo.sh: something already listens on port $port; stop it first" >&2
+  exit 1
+fi
+
 for c in $connections; do
   for ((r = 1; r <= reps; ++r)); do
     if ((r % 2 == 1)); then order="spindle epoll"; else order="epoll spindle"; fi

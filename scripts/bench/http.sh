@@ -136,6 +136,14 @@ wait_port() {
   return 1
 }
 
+# A server left over from another run would share the port (spindle-httpd listens with SO_REUSEPORT)
+# and take part of the load, out of sight of the CPU figures: refuse to measure then.
+for p in "$spindle_port" "$nginx_port"; do
+  if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
+    echo "http.sh: something already listens on port $p; stop it first" >&2
+    exit 1
+  fi
+done
 taskset -c "$server_cpu" "$httpd" --carriers 1 --address 127.0.0.1 --port "$spindle_port" 2>"$tmp/spindle.log" &
 spindle_pid=$!
 pids+=("$spindle_pid")

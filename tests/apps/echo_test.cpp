@@ -42,9 +42,12 @@ protected:
         if (serverRt_) { EXPECT_EQ(settledLiveFibers(*serverRt_), 0u); }
     }
 
-    std::unique_ptr<EchoServer> startServer(bool reusePort = true, size_t bufferSize = 16 * 1024, bool inlineSend = false) {
+    std::unique_ptr<EchoServer> startServer(bool reusePort = true, size_t bufferSize = 16 * 1024, bool inlineSend = false,
+                                            bool multishotRecv = true, unsigned providedBuffers = 1024) {
         ServerOptions options;
         options.inlineSend = inlineSend;
+        options.multishotRecv = multishotRecv;
+        options.providedBuffers = providedBuffers;
         options.address = net::SocketAddress::ipv4Loopback(0);
         options.reusePort = reusePort;
         options.bufferSize = bufferSize;
@@ -124,6 +127,38 @@ TEST_F(EchoTest, InlineSendEchoesEveryByte) {
     EXPECT_EQ(large->messages, 4 * (messages / 10));
     EXPECT_EQ(server->stats().bytesEchoed, small->messages * 64 + large->messages * kMaxMessageSize);
     EXPECT_EQ(server->stats().connectionErrors, 0u);
+}
+
+// One receive per message into the connection's own buffer (--no-multishot-recv), small messages and
+// ones larger than that buffer.
+TEST_F(EchoTest, OneReceivePerMessageEchoesEveryByte) {
+    auto server = startServer(/*reusePort=*/true, /*bufferSize=*/4096, /*inlineSend=*/false, /*multishotRecv=*/false);
+    ASSERT_NE(server, nullptr);
+    const uint64_t messages = kSanitized ? 20 : 200;
+    auto small = runClient(*clientRt_, countedLoad(*server, 4, 64, messages));
+    ASSERT_TRUE(small) << small.error().message();
+    auto large = runClient(*clientRt_, countedLoad(*server, 4, kMaxMessageSize, messages / 10));
+    ASSERT_TRUE(large) << large.error().message();
+    server->stop();
+    EXPECT_TRUE(small->ok()) << small->firstError;
+    EXPECT_TRUE(large->ok()) << large->firstError;
+    EXPECT_EQ(server->stats().bytesEchoed, small->messages * 64 + large->messages * kMaxMessageSize);
+    EXPECT_EQ(server->stats().connectionErrors, 0u);
+}
+
+// Two provided buffers per carrier for eight connections of 64 KiB messages: the rings run dry all
+// the time, each multishot receive ends with ENOBUFS and falls back once, and not a byte is lost.
+TEST_F(EchoTest, AFewProvidedBuffersForManyConnectionsLoseNothing) {
+    auto server = startServer(/*reusePort=*/true, 16 * 1024, /*inlineSend=*/false, /*multishotRecv=*/true,
+                              /*providedBuffers=*/2);
+    ASSERT_NE(server, nullptr);
+    const unsigned connections = 8;
+    const uint64_t messages = kSanitized ? 3 : 30;
+    auto report = runClient(*clientRt_, countedLoad(*server, connections, kMaxMessageSize, messages));
+    ASSERT_TRUE(report) << report.error().message();
+    server->stop();
+    expectCleanRun(*report, server->stats(), connections, kMaxMessageSize, messages);
+    EXPECT_GT(server->stats().ringExhausted, 0u) << "the rings never ran dry: the fallback went untested";
 }
 
 TEST_F(EchoTest, SingleListenerDealsConnectionsToEveryCarrier) {
