@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <utility>
 #include <cstring>
 #include <mutex>
 
@@ -298,14 +299,21 @@ void Carrier::loop() noexcept {
             if (++sinceMaintenance_ >= kMaintenanceInterval) { maintenance(); }
             continue;
         }
-        maintenance();
-        if (!deque_.emptyApprox() || fifoHead_ != nullptr) { continue; }
+        maintenance(/*beforePark=*/true);
+        if (!deque_.emptyApprox() || fifoHead_ != nullptr) {
+            settleReap();
+            continue;
+        }
         if (Fiber* f = trySteal()) {
+            settleReap();
             if (spinning_) { endSpin(); }
             runFiber(f);
             continue;
         }
-        if (readyToExit()) { break; }
+        if (readyToExit()) {
+            settleReap();
+            break;
+        }
         idle();
     }
     if (spinning_) { endSpin(); }
@@ -496,12 +504,20 @@ void Carrier::onFiberExit(Fiber* fiber, void*) {
 
 // ---- maintenance -----------------------------------------------------------------
 
-void Carrier::maintenance() noexcept {
+void Carrier::maintenance(bool beforePark) noexcept {
     sinceMaintenance_ = 0;
     if (!shutdownSeen_ && stopping()) { beginShutdown(); }
     inMaintenance_ = true;
     drainInbox();
-    pollRing(true);
+    if (beforePark && config_.pollMode == PollMode::kBlock && ring_.features().deferTaskrun && ring_.pending() == 0 &&
+        !ring_.needsEnter() && fifoHead_ == nullptr && deque_.emptyApprox()) {
+        // Nothing to submit and nothing to run: unless a steal finds work, park() is next, and its
+        // io_uring_enter runs the deferred task work and returns at once if that completes anything.
+        // Entering here as well would be one system call per idle transition that finds nothing new.
+        reapOwed_ = true;
+    } else {
+        pollRing(true);
+    }
     if (!timers_.empty()) { expireTimers(); }
     inMaintenance_ = false;
     pool_.reclaimRemote();
@@ -851,13 +867,23 @@ void Carrier::endSpin() noexcept {
     runtime_->spinningCount_.fetch_sub(1, std::memory_order_relaxed);
 }
 
+void Carrier::settleReap() noexcept {
+    if (!reapOwed_) { return; }
+    reapOwed_ = false;
+    inMaintenance_ = true;
+    pollRing(true);
+    inMaintenance_ = false;
+}
+
 void Carrier::park() noexcept {
+    const bool owed = std::exchange(reapOwed_, false);
     parked_.store(true, std::memory_order_seq_cst);
     runtime_->parkedCount_.fetch_add(1, std::memory_order_seq_cst);
     // Look again now that wakers can see us parked (each side of the handshake
     // stores, then loads, with seq_cst; one of the two sees the other).
     const bool work = !inbox_.empty() || canStealAny() || (!shutdownSeen_ && stopping()) ||
                       readyToExit();
+    bool entered = false;
     if (!work) {
         __kernel_timespec ts{};
         __kernel_timespec* timeout = nullptr;
@@ -870,6 +896,7 @@ void Carrier::park() noexcept {
             timeout = &ts;
         }
         if (timeout == nullptr || ts.tv_sec != 0 || ts.tv_nsec != 0) {
+            entered = true;
             stats_.parks.store(stats_.parks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
             const uint64_t parkedAt = nowNs();
             int r = ring_.submitAndWait(timeout);
@@ -882,7 +909,11 @@ void Carrier::park() noexcept {
     parked_.store(false, std::memory_order_seq_cst);
     runtime_->parkedCount_.fetch_sub(1, std::memory_order_relaxed);
     inMaintenance_ = true;
-    ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+    if (owed && !entered) {
+        pollRing(true);  // the enter maintenance left to us
+    } else {
+        ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+    }
     inMaintenance_ = false;
 }
 

@@ -120,6 +120,12 @@ public:
     /// The first thing a new fiber does on its own stack.
     static void onFiberStart() noexcept;
 
+    /// Whether the running fiber is all there is to do here: nothing else ready to run, no message
+    /// waiting, no SQE waiting to be submitted (owner thread; see spindle::carrierOtherwiseIdle).
+    [[nodiscard]] bool otherwiseIdle() noexcept {
+        return fifoHead_ == nullptr && deque_.emptyApprox() && inbox_.empty() && ring_.pending() == 0;
+    }
+
     // --- I/O ---
     /// An SQE whose CQE the caller awaits (counted as in flight).
     io_uring_sqe* acquireSqe() noexcept {
@@ -205,7 +211,9 @@ private:
     void prepareToRun(Fiber* fiber) noexcept;
     void runPendingAction() noexcept;
     void switchAway(Fiber* from, void** fakeStackSave) noexcept;
-    void maintenance() noexcept;
+    /// beforePark: the loop found nothing to run; with a blocking park ahead and nothing to submit,
+    /// the ring's completions are left to park()'s own io_uring_enter (reapOwed_) instead of one more.
+    void maintenance(bool beforePark = false) noexcept;
     void drainInbox() noexcept;
     void pollRing(bool getEvents) noexcept;
     void dispatch(const io_uring_cqe* cqe) noexcept;
@@ -245,6 +253,8 @@ private:
     // (inbox, CQEs, timers) then runs in the order it happened, not reversed by
     // the deque's LIFO end. Maintenance hands the FIFO to thieves when any idle.
     bool inMaintenance_ = false;
+    bool reapOwed_ = false;             // maintenance(true) left the ring's completions to park()
+    void settleReap() noexcept;         // does the owed pollRing(true) when the loop did not park after all
     bool shutdownSeen_ = false;
     bool exiting_ = false;              // the loop ended; do not re-arm the eventfd read
     bool eventFdArmed_ = false;
