@@ -205,6 +205,11 @@ int32_t waitMultishot(FiberFuture* future, MultishotCompletion* completion, Dead
     return res;
 }
 
+bool carrierOtherwiseIdle() noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    return c != nullptr && c->running() != nullptr && c->otherwiseIdle();
+}
+
 uring::Ring* currentRing() noexcept {
     detail::Carrier* c = detail::Carrier::current();
     if (c == nullptr || c->running() == nullptr) { return nullptr; }

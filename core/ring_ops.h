@@ -72,6 +72,13 @@ struct MultishotCompletion {
 /// not set and has no other waiter.
 [[nodiscard]] int32_t waitMultishot(FiberFuture* future, MultishotCompletion* completion, Deadline deadline = {}) noexcept;
 
+/// Whether the calling fiber is all its carrier has to do right now: no other fiber ready, no message
+/// in its inbox, no SQE waiting to be submitted. An operation queued now would cost the carrier an
+/// io_uring_enter of its own, and this fiber a park and a resume, so a non-blocking system call that
+/// completes at once is the cheaper way; with other work around, the ring batches. false off-fiber.
+/// Cost: four loads on the carrier's own lines.
+[[nodiscard]] bool carrierOtherwiseIdle() noexcept;
+
 /// The ring of the carrier running the calling fiber, for registrations that must come from its
 /// owner's thread (SINGLE_ISSUER). Valid until the fiber next blocks (it may migrate); null off-fiber.
 [[nodiscard]] uring::Ring* currentRing() noexcept;

@@ -1,6 +1,7 @@
 #include "net/internal/ops.h"
 
 #include <netinet/in.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -35,12 +36,27 @@ struct AddrArgs {
     socklen_t* outLen;
 };
 
-// A send with a deadline tries first without one, with MSG_DONTWAIT: a socket with room in its send
-// buffer (nearly always) completes it at once, and the linked timeout (an extra SQE, a timer armed and
-// cancelled, its own CQE awaited) is paid only when the kernel answers EAGAIN and the send must wait.
+// How a send goes out:
+// - When the fiber is all its carrier has to do (carrierOtherwiseIdle), one send(2) with MSG_DONTWAIT
+//   straight away: through the ring it would cost the carrier an io_uring_enter all the same, plus a
+//   park, a CQE and a resume. With other fibers ready or SQEs queued, the ring batches it with them.
+// - A send with a deadline tries first without one, with MSG_DONTWAIT: a socket with room in its
+//   send buffer (nearly always) completes it at once, and the linked timeout (an extra SQE, a timer
+//   armed and cancelled, its own CQE awaited) is paid only when the kernel answers EAGAIN.
+// The direct calls are raw system calls: the descriptor may come from an accept on the ring, which
+// ThreadSanitizer's interceptors cannot see.
 template <class Args>
-int32_t sendWithDeadline(PrepareSqe prepare, Args& a, Deadline deadline) noexcept {
-    if (deadline.isSet() && (a.flags & MSG_DONTWAIT) == 0) {
+int32_t sendOp(PrepareSqe prepare, Args& a, Deadline deadline, long (*direct)(const Args&)) noexcept {
+    if ((a.flags & MSG_DONTWAIT) != 0) { return submitOp(prepare, &a, deadline).res; }
+    if (carrierOtherwiseIdle()) {
+        if (this_fiber::cancellationRequested()) { return -ECANCELED; }
+        if (deadline.expired()) { return -ETIMEDOUT; }
+        const long n = direct(a);
+        if (n >= 0) { return static_cast<int32_t>(n); }  // all of it, or what the socket took
+        if (n != -EAGAIN && n != -EINTR) { return static_cast<int32_t>(n); }
+        return submitOp(prepare, &a, deadline).res;  // full: the ring waits for room
+    }
+    if (deadline.isSet()) {
         if (deadline.expired()) { return -ETIMEDOUT; }
         a.flags |= MSG_DONTWAIT;
         const int32_t res = submitOp(prepare, &a).res;
@@ -48,6 +64,16 @@ int32_t sendWithDeadline(PrepareSqe prepare, Args& a, Deadline deadline) noexcep
         if (res != -EAGAIN) { return res; }
     }
     return submitOp(prepare, &a, deadline).res;
+}
+
+long rawResult(long r) noexcept { return r < 0 ? -errno : r; }
+
+long directSend(const BufArgs& a) noexcept {
+    return rawResult(::syscall(SYS_sendto, a.fd, a.buf, a.len, a.flags | MSG_DONTWAIT, nullptr, 0));
+}
+
+long directSendmsg(const MsgArgs& a) noexcept {
+    return rawResult(::syscall(SYS_sendmsg, a.fd, a.msg, a.flags | MSG_DONTWAIT));
 }
 
 }  // namespace
@@ -64,22 +90,22 @@ Result<size_t> recv(int fd, void* buf, size_t len, int flags, Deadline deadline)
 
 Result<size_t> send(int fd, const void* buf, size_t len, int flags, Deadline deadline) noexcept {
     BufArgs a{fd, const_cast<void*>(buf), std::min(len, kMaxIo), flags | MSG_NOSIGNAL};
-    return sizeOrError(sendWithDeadline(
+    return sizeOrError(sendOp<BufArgs>(
         [](io_uring_sqe* sqe, const void* ctx) {
             const auto* x = static_cast<const BufArgs*>(ctx);
             io_uring_prep_send(sqe, x->fd, x->buf, x->len, x->flags);
         },
-        a, deadline));
+        a, deadline, &directSend));
 }
 
 Result<size_t> sendmsg(int fd, const msghdr* msg, int flags, Deadline deadline) noexcept {
     MsgArgs a{fd, msg, flags | MSG_NOSIGNAL};
-    return sizeOrError(sendWithDeadline(
+    return sizeOrError(sendOp<MsgArgs>(
         [](io_uring_sqe* sqe, const void* ctx) {
             const auto* x = static_cast<const MsgArgs*>(ctx);
             io_uring_prep_sendmsg(sqe, x->fd, x->msg, static_cast<unsigned>(x->flags));
         },
-        a, deadline));
+        a, deadline, &directSendmsg));
 }
 
 Result<size_t> recvmsg(int fd, msghdr* msg, int flags, Deadline deadline) noexcept {

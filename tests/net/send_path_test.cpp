@@ -1,0 +1,137 @@
+// How a send leaves: a direct send(2) when the fiber is all its carrier has to do, the ring when
+// other fibers are ready (batching), the ring again when the socket is full; cancellation and past
+// deadlines behave the same on every path.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "core/fiber.h"
+#include "core/ring_ops.h"
+#include "net/tcp.h"
+#include "tests/core/with_runtime.h"
+
+namespace spindle::net {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Pair {
+    TcpListener listener;
+    TcpStream client;
+    TcpStream server;
+};
+
+Pair connectPair() {
+    Pair p;
+    auto l = TcpListener::bind(SocketAddress::ipv4Loopback(0));
+    SPINDLE_CHECK(static_cast<bool>(l));
+    p.listener = std::move(*l);
+    auto c = TcpStream::connect(p.listener.localAddress(), 5s);
+    SPINDLE_CHECK(static_cast<bool>(c));
+    p.client = std::move(*c);
+    auto s = p.listener.accept(5s);
+    SPINDLE_CHECK(static_cast<bool>(s));
+    p.server = std::move(*s);
+    return p;
+}
+
+class SendPath : public testing_support::WithRuntime {
+protected:
+    uint64_t sqesOn(unsigned carrier) { return rt().stats().at(carrier).sqesSubmitted; }
+};
+
+TEST_F(SendPath, CarrierOtherwiseIdleSeesReadyFibersAndIsFalseOffFiber) {
+    EXPECT_FALSE(carrierOtherwiseIdle());
+    on(0, [&] {
+        EXPECT_TRUE(carrierOtherwiseIdle());
+        std::atomic<bool> ran{false};
+        auto sibling = on(0, [&] { ran.store(true); });  // ready on this carrier, not run yet
+        EXPECT_FALSE(carrierOtherwiseIdle());
+        sibling.join();
+        EXPECT_TRUE(ran.load());
+        EXPECT_TRUE(carrierOtherwiseIdle());
+    }).join();
+}
+
+TEST_F(SendPath, AloneTheFiberSendsDirectlyWithOthersReadyTheRingBatches) {
+    constexpr int kMessages = 200;
+    Pair pair;
+    on(0, [&] { pair = connectPair(); }).join();
+    std::vector<char> got(2 * kMessages * 8);
+    auto reader = on(1, [&] { EXPECT_TRUE(pair.server.readExact(got.data(), got.size(), 10s)); });
+    on(0, [&] {
+        // Alone on carrier 0: no SQE for any of these sends.
+        const uint64_t before = sqesOn(0);
+        for (int i = 0; i < kMessages; ++i) { ASSERT_TRUE(pair.client.writeAll("12345678", 8, 5s)); }
+        EXPECT_LT(sqesOn(0) - before, 10u) << "sends went through the ring while the fiber was alone";
+        // A sibling that keeps yielding is always ready: every send now goes through the ring.
+        std::atomic<bool> stop{false};
+        auto busy = on(0, [&] {
+            while (!stop.load(std::memory_order_relaxed)) { this_fiber::yield(); }
+        });
+        this_fiber::yield();  // let it start
+        const uint64_t mid = sqesOn(0);
+        for (int i = 0; i < kMessages; ++i) { ASSERT_TRUE(pair.client.writeAll("abcdefgh", 8, 5s)); }
+        EXPECT_GE(sqesOn(0) - mid, static_cast<uint64_t>(kMessages));
+        stop.store(true);
+        busy.join();
+    }).join();
+    reader.join();
+    for (int i = 0; i < kMessages; ++i) { EXPECT_EQ(std::string(&got[static_cast<size_t>(i) * 8], 8), "12345678"); }
+    for (int i = kMessages; i < 2 * kMessages; ++i) {
+        EXPECT_EQ(std::string(&got[static_cast<size_t>(i) * 8], 8), "abcdefgh");
+    }
+    on(0, [&] { pair = Pair{}; }).join();
+}
+
+TEST_F(SendPath, AFullSocketFallsBackToTheRingWhichWaitsForRoomOrTheDeadline) {
+    on(0, [&] {
+        Pair pair = connectPair();
+        // Nobody reads: the direct send fills the socket, then the ring waits until the deadline.
+        const std::vector<char> big(8 << 20, 'x');
+        size_t sent = 0;
+        const auto t0 = std::chrono::steady_clock::now();
+        auto r = pair.client.writeAll(big.data(), big.size(), 100ms, &sent);
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.errorCode(), ETIMEDOUT);
+        EXPECT_GT(sent, 0u);
+        EXPECT_LT(sent, big.size());
+        EXPECT_GE(std::chrono::steady_clock::now() - t0, 90ms);
+        // Past deadline: nothing is sent, on the direct path as on the ring.
+        auto past = pair.client.send("y", 1, std::chrono::steady_clock::now() - 1s);
+        ASSERT_FALSE(past);
+        EXPECT_EQ(past.errorCode(), ETIMEDOUT);
+    }).join();
+}
+
+TEST_F(SendPath, APendingCancellationFailsTheDirectSendWithNothingSent) {
+    Pair pair;
+    on(0, [&] { pair = connectPair(); }).join();
+    std::atomic<bool> asleep{false};
+    auto h = on(0, [&] {
+        asleep.store(true);
+        EXPECT_FALSE(this_fiber::sleep_for(10s));  // cancelled
+        ASSERT_TRUE(carrierOtherwiseIdle());
+        auto r = pair.client.send("z", 1);
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.errorCode(), ECANCELED);
+        this_fiber::acknowledgeCancellation();
+        ASSERT_TRUE(pair.client.writeAll("ok", 2, 5s));
+    });
+    while (!asleep.load()) { std::this_thread::sleep_for(1ms); }
+    std::this_thread::sleep_for(10ms);
+    h.cancel();
+    h.join();
+    on(1, [&] {
+        char buf[4] = {};
+        ASSERT_TRUE(pair.server.readExact(buf, 2, 5s));
+        EXPECT_EQ(std::string(buf, 2), "ok") << "the cancelled send must not have sent its byte";
+        pair = Pair{};
+    }).join();
+}
+
+}  // namespace
+}  // namespace spindle::net
