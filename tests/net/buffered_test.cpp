@@ -12,31 +12,17 @@
 #include "base/inject.h"
 #include "net/provided_buffers.h"
 #include "tests/core/with_runtime.h"
+#include "tests/net/loopback_pair.h"
 
 namespace spindle::net {
 namespace {
 
 using namespace std::chrono_literals;
 
-struct Pair {
-    TcpListener listener;
-    TcpStream client;
-    TcpStream server;
-};
+using Pair = testing_support::LoopbackPair;
+using testing_support::connectLoopbackPair;
 
-Pair connectPair() {
-    Pair p;
-    auto l = TcpListener::bind(SocketAddress::ipv4Loopback(0));
-    SPINDLE_CHECK(static_cast<bool>(l));
-    p.listener = std::move(*l);
-    auto c = TcpStream::connect(p.listener.localAddress(), 5s);
-    SPINDLE_CHECK(static_cast<bool>(c));
-    p.client = std::move(*c);
-    auto s = p.listener.accept(5s);
-    SPINDLE_CHECK(static_cast<bool>(s));
-    p.server = std::move(*s);
-    return p;
-}
+Pair connectPair() { return connectLoopbackPair(); }
 
 // Reads lines ending in '\n' until `count` were seen; checks each against "line <i>".
 void readLines(BufferedReader& r, int count) {
