@@ -94,6 +94,23 @@ protected:
         EXPECT_EQ(stats.acceptErrors, 0u);
     }
 
+    // 64-byte messages and ones of kMaxMessageSize on four connections each, then stops the server:
+    // every byte came back, and the server counted exactly those.
+    void expectSmallAndLargeEchoed(EchoServer& server) {
+        const uint64_t messages = kSanitized ? 20 : 200;
+        auto small = runClient(*clientRt_, countedLoad(server, 4, 64, messages));
+        ASSERT_TRUE(small) << small.error().message();
+        auto large = runClient(*clientRt_, countedLoad(server, 4, kMaxMessageSize, messages / 10));
+        ASSERT_TRUE(large) << large.error().message();
+        server.stop();
+        EXPECT_TRUE(small->ok()) << small->firstError;
+        EXPECT_TRUE(large->ok()) << large->firstError;
+        EXPECT_EQ(small->messages, 4 * messages);
+        EXPECT_EQ(large->messages, 4 * (messages / 10));
+        EXPECT_EQ(server.stats().bytesEchoed, small->messages * 64 + large->messages * kMaxMessageSize);
+        EXPECT_EQ(server.stats().connectionErrors, 0u);
+    }
+
     std::optional<Runtime> serverRt_;
     std::optional<Runtime> clientRt_;
 };
@@ -115,18 +132,7 @@ TEST_F(EchoTest, EchoesEveryByteOverSeveralConnections) {
 TEST_F(EchoTest, InlineSendEchoesEveryByte) {
     auto server = startServer(/*reusePort=*/true, /*bufferSize=*/4096, /*inlineSend=*/true);
     ASSERT_NE(server, nullptr);
-    const uint64_t messages = kSanitized ? 20 : 200;
-    auto small = runClient(*clientRt_, countedLoad(*server, 4, 64, messages));
-    ASSERT_TRUE(small) << small.error().message();
-    auto large = runClient(*clientRt_, countedLoad(*server, 4, kMaxMessageSize, messages / 10));
-    ASSERT_TRUE(large) << large.error().message();
-    server->stop();
-    EXPECT_TRUE(small->ok()) << small->firstError;
-    EXPECT_TRUE(large->ok()) << large->firstError;
-    EXPECT_EQ(small->messages, 4 * messages);
-    EXPECT_EQ(large->messages, 4 * (messages / 10));
-    EXPECT_EQ(server->stats().bytesEchoed, small->messages * 64 + large->messages * kMaxMessageSize);
-    EXPECT_EQ(server->stats().connectionErrors, 0u);
+    expectSmallAndLargeEchoed(*server);
 }
 
 // One receive per message into the connection's own buffer (--no-multishot-recv), small messages and
@@ -134,16 +140,7 @@ TEST_F(EchoTest, InlineSendEchoesEveryByte) {
 TEST_F(EchoTest, OneReceivePerMessageEchoesEveryByte) {
     auto server = startServer(/*reusePort=*/true, /*bufferSize=*/4096, /*inlineSend=*/false, /*multishotRecv=*/false);
     ASSERT_NE(server, nullptr);
-    const uint64_t messages = kSanitized ? 20 : 200;
-    auto small = runClient(*clientRt_, countedLoad(*server, 4, 64, messages));
-    ASSERT_TRUE(small) << small.error().message();
-    auto large = runClient(*clientRt_, countedLoad(*server, 4, kMaxMessageSize, messages / 10));
-    ASSERT_TRUE(large) << large.error().message();
-    server->stop();
-    EXPECT_TRUE(small->ok()) << small->firstError;
-    EXPECT_TRUE(large->ok()) << large->firstError;
-    EXPECT_EQ(server->stats().bytesEchoed, small->messages * 64 + large->messages * kMaxMessageSize);
-    EXPECT_EQ(server->stats().connectionErrors, 0u);
+    expectSmallAndLargeEchoed(*server);
 }
 
 // Two provided buffers per carrier for eight connections of 64 KiB messages: the rings run dry all

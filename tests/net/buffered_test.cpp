@@ -19,10 +19,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-using Pair = testing_support::LoopbackPair;
 using testing_support::connectLoopbackPair;
-
-Pair connectPair() { return connectLoopbackPair(); }
+using testing_support::LoopbackPair;
 
 // Reads lines ending in '\n' until `count` were seen; checks each against "line <i>".
 void readLines(BufferedReader& r, int count) {
@@ -49,7 +47,7 @@ TEST_F(Buffered, ReaderParsesInPlaceAndCarriesSplitMessagesWithAndWithoutAPool) 
     ASSERT_TRUE(pool);
     for (ProvidedBufferPool* p : {static_cast<ProvidedBufferPool*>(nullptr), pool->get()}) {
         onFiber([&] {
-            Pair pair = connectPair();
+            LoopbackPair pair = connectLoopbackPair();
             BufferedReader reader(pair.server, 1024, p);
             EXPECT_EQ(reader.memoryHeld(), 0u);
             constexpr int kLines = 500;
@@ -81,7 +79,7 @@ TEST_F(Buffered, ReaderParsesInPlaceAndCarriesSplitMessagesWithAndWithoutAPool) 
 
 TEST_F(Buffered, AFullReaderSaysEnobufsAndReadExactStopsAtEndOfStream) {
     onFiber([] {
-        Pair pair = connectPair();
+        LoopbackPair pair = connectLoopbackPair();
         BufferedReader reader(pair.server, 8);
         ASSERT_TRUE(pair.client.writeAll("0123456789", 10));
         while (reader.size() < 8) { ASSERT_TRUE(reader.fill(5s)); }
@@ -99,7 +97,7 @@ TEST_F(Buffered, AFullReaderSaysEnobufsAndReadExactStopsAtEndOfStream) {
 
 TEST_F(Buffered, WriterSendsLargeWritesDirectlyAndKeepsOrder) {
     onFiber([] {
-        Pair pair = connectPair();
+        LoopbackPair pair = connectLoopbackPair();
         const std::vector<char> big = testing_support::pattern(100000, 7);
         auto writer = spawn([&] {
             BufferedWriter w(pair.client, 4096);
@@ -125,7 +123,7 @@ TEST_F(Buffered, PoolFallsBackToHeapBuffersWhenRegistrationIsRefused) {
     {
         inject::ArmedFault refuse(inject::Point::kRegisterBufRing, EINVAL, 100);
         onFiber([&] {
-            Pair pair = connectPair();
+            LoopbackPair pair = connectLoopbackPair();
             ASSERT_TRUE(pair.client.writeAll("abc", 3));
             auto b = (*pool)->recv(pair.server.fd(), 5s);
             ASSERT_TRUE(b);
@@ -144,8 +142,8 @@ TEST_F(Buffered, AnExhaustedRingFallsBackAndRecoversOnceBuffersReturn) {
     auto pool = ProvidedBufferPool::create(ProvidedBufferOptions{.count = 1, .size = 128});
     ASSERT_TRUE(pool);
     onFiber([&] {
-        Pair a = connectPair();
-        Pair b = connectPair();
+        LoopbackPair a = connectLoopbackPair();
+        LoopbackPair b = connectLoopbackPair();
         ASSERT_TRUE(a.client.writeAll("first", 5));
         ASSERT_TRUE(b.client.writeAll("second", 6));
         auto held = (*pool)->recv(a.server.fd(), 5s);  // takes the only buffer

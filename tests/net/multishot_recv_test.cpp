@@ -22,10 +22,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-using Pair = testing_support::LoopbackPair;
 using testing_support::connectLoopbackPair;
-
-Pair connectPair() { return connectLoopbackPair(); }
+using testing_support::LoopbackPair;
 
 // Takes buffers until `want` bytes came; appends them to `out`.
 void receiveBytes(MultishotReceiver& rx, size_t want, std::vector<char>& out) {
@@ -48,7 +46,7 @@ class MultishotRecv : public testing_support::WithRuntime {};
 TEST_F(MultishotRecv, OneOperationCarriesEveryByteInOrderThenEndOfStreamStays) {
     auto pool = makePool(256, 512);
     on(0, [&] {
-        Pair pair = connectPair();
+        LoopbackPair pair = connectLoopbackPair();
         MultishotReceiver rx(*pool, pair.server.fd());
         const std::vector<char> data = testing_support::pattern(300000, 3);
         auto writer = on(1, [&] { EXPECT_TRUE(pair.client.writeAll(data.data(), data.size(), 10s)); });
@@ -76,7 +74,7 @@ TEST_F(MultishotRecv, AConsumerThatLagsPausesTheOperationAndLosesNothing) {
     // its inline slots, the operation pauses at the high-water mark, and resumes as it drains.
     auto pool = makePool(1024, 64);
     on(0, [&] {
-        Pair pair = connectPair();
+        LoopbackPair pair = connectLoopbackPair();
         MultishotReceiver rx(*pool, pair.server.fd());
         ASSERT_TRUE(pair.client.setNoDelay());
         auto first = rx.next(5s);  // armed, nothing yet: times out
@@ -99,7 +97,7 @@ TEST_F(MultishotRecv, AConsumerThatLagsPausesTheOperationAndLosesNothing) {
 TEST_F(MultishotRecv, PeerResetIsReportedOnceBuffersBeforeItAreTaken) {
     auto pool = makePool(64, 256);
     on(0, [&] {
-        Pair pair = connectPair();
+        LoopbackPair pair = connectLoopbackPair();
         MultishotReceiver rx(*pool, pair.server.fd());
         ASSERT_TRUE(pair.client.writeAll("before", 6, 5s));
         auto b = rx.next(5s);
@@ -115,8 +113,8 @@ TEST_F(MultishotRecv, PeerResetIsReportedOnceBuffersBeforeItAreTaken) {
 
 TEST_F(MultishotRecv, PinnedWaiterIsCancelledThroughTheOperationAndReceivesAfterAcknowledging) {
     auto pool = makePool(64, 256);
-    Pair pair;
-    on(0, [&] { pair = connectPair(); }).join();
+    LoopbackPair pair;
+    on(0, [&] { pair = connectLoopbackPair(); }).join();
     std::atomic<bool> waiting{false};
     auto h = on(0, [&] {
         MultishotReceiver rx(*pool, pair.server.fd());
@@ -138,13 +136,13 @@ TEST_F(MultishotRecv, PinnedWaiterIsCancelledThroughTheOperationAndReceivesAfter
     std::this_thread::sleep_for(20ms);
     h.cancel();
     h.join();
-    on(0, [&] { pair = Pair{}; }).join();
+    on(0, [&] { pair = LoopbackPair{}; }).join();
 }
 
 TEST_F(MultishotRecv, UnpinnedWaiterHonoursDeadlinesAndCancellationThroughATimer) {
     auto pool = makePool(64, 256);
-    Pair pair;
-    on(0, [&] { pair = connectPair(); }).join();
+    LoopbackPair pair;
+    on(0, [&] { pair = connectLoopbackPair(); }).join();
     std::atomic<bool> waiting{false};
     auto h = onUnpinned(1, [&] {
         MultishotReceiver rx(*pool, pair.server.fd());
@@ -167,13 +165,13 @@ TEST_F(MultishotRecv, UnpinnedWaiterHonoursDeadlinesAndCancellationThroughATimer
     std::this_thread::sleep_for(20ms);
     h.cancel();
     h.join();
-    on(0, [&] { pair = Pair{}; }).join();
+    on(0, [&] { pair = LoopbackPair{}; }).join();
 }
 
 TEST_F(MultishotRecv, StopEndsTheOperationAndKeepsWhatItQueued) {
     auto pool = makePool(64, 256);
     on(1, [&] {
-        Pair pair = connectPair();
+        LoopbackPair pair = connectLoopbackPair();
         MultishotReceiver rx(*pool, pair.server.fd());
         EXPECT_FALSE(rx.next(10ms));  // arms it
         ASSERT_TRUE(pair.client.writeAll("queued", 6, 5s));
@@ -192,7 +190,7 @@ TEST_F(MultishotRecv, StopEndsTheOperationAndKeepsWhatItQueued) {
 TEST_F(MultishotRecv, DestroyingAnArmedReceiverWithQueuedBuffersGivesThemBack) {
     auto pool = makePool(4, 128);  // a small ring: one buffer not given back per round would drain it
     on(0, [&] {
-        Pair pair = connectPair();
+        LoopbackPair pair = connectLoopbackPair();
         for (int round = 0; round < 20; ++round) {
             MultishotReceiver rx(*pool, pair.server.fd());
             EXPECT_FALSE(rx.next(1ms));  // arms it
@@ -214,7 +212,7 @@ TEST_F(MultishotRecv, DestroyingAnArmedReceiverWithQueuedBuffersGivesThemBack) {
 TEST_F(MultishotRecv, AnExhaustedRingFallsBackToOneReceiveAndRearms) {
     auto pool = makePool(1, 128);
     on(0, [&] {
-        Pair a = connectPair();
+        LoopbackPair a = connectLoopbackPair();
         MultishotReceiver rx(*pool, a.server.fd());
         ASSERT_TRUE(a.client.writeAll("one", 3, 5s));
         auto held = rx.next(5s);  // holds the ring's only buffer
@@ -260,7 +258,7 @@ TEST_F(MultishotRecv, BufferedReaderCarriesAHeadSplitAcrossBuffersWithMultishotA
     auto pool = makePool(64, 16);  // 16-byte buffers: every line spans several
     for (bool multishot : {true, false}) {
         on(0, [&] {
-            Pair pair = connectPair();
+            LoopbackPair pair = connectLoopbackPair();
             BufferedReader reader(pair.server, 256, pool.get(), multishot);
             ASSERT_TRUE(pair.client.setNoDelay());
             std::string sent;

@@ -19,10 +19,8 @@ namespace {
 
 using namespace std::chrono_literals;
 
-using Pair = testing_support::LoopbackPair;
 using testing_support::connectLoopbackPair;
-
-Pair connectPair() { return connectLoopbackPair(); }
+using testing_support::LoopbackPair;
 
 class SendPath : public testing_support::WithRuntime {
 protected:
@@ -44,8 +42,8 @@ TEST_F(SendPath, CarrierOtherwiseIdleSeesReadyFibersAndIsFalseOffFiber) {
 
 TEST_F(SendPath, AloneTheFiberSendsDirectlyWithOthersReadyTheRingBatches) {
     constexpr int kMessages = 200;
-    Pair pair;
-    on(0, [&] { pair = connectPair(); }).join();
+    LoopbackPair pair;
+    on(0, [&] { pair = connectLoopbackPair(); }).join();
     std::vector<char> got(2 * kMessages * 8);
     auto reader = on(1, [&] { EXPECT_TRUE(pair.server.readExact(got.data(), got.size(), 10s)); });
     on(0, [&] {
@@ -70,12 +68,12 @@ TEST_F(SendPath, AloneTheFiberSendsDirectlyWithOthersReadyTheRingBatches) {
     for (int i = kMessages; i < 2 * kMessages; ++i) {
         EXPECT_EQ(std::string(&got[static_cast<size_t>(i) * 8], 8), "abcdefgh");
     }
-    on(0, [&] { pair = Pair{}; }).join();
+    on(0, [&] { pair = LoopbackPair{}; }).join();
 }
 
 TEST_F(SendPath, AFullSocketFallsBackToTheRingWhichWaitsForRoomOrTheDeadline) {
     on(0, [&] {
-        Pair pair = connectPair();
+        LoopbackPair pair = connectLoopbackPair();
         // Nobody reads: the direct send fills the socket, then the ring waits until the deadline.
         const std::vector<char> big(8 << 20, 'x');
         size_t sent = 0;
@@ -94,8 +92,8 @@ TEST_F(SendPath, AFullSocketFallsBackToTheRingWhichWaitsForRoomOrTheDeadline) {
 }
 
 TEST_F(SendPath, APendingCancellationFailsTheDirectSendWithNothingSent) {
-    Pair pair;
-    on(0, [&] { pair = connectPair(); }).join();
+    LoopbackPair pair;
+    on(0, [&] { pair = connectLoopbackPair(); }).join();
     std::atomic<bool> asleep{false};
     auto h = on(0, [&] {
         asleep.store(true);
@@ -115,7 +113,7 @@ TEST_F(SendPath, APendingCancellationFailsTheDirectSendWithNothingSent) {
         char buf[4] = {};
         ASSERT_TRUE(pair.server.readExact(buf, 2, 5s));
         EXPECT_EQ(std::string(buf, 2), "ok") << "the cancelled send must not have sent its byte";
-        pair = Pair{};
+        pair = LoopbackPair{};
     }).join();
 }
 
