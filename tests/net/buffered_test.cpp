@@ -171,14 +171,9 @@ TEST_F(Buffered, AnExhaustedRingFallsBackAndRecoversOnceBuffersReturn) {
 TEST(BufferedOffFiber, PoolReceivesOnAPlainThreadThroughTheFallback) {
     auto pool = ProvidedBufferPool::create();
     ASSERT_TRUE(pool);
-    auto l = TcpListener::bind(SocketAddress::ipv4Loopback(0));
-    ASSERT_TRUE(l);
-    auto c = TcpStream::connect(l->localAddress(), 5s);
-    ASSERT_TRUE(c);
-    auto s = l->accept(5s);
-    ASSERT_TRUE(s);
-    ASSERT_TRUE(c->writeAll("thread", 6));
-    BufferedReader r(*s, 64, pool->get());
+    LoopbackPair pair = connectLoopbackPair();  // on this thread: one-shot accept and connect
+    ASSERT_TRUE(pair.client.writeAll("thread", 6));
+    BufferedReader r(pair.server, 64, pool->get());
     ASSERT_TRUE(r.fill(5s));
     EXPECT_EQ(r.view(), "thread");
     EXPECT_EQ((*pool)->stats().fallbackRecvs, 1u);

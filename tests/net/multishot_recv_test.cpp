@@ -236,14 +236,9 @@ TEST_F(MultishotRecv, AnExhaustedRingFallsBackToOneReceiveAndRearms) {
 
 TEST(MultishotRecvOffFiber, APlainThreadReceivesThroughOneShotReceives) {
     auto pool = makePool(16, 64);
-    auto l = TcpListener::bind(SocketAddress::ipv4Loopback(0));
-    ASSERT_TRUE(l);
-    auto c = TcpStream::connect(l->localAddress(), 5s);
-    ASSERT_TRUE(c);
-    auto s = l->accept(5s);
-    ASSERT_TRUE(s);
-    MultishotReceiver rx(*pool, s->fd());
-    ASSERT_TRUE(c->writeAll("thread", 6));
+    LoopbackPair pair = connectLoopbackPair();  // on this thread: one-shot accept and connect
+    MultishotReceiver rx(*pool, pair.server.fd());
+    ASSERT_TRUE(pair.client.writeAll("thread", 6));
     auto b = rx.next(5s);
     ASSERT_TRUE(b);
     EXPECT_EQ(std::string(b->data(), b->size()), "thread");
