@@ -234,6 +234,25 @@ TEST_F(MultishotRecv, AnExhaustedRingFallsBackToOneReceiveAndRearms) {
     EXPECT_GE(pool->stats().exhausted, 1u);
 }
 
+TEST_F(MultishotRecv, RuntimeShutdownEndsAWaitWithEcanceledAndTheReceiverStillCleansUp) {
+    auto pool = makePool(16, 64);
+    LoopbackPair pair;
+    on(0, [&] { pair = connectLoopbackPair(); }).join();
+    std::atomic<bool> armed{false};
+    auto waiter = on(0, [&] {
+        MultishotReceiver rx(*pool, pair.server.fd());
+        EXPECT_FALSE(rx.next(1ms));  // armed now
+        armed.store(true);
+        auto r = rx.next();  // ended by the shutdown's cancel; arming again is refused
+        return r ? 0 : r.errorCode();
+    });
+    while (!armed.load()) { std::this_thread::sleep_for(1ms); }
+    std::this_thread::sleep_for(10ms);
+    rt().shutdown();
+    EXPECT_EQ(waiter.join(), ECANCELED);
+    pool.reset();  // after shutdown: the registrations go with the carriers' rings
+}
+
 TEST(MultishotRecvOffFiber, APlainThreadReceivesThroughOneShotReceives) {
     auto pool = makePool(16, 64);
     LoopbackPair pair = connectLoopbackPair();  // on this thread: one-shot accept and connect
