@@ -56,6 +56,7 @@ public:
     [[nodiscard]] size_t capacity() const noexcept { return capacity_; }
     /// The multishot receiver in use, or null (no pool, multishot off, or no fill() yet).
     [[nodiscard]] const MultishotReceiver* receiver() const noexcept { return receiver_ ? &*receiver_ : nullptr; }
+    [[nodiscard]] MultishotReceiver* receiver() noexcept { return receiver_ ? &*receiver_ : nullptr; }
 
 private:
     void releaseIfEmpty() noexcept;

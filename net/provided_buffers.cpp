@@ -333,7 +333,23 @@ ProvidedBuffer MultishotReceiver::lease(const Entry& e) noexcept {
 
 void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept {
     MultishotReceiver* self = static_cast<Completion*>(c)->self;
-    std::lock_guard<std::mutex> g(self->lock_);
+    void (*notify)(void*) = nullptr;
+    void* notifyArg = nullptr;
+    {
+        std::lock_guard<std::mutex> g(self->lock_);
+        const bool waited = self->waiter_ != nullptr;  // a next() in progress takes the CQE
+        self->handleCqeLocked(c, res, flags);
+        if (!waited && self->readyFn_ != nullptr) {
+            notify = self->readyFn_;
+            notifyArg = self->readyArg_;
+        }
+    }
+    // Last, and outside the lock: the callback may destroy the receiver (after the last CQE).
+    if (notify != nullptr) { notify(notifyArg); }
+}
+
+void MultishotReceiver::handleCqeLocked(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept {
+    MultishotReceiver* self = this;
     if ((flags & IORING_CQE_F_BUFFER) != 0) {
         const Entry e{self->armedRing_, res, static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT)};
         if (res > 0 && self->pushLocked(e)) {
@@ -357,7 +373,59 @@ void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flag
         if (res == -ENOBUFS) { self->pool_.impl_->exhausted.fetch_add(1, std::memory_order_relaxed); }
     }
     if (FiberFuture* w = std::exchange(self->waiter_, nullptr)) { w->set(res); }
-    if ((flags & IORING_CQE_F_MORE) == 0) { self->ended_.set(res); }  // last: stop() may free us after it
+    if ((flags & IORING_CQE_F_MORE) == 0) { self->ended_.set(res); }  // stop() frees us after taking the lock
+}
+
+bool MultishotReceiver::notifyWhenReady(void (*fn)(void*), void* arg) noexcept {
+    detail::PbufRing* ring = nullptr;
+    {
+        std::lock_guard<std::mutex> g(lock_);
+        const bool queued = count_ > 0 || (spill_ && spillHead_ < spill_->size());
+        if (queued || broken_ != 0 || eof_ || waiter_ != nullptr) { return false; }
+        if (armed_) {
+            readyFn_ = fn;
+            readyArg_ = arg;
+            return true;
+        }
+        // Ended: only a cancel (ours, or a pause) may be passed over silently; anything else is next()'s to report.
+        if ((endRes_ != 1 && endRes_ != -ECANCELED) || !multishot_ || !this_fiber::inFiber()) { return false; }
+    }
+    ring = pool_.ringHere();
+    if (ring == nullptr) { return false; }
+    {
+        std::lock_guard<std::mutex> g(lock_);
+        endRes_ = 1;
+        armed_ = true;
+        pausing_ = false;
+        delivered_ = false;
+        armedRing_ = ring;
+        ended_.reset();
+        ++stats_.arms;
+        readyFn_ = fn;
+        readyArg_ = arg;
+    }
+    const ArmArgs args{fd_, ring->bgid};
+    // Its CQEs come once this fiber has parked or ended: the registration is in place before.
+    if (auto r = armMultishot(&prepMultishotRecv, &args, &completion_); !r) {
+        std::lock_guard<std::mutex> g(lock_);
+        armed_ = false;
+        ended_.set(-r.errorCode());
+        readyFn_ = nullptr;
+        readyArg_ = nullptr;
+        return false;
+    }
+    return true;
+}
+
+void MultishotReceiver::cancelNotify() noexcept {
+    std::lock_guard<std::mutex> g(lock_);
+    readyFn_ = nullptr;
+    readyArg_ = nullptr;
+}
+
+bool MultishotReceiver::armed() const noexcept {
+    std::lock_guard<std::mutex> g(lock_);
+    return armed_;
 }
 
 Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {

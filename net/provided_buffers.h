@@ -132,6 +132,20 @@ public:
     /// it shuts the socket's receive side instead, which ends the operation all the same).
     void stop() noexcept;
 
+    /// For a connection that gives up its fiber while it waits: arms the operation if it is not armed
+    /// and has `fn(arg)` called, on the carrier holding it, for each CQE that comes while the
+    /// registration lasts (until cancelNotify(); a next() in progress takes precedence). `fn` typically
+    /// starts a fiber that cancels the registration and calls next(). Returns false, registering
+    /// nothing, when something is queued or to be reported already, or when no operation can be armed
+    /// here (off-fiber, a pool without a ring, a kernel without multishot receive): call next() then.
+    /// `fn` must not block; it may destroy the receiver once armed() is false (after the last CQE).
+    /// Errors: none beyond the false return.
+    [[nodiscard]] bool notifyWhenReady(void (*fn)(void* arg), void* arg) noexcept;
+    /// Ends a notifyWhenReady() registration; CQEs from now on queue for next().
+    void cancelNotify() noexcept;
+    /// Whether an operation is armed (its CQEs, the last one included, may still come).
+    [[nodiscard]] bool armed() const noexcept;
+
     struct Stats {
         uint64_t arms = 0;       // operations armed
         uint64_t buffers = 0;    // buffers its CQEs delivered
@@ -150,6 +164,7 @@ private:
         MultishotReceiver* self = nullptr;
     };
     static void onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept;
+    void handleCqeLocked(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept;
     [[nodiscard]] bool popLocked(Entry& out) noexcept;
     [[nodiscard]] bool pushLocked(const Entry& e) noexcept;
     [[nodiscard]] ProvidedBuffer lease(const Entry& e) noexcept;
@@ -172,6 +187,8 @@ private:
     bool pausing_ = false;        // a cancel of the armed operation is on its way
     int broken_ = 0;              // a CQE's bytes could not be queued (ENOMEM): reported for good
     FiberFuture* waiter_ = nullptr;
+    void (*readyFn_)(void*) = nullptr;  // notifyWhenReady()'s callback, while registered
+    void* readyArg_ = nullptr;
     FiberFuture ended_;           // set by the last CQE of the armed operation
     Stats stats_;
 };
