@@ -82,6 +82,10 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(size_t{256}, size_t{1} << 20))->capture_default_str();
     app.add_flag("--no-provided-buffers", noProvidedBuffers, "each connection keeps its own receive buffer");
     bool noMultishotRecv = false;
+    double idleFiberRelease = 1;
+    app.add_option("--idle-fiber-release", idleFiberRelease,
+                   "seconds after which an idle keep-alive connection gives its fiber up (0: never)")
+        ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
     app.add_flag("--no-multishot-recv", noMultishotRecv,
                  "with provided buffers: one receive per read instead of one multishot receive per connection");
     CLI11_PARSE(app, argc, argv);
@@ -131,6 +135,7 @@ int main(int argc, char** argv) {
     so.connectionStackSize = stackKib * 1024;
     so.providedBuffers = !noProvidedBuffers;
     so.multishotRecv = !noMultishotRecv;
+    so.idleFiberRelease = millis(idleFiberRelease);
     so.providedBufferCount = providedBuffers;
     so.providedBufferSize = providedBufferSize;
     auto server = spindle::httpd::Server::start(*rt, so);

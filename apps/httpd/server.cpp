@@ -164,6 +164,9 @@ struct ConnectionNode {
     bool keepAliveWait = false; // waiting between requests: what the idle sweep looks at
     bool idleTimedOut = false;  // the idle sweep shut it down
     uint64_t idleSinceNs = 0;   // coarseNowNs() when the keep-alive wait began
+    FiberHandle<void> fiber;    // the connection's fiber, while it has one (the sweep cancels it to release it)
+    bool releasing = false;     // the sweep asked the fiber to give itself up
+    bool fiberless = false;     // waits with no fiber: its receiver's next CQE starts one
 };
 
 struct Worker {
@@ -177,6 +180,8 @@ struct Worker {
     std::atomic<uint64_t> errors{0};
     std::atomic<uint64_t> headerTimeouts{0};
     std::atomic<uint64_t> idleTimeouts{0};
+    std::atomic<uint64_t> fiberless{0};
+    std::atomic<uint64_t> fiberReleases{0};
     // Scratch blocks of this carrier: as many are made as connections ever answered at once, then reused.
     Scratch* freeScratch = nullptr;
     Scratch* madeScratch = nullptr;
@@ -224,24 +229,95 @@ namespace {
 /// Serves one connection until it closes. Runs pinned on the worker's carrier.
 class Connection {
 public:
-    Connection(Worker& worker, net::TcpStream& stream) noexcept
-        : worker_(worker), server_(*worker.server), options_(server_.options), stream_(stream),
-          reader_(stream, std::max<size_t>(options_.limits.maxHeaderBytes, 1024), server_.pool.get(), options_.multishotRecv) {}
+    Connection(Worker& worker, net::TcpStream&& stream) noexcept
+        : worker_(worker), server_(*worker.server), options_(server_.options), stream_(std::move(stream)),
+          reader_(stream_, std::max<size_t>(options_.limits.maxHeaderBytes, 1024), server_.pool.get(), options_.multishotRecv) {}
 
-    void run() noexcept {
-        node_.fd = stream_.fd();
-        worker_.link(&node_);
-        (void)stream_.setNoDelay();
-        // Header slots: in the scratch block for the usual limit, on the heap for a larger one.
-        if (options_.limits.maxHeaders > kStackHeaders) {
-            heapHeaders_.reset(new (std::nothrow) Header[options_.limits.maxHeaders]);
+    /// Accepted: starts the connection's fiber. The Connection lives on the heap, so that an idle one
+    /// can give its fiber up; it deletes itself when the connection ends.
+    static void start(Worker& worker, net::TcpStream&& stream) noexcept {
+        auto* c = new (std::nothrow) Connection(worker, std::move(stream));
+        if (c == nullptr) {
+            log::warn("spindle-httpd: no memory for a connection");
+            return;  // the caller still owns the stream, and closes it
         }
-        serve();
-        if (scratch_ != nullptr) { worker_.giveScratch(std::exchange(scratch_, nullptr)); }
-        worker_.unlink(&node_);
+        bump(worker.active);
+        c->node_.fd = c->stream_.fd();
+        worker.link(&c->node_);
+        (void)c->stream_.setNoDelay();
+        if (!c->startFiber()) { c->endHere(); }
     }
 
 private:
+    Runtime& runtime() noexcept { return *server_.rt; }
+
+    bool startFiber() noexcept {
+        auto f = runtime().spawn([this]() noexcept { runOnFiber(); },
+                                 SpawnOptions{.name = "http-conn", .stackSize = options_.connectionStackSize,
+                                              .carrier = static_cast<int>(worker_.index), .pinned = true});
+        if (!f) {
+            if (f.errorCode() != ECANCELED) {
+                log::warn("spindle-httpd: cannot start a connection fiber: {}", f.error().message());
+            }
+            return false;
+        }
+        node_.fiber = std::move(*f);
+        return true;
+    }
+
+    /// The connection's fiber: serves until the connection ends, or until it waits with no fiber.
+    void runOnFiber() noexcept {
+        // Header slots: in the scratch block for the usual limit, on the heap for a larger one.
+        if (options_.limits.maxHeaders > kStackHeaders && !heapHeaders_) {
+            heapHeaders_.reset(new (std::nothrow) Header[options_.limits.maxHeaders]);
+        }
+        serve(std::exchange(resumed_, false));
+        if (node_.fiberless) { return; }  // the receiver's next CQE starts the next fiber (onReady)
+        node_.fiber.detach();             // this fiber's own handle; it ends below
+        endHere();
+    }
+
+    /// Ends the connection: on its fiber, or on the carrier's thread when no fiber could be had.
+    void endHere() noexcept {
+        if (scratch_ != nullptr) { worker_.giveScratch(std::exchange(scratch_, nullptr)); }
+        worker_.unlink(&node_);
+        // The receive lets go of the socket first (off-fiber it is never armed here: stop() returns).
+        if (net::MultishotReceiver* rx = reader_.receiver()) { rx->stop(); }
+        if (this_fiber::inFiber()) {
+            (void)stream_.close();
+        } else if (const int fd = stream_.release(); fd >= 0) {
+            ::close(fd);  // on the carrier's thread, between fibers: not through the ring
+        }
+        Worker& w = worker_;
+        delete this;
+        w.active.store(w.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+    }
+
+    /// Called by the receiver, on this carrier's thread, for a CQE while the connection has no fiber.
+    static void onReady(void* arg) noexcept {
+        auto* c = static_cast<Connection*>(arg);
+        Worker& w = c->worker_;
+        net::MultishotReceiver* rx = c->reader_.receiver();
+        if (c->startFiber()) {
+            rx->cancelNotify();  // the new fiber's next() takes the CQEs from now on
+            c->node_.fiberless = false;
+            c->node_.idle = false;
+            c->node_.keepAliveWait = false;
+            c->resumed_ = true;
+            w.fiberless.store(w.fiberless.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+            return;
+        }
+        // No fiber (the runtime is going down, or no memory): end the connection without one. While
+        // the operation is armed its last CQE is still to come; shutdown(2) makes it come soon.
+        if (rx->armed()) {
+            (void)::shutdown(c->stream_.fd(), SHUT_RDWR);
+            return;  // still registered: the last CQE calls again
+        }
+        w.fiberless.store(w.fiberless.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+        c->node_.fiberless = false;
+        c->endHere();
+    }
+
     /// Leases the scratch block (idempotent); false when none could be allocated.
     bool acquire() noexcept {
         if (scratch_ == nullptr) { scratch_ = worker_.takeScratch(); }
@@ -258,9 +334,11 @@ private:
         return scratch_->headers;
     }
 
-    void serve() noexcept {
-        Deadline headDeadline(options_.headerTimeout);  // the first request's head: from the accept
-        bool headStarted = true;                         // headDeadline runs for the head being read
+    /// resumed: a fiber started for a connection that waited with none (its next request is queued).
+    void serve(bool resumed) noexcept {
+        Deadline headDeadline;                           // the first request's head: from the accept
+        bool headStarted = !resumed;                     // headDeadline runs for the head being read
+        if (headStarted) { headDeadline = Deadline(options_.headerTimeout); }
         for (;;) {
             // Answer every complete request buffered; stop at the first incomplete one.
             bool close = false;
@@ -330,11 +408,38 @@ private:
         node_.idle = true;
         node_.keepAliveWait = true;
         node_.idleSinceNs = coarseNowNs();
-        const Result<size_t> n = reader_.fill();
-        node_.idle = false;
-        node_.keepAliveWait = false;
-        if (n && *n > 0) { return true; }
-        return false;
+        for (;;) {
+            const Result<size_t> n = reader_.fill();
+            if (node_.releasing) {
+                // The sweep cancelled this wait to take the fiber back (the request may have come first).
+                node_.releasing = false;
+                (void)this_fiber::acknowledgeCancellation();
+                if (!n && n.errorCode() == ECANCELED) {
+                    if (goFiberless()) { return false; }
+                    continue;  // it could not: wait on, with the fiber
+                }
+            }
+            node_.idle = false;
+            node_.keepAliveWait = false;
+            return n && *n > 0;
+        }
+    }
+
+    /// Idle, nothing buffered, nothing to send: leave the wait to the receiver alone. The fiber ends;
+    /// onReady() starts another one when the next CQE (a request, end of stream, an error) comes.
+    bool goFiberless() noexcept {
+        release();
+        net::MultishotReceiver* rx = reader_.receiver();
+        if (rx == nullptr || reader_.size() != 0 || scratch_ != nullptr) { return false; }
+        node_.fiberless = true;  // before the registration: its callback cannot run before this fiber ends anyway
+        if (!rx->notifyWhenReady(&Connection::onReady, this)) {
+            node_.fiberless = false;
+            return false;
+        }
+        node_.fiber.detach();  // this fiber's handle: the fiber ends now, and its stack goes with it
+        bump(worker_.fiberReleases);
+        bump(worker_.fiberless);
+        return true;
     }
 
     /// Reads and drops `left` body bytes after the buffered part was consumed.
@@ -489,21 +594,14 @@ private:
     Worker& worker_;
     Server::Impl& server_;
     const ServerOptions& options_;
-    net::TcpStream& stream_;
+    net::TcpStream stream_;       // before reader_: the reader (its multishot receive) goes first
     net::BufferedReader reader_;
     ConnectionNode node_;
     Scratch* scratch_ = nullptr;             // leased while there is something to answer
+    bool resumed_ = false;                   // set by onReady() for the fiber it starts
     std::unique_ptr<Header[]> heapHeaders_;  // only for maxHeaders > kStackHeaders
 };
 
-void serveConnection(Worker& worker, net::TcpStream stream) noexcept {
-    {
-        Connection c(worker, stream);
-        c.run();
-    }
-    (void)stream.close();
-    worker.active.store(worker.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-}
 
 /// The idle sweep of one carrier: every idleTimeout / 8 (1 ms to 1 s) it shuts down the connections
 /// that have waited between requests for idleTimeout or longer, so that a keep-alive connection is
@@ -511,8 +609,11 @@ void serveConnection(Worker& worker, net::TcpStream stream) noexcept {
 /// drain (the acceptor cancels it) or the runtime's shutdown.
 void sweepIdle(Worker& w) noexcept {
     const ServerOptions& o = w.server->options;
-    const auto period = std::clamp<std::chrono::milliseconds>(o.idleTimeout / 8, 1ms, 1000ms);
+    auto period = std::clamp<std::chrono::milliseconds>(o.idleTimeout / 8, 1ms, 1000ms);
     const auto limitNs = static_cast<uint64_t>(std::chrono::nanoseconds(o.idleTimeout).count());
+    const bool release = o.idleFiberRelease.count() > 0 && o.multishotRecv && w.server->pool != nullptr;
+    const auto releaseNs = static_cast<uint64_t>(std::chrono::nanoseconds(o.idleFiberRelease).count());
+    if (release) { period = std::min(period, std::max<std::chrono::milliseconds>(o.idleFiberRelease / 2, 1ms)); }
     while (spindle::sleep(period)) {
         const uint64_t now = coarseNowNs();
         for (ConnectionNode* n = w.connections; n != nullptr; n = n->next) {
@@ -520,6 +621,11 @@ void sweepIdle(Worker& w) noexcept {
                 n->idleTimedOut = true;
                 bump(w.idleTimeouts);          // counted before the client can see the end of stream
                 ::shutdown(n->fd, SHUT_RDWR);  // its pending receive returns 0
+            } else if (release && n->keepAliveWait && !n->fiberless && !n->releasing && n->fiber.joinable() &&
+                       now - n->idleSinceNs >= releaseNs) {
+                // Idle long enough to give its fiber up: the cancel ends its wait (see waitForRequest).
+                n->releasing = true;
+                n->fiber.cancel();
             }
         }
     }
@@ -538,19 +644,7 @@ void acceptLoop(Worker& w) noexcept {
             continue;
         }
         bump(w.accepted);
-        bump(w.active);
-        auto fiber = spindle::spawn(
-            [&w, stream = std::move(*conn)]() mutable noexcept { serveConnection(w, std::move(stream)); },
-            SpawnOptions{.name = "http-conn", .stackSize = s.options.connectionStackSize,
-                         .carrier = static_cast<int>(w.index), .pinned = true});
-        if (!fiber) {
-            // The lambda (and the stream in it) was never started: the connection is closed with it.
-            w.active.store(w.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-            if (fiber.errorCode() == ECANCELED) { break; }
-            log::warn("spindle-httpd: cannot start a connection fiber: {}", fiber.error().message());
-            continue;
-        }
-        fiber->detach();
+        Connection::start(w, std::move(*conn));
     }
     // Drain. The cancellation that ended accept() must not fail the calls below.
     this_fiber::acknowledgeCancellation();
@@ -702,6 +796,8 @@ ServerStats Server::stats() const noexcept {
         s.errors += w->errors.load(std::memory_order_relaxed);
         s.headerTimeouts += w->headerTimeouts.load(std::memory_order_relaxed);
         s.idleTimeouts += w->idleTimeouts.load(std::memory_order_relaxed);
+        s.fiberless += w->fiberless.load(std::memory_order_relaxed);
+        s.fiberReleases += w->fiberReleases.load(std::memory_order_relaxed);
     }
     if (impl_->pool) {
         const net::ProvidedBufferStats p = impl_->pool->stats();

@@ -60,6 +60,10 @@ struct ServerOptions {
     size_t connectionStackSize = kDefaultConnectionStack;
     bool providedBuffers = true;                  // receive into a ProvidedBufferPool when the kernel allows
     bool multishotRecv = true;                    // with provided buffers: one multishot receive per connection
+    // A keep-alive connection idle this long gives its fiber (and the fiber's stack) up and waits on its
+    // multishot receive alone, which starts a fiber again when the next request arrives; 0: never.
+    // Needs multishotRecv. Checked by the idle sweep (every idleTimeout / 8, at most 1 s).
+    std::chrono::milliseconds idleFiberRelease{1'000};
     unsigned providedBufferCount = 1024;          // per carrier, a power of two
     size_t providedBufferSize = 4096;
     int backlog = 4096;
@@ -73,6 +77,8 @@ struct ServerStats {
     uint64_t errors = 0;            // responses with a 4xx/5xx status from the parser or a timeout
     uint64_t headerTimeouts = 0;    // connections closed with 408
     uint64_t idleTimeouts = 0;      // keep-alive connections closed for idleness
+    uint64_t fiberless = 0;         // idle connections waiting with no fiber now
+    uint64_t fiberReleases = 0;     // times an idle connection gave its fiber up
     uint64_t providedRecvs = 0;     // receives served from the provided-buffer ring
     uint64_t fallbackRecvs = 0;     // receives into a heap buffer instead
 };

@@ -173,7 +173,9 @@ if ((rss)); then
       kill -0 "$client" 2>/dev/null || { echo "http.sh: the idle client failed" >&2; exit 1; }
       sleep 0.2
     done
-    sleep 1
+    # Settled: spindle-httpd gives an idle connection's fiber up after --idle-fiber-release (1 s) and
+    # its sweep looks every 0.5 s; nginx has nothing to settle.
+    sleep 3
     after=$(rss_kib "$pid")
     touch "$tmp/release"
     wait "$client" || true

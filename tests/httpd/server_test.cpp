@@ -491,6 +491,107 @@ TEST_F(HttpServer, GracefulShutdownDeliversResponsesInFlight) {
     EXPECT_EQ(server_->stats().active, 0u);
 }
 
+// Polls (for at most kIoTimeout) until pred() holds.
+template <class Pred>
+bool eventually(Pred pred) {
+    const auto until = std::chrono::steady_clock::now() + kIoTimeout;
+    while (!pred()) {
+        if (std::chrono::steady_clock::now() > until) { return false; }
+        std::this_thread::sleep_for(2ms);
+    }
+    return true;
+}
+
+TEST_F(HttpServer, IdleConnectionsGiveTheirFibersUpAndAreServedAgain) {
+    ServerOptions o = defaults();
+    o.idleFiberRelease = 20ms;  // swept every 10 ms
+    startServer(o);
+    const uint64_t baseline = rt().liveFibers();  // acceptors and sweeps
+    constexpr int kClients = 8;
+    std::vector<std::unique_ptr<Client>> clients;
+    for (int i = 0; i < kClients; ++i) { clients.push_back(std::make_unique<Client>(port_)); }
+    for (int round = 0; round < 3; ++round) {
+        for (auto& c : clients) { ASSERT_TRUE(c->send(get("/hello"))); }
+        for (auto& c : clients) {
+            auto r = c->next();
+            ASSERT_TRUE(r) << "round " << round;
+            EXPECT_EQ(r->body, "Hello, World!");
+        }
+        // Idle now: every connection gives its fiber up and waits on its receive alone.
+        ASSERT_TRUE(eventually([&] { return server_->stats().fiberless == kClients; })) << "round " << round;
+        EXPECT_TRUE(eventually([&] { return rt().liveFibers() == baseline; }))
+            << rt().liveFibers() << " fibers live, " << baseline << " before the connections";
+    }
+    // Pipelined requests wake a fiberless connection as one does.
+    ASSERT_TRUE(clients[0]->send(get("/hello") + get("/") + get("/hello")));
+    for (int i = 0; i < 3; ++i) {
+        auto r = clients[0]->next();
+        ASSERT_TRUE(r);
+        EXPECT_EQ(r->status(), 200);
+    }
+    const ServerStats st = server_->stats();
+    EXPECT_EQ(st.requests, static_cast<uint64_t>(3 * kClients + 3));
+    EXPECT_GE(st.fiberReleases, static_cast<uint64_t>(3 * kClients));
+    EXPECT_EQ(st.active, static_cast<uint64_t>(kClients));
+    // A client that leaves while its connection has no fiber: the end of stream starts one, which ends it.
+    clients[1].reset();
+    EXPECT_TRUE(eventually([&] { return server_->stats().active == kClients - 1; }));
+}
+
+TEST_F(HttpServer, AFiberlessConnectionStillMeetsTheIdleTimeout) {
+    ServerOptions o = defaults();
+    o.idleFiberRelease = 10ms;
+    o.idleTimeout = 300ms;
+    startServer(o);
+    Client c(port_);
+    ASSERT_TRUE(c.send(get("/hello")));
+    ASSERT_TRUE(c.next());
+    ASSERT_TRUE(eventually([&] { return server_->stats().fiberless == 1; }));
+    EXPECT_TRUE(c.closedByPeer());
+    EXPECT_EQ(c.buffered(), "");
+    EXPECT_EQ(server_->stats().idleTimeouts, 1u);
+    EXPECT_TRUE(eventually([&] { return server_->stats().active == 0; }));
+    EXPECT_EQ(server_->stats().fiberless, 0u);
+}
+
+TEST_F(HttpServer, GracefulShutdownClosesFiberlessConnections) {
+    ServerOptions o = defaults();
+    o.idleFiberRelease = 10ms;
+    startServer(o);
+    std::vector<std::unique_ptr<Client>> clients;
+    for (int i = 0; i < 6; ++i) {
+        clients.push_back(std::make_unique<Client>(port_));
+        ASSERT_TRUE(clients.back()->send(get("/hello")));
+        ASSERT_TRUE(clients.back()->next());
+    }
+    ASSERT_TRUE(eventually([&] { return server_->stats().fiberless == 6; }));
+    server_->stop();
+    server_->wait();
+    for (auto& c : clients) { EXPECT_TRUE(c->closedByPeer()); }
+    EXPECT_EQ(server_->stats().active, 0u);
+    EXPECT_EQ(server_->stats().fiberless, 0u);
+}
+
+TEST_F(HttpServer, RuntimeShutdownEndsFiberlessConnections) {
+    ServerOptions o = defaults();
+    o.idleFiberRelease = 10ms;
+    startServer(o);
+    Client a(port_);
+    Client b(port_);
+    for (Client* c : {&a, &b}) {
+        ASSERT_TRUE(c->send(get("/hello")));
+        ASSERT_TRUE(c->next());
+    }
+    ASSERT_TRUE(eventually([&] { return server_->stats().fiberless == 2; }));
+    // No stop(): the runtime's own shutdown cancels the receives, and no fiber can be had any more.
+    rt().shutdown();
+    EXPECT_TRUE(a.closedByPeer());
+    EXPECT_TRUE(b.closedByPeer());
+    // Each is counted out just after its descriptor is closed (and its buffers are back).
+    EXPECT_TRUE(eventually([&] { return server_->stats().active == 0; }));
+    EXPECT_EQ(server_->stats().fiberless, 0u);
+}
+
 TEST_F(HttpServer, ManyConnectionsAcrossCarriers) {
     startServer(defaults());
     constexpr int kClients = 64;
