@@ -338,7 +338,7 @@ void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flag
     {
         std::lock_guard<std::mutex> g(self->lock_);
         const bool waited = self->waiter_ != nullptr;  // a next() in progress takes the CQE
-        self->handleCqeLocked(c, res, flags);
+        self->handleCqeLocked(res, flags);
         if (!waited && self->readyFn_ != nullptr) {
             notify = self->readyFn_;
             notifyArg = self->readyArg_;
@@ -348,32 +348,31 @@ void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flag
     if (notify != nullptr) { notify(notifyArg); }
 }
 
-void MultishotReceiver::handleCqeLocked(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept {
-    MultishotReceiver* self = this;
+void MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
     if ((flags & IORING_CQE_F_BUFFER) != 0) {
-        const Entry e{self->armedRing_, res, static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT)};
-        if (res > 0 && self->pushLocked(e)) {
-            self->delivered_ = true;
-            ++self->stats_.buffers;
-            self->pool_.impl_->provided.fetch_add(1, std::memory_order_relaxed);
+        const Entry e{armedRing_, res, static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT)};
+        if (res > 0 && pushLocked(e)) {
+            delivered_ = true;
+            ++stats_.buffers;
+            pool_.impl_->provided.fetch_add(1, std::memory_order_relaxed);
         } else {
             e.ring->giveBack(e.bid);
-            if (res > 0) { self->broken_ = ENOMEM; }  // bytes the queue could not hold: the stream is broken
+            if (res > 0) { broken_ = ENOMEM; }  // bytes the queue could not hold: the stream is broken
         }
     }
-    const size_t queued = self->count_ + (self->spill_ ? self->spill_->size() - self->spillHead_ : 0);
-    if ((flags & IORING_CQE_F_MORE) != 0 && !self->pausing_ && (queued >= kHighWater || self->broken_ != 0)) {
+    const size_t queued = count_ + (spill_ ? spill_->size() - spillHead_ : 0);
+    if ((flags & IORING_CQE_F_MORE) != 0 && !pausing_ && (queued >= kHighWater || broken_ != 0)) {
         // The consumer lags (or lost bytes): stop receiving until it catches up; next() arms again.
-        self->pausing_ = true;
-        if (!cancelMultishot(c)) { (void)::shutdown(self->fd_, SHUT_RD); }
+        pausing_ = true;
+        if (!cancelMultishot(&completion_)) { (void)::shutdown(fd_, SHUT_RD); }
     }
     if ((flags & IORING_CQE_F_MORE) == 0) {
-        self->armed_ = false;
-        self->endRes_ = res > 0 ? 1 : res;
-        if (res == -ENOBUFS) { self->pool_.impl_->exhausted.fetch_add(1, std::memory_order_relaxed); }
+        armed_ = false;
+        endRes_ = res > 0 ? 1 : res;
+        if (res == -ENOBUFS) { pool_.impl_->exhausted.fetch_add(1, std::memory_order_relaxed); }
     }
-    if (FiberFuture* w = std::exchange(self->waiter_, nullptr)) { w->set(res); }
-    if ((flags & IORING_CQE_F_MORE) == 0) { self->ended_.set(res); }  // stop() frees us after taking the lock
+    if (FiberFuture* w = std::exchange(waiter_, nullptr)) { w->set(res); }
+    if ((flags & IORING_CQE_F_MORE) == 0) { ended_.set(res); }  // stop() frees us after taking the lock
 }
 
 bool MultishotReceiver::notifyWhenReady(void (*fn)(void*), void* arg) noexcept {

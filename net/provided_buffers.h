@@ -112,7 +112,9 @@ private:
 /// bytes out of order.
 /// Errors (next()): the socket's (ECONNRESET, ...), each reported once; ETIMEDOUT when the deadline
 /// passes with nothing queued; ECANCELED when the fiber is cancelled. Nothing received is lost: what
-/// the kernel delivered stays queued for the next call.
+/// the kernel delivered stays queued for the next call. The one exception is ENOMEM, when a CQE's
+/// buffer could not be queued (the spill could not grow): from then on next() reports ENOMEM, after
+/// the bytes that came before it, and the stream is broken.
 /// Thread-safety: one consumer at a time (a fiber on any carrier, or a thread); the CQE handler runs
 /// on the carrier holding the operation, and a mutex orders the two. A pinned fiber on that carrier
 /// waits without a timer (see waitMultishot()).
@@ -164,7 +166,7 @@ private:
         MultishotReceiver* self = nullptr;
     };
     static void onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept;
-    void handleCqeLocked(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept;
+    void handleCqeLocked(int32_t res, uint32_t flags) noexcept;  // the work of onCqe, under lock_
     [[nodiscard]] bool popLocked(Entry& out) noexcept;
     [[nodiscard]] bool pushLocked(const Entry& e) noexcept;
     [[nodiscard]] ProvidedBuffer lease(const Entry& e) noexcept;
