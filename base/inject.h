@@ -8,7 +8,7 @@
 ///
 /// Two kinds of point:
 /// - Call-site points (kRingSetup, kStackMap, kRegisterBuffers, kRegisterFiles, kHwlocLoad, kMembind,
-///   kRegisterBufRing)
+///   kRegisterBufRing, kMultishotRecv)
 ///   sit at one system call on a cold path; SPINDLE_INJECT there costs one relaxed load when disarmed.
 /// - I/O fault classes (kSubmitFail, kShortIo, kSqFull, kDelayCompletion) are
 ///   applied by uring::Ring to the operations a caller waits on (user_data
@@ -33,6 +33,7 @@
 /// | kHwlocLoad       | numa::Topology::machine loading hwloc       | the errno it fails with  |
 /// | kMembind         | a numa memory binding (area or thread)      | the errno it fails with  |
 /// | kRegisterBufRing | registering a provided-buffer ring          | the errno it fails with  |
+/// | kMultishotRecv   | net::MultishotReceiver arming its receive   | the errno its only CQE says |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -82,6 +83,7 @@ enum class Point : uint8_t {
     kHwlocLoad,        // numa::Topology::machine, in place of hwloc_topology_load (then the flat fallback)
     kMembind,          // numa::Topology's memory binding (area and thread), in place of the hwloc call
     kRegisterBufRing,  // uring::Ring::registerBufRing, before io_uring_register_buf_ring
+    kMultishotRecv,    // net::MultishotReceiver::next, in place of arming (as a kernel that refuses it: EINVAL)
     kCount,
 };
 

@@ -8,6 +8,7 @@
 #include <mutex>
 #include <vector>
 
+#include "base/inject.h"
 #include "base/log.h"
 #include "core/fiber.h"
 #include "core/ring_ops.h"
@@ -461,6 +462,18 @@ Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
                     return Error{-end};
                 }
                 detail::PbufRing* ring = oneShot ? nullptr : pool_.ringHere();
+                if (ring != nullptr) {
+                    // As if the operation's only CQE had said the errno (a kernel without multishot receive: EINVAL).
+                    bool refused = false;
+                    SPINDLE_INJECT(inject::Point::kMultishotRecv, {
+                        endRes_ = -injectedErrno;
+                        refused = true;
+                    });
+                    if (refused) {
+                        delivered_ = false;
+                        continue;
+                    }
+                }
                 if (ring == nullptr) {
                     ++stats_.oneShot;
                     g.unlock();

@@ -7,9 +7,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstring>
 #include <string>
 #include <vector>
 
+#include "base/inject.h"
 #include "core/fiber.h"
 #include "net/buffered.h"
 #include "net/provided_buffers.h"
@@ -311,6 +313,44 @@ TEST_F(MultishotRecv, ACallbackMayDestroyTheReceiverOnceTheLastCqeCame) {
         EXPECT_TRUE(ctx.done.load());
     }).join();
     EXPECT_EQ(pool->stats().exhausted, 0u);
+}
+
+TEST_F(MultishotRecv, AKernelThatRefusesMultishotReceiveGetsOneReceivePerCallForGood) {
+    auto pool = makePool(16, 64);
+    on(0, [&] {
+        LoopbackPair pair = connectLoopbackPair();
+        MultishotReceiver rx(*pool, pair.server.fd());
+        inject::ArmedFault refuse(inject::Point::kMultishotRecv, EINVAL, 100);
+        for (const char* msg : {"first", "second"}) {
+            ASSERT_TRUE(pair.client.writeAll(msg, std::strlen(msg), 5s));
+            auto b = rx.next(5s);
+            ASSERT_TRUE(b) << b.error().message();
+            EXPECT_EQ(std::string(b->data(), b->size()), msg);
+        }
+        EXPECT_EQ(rx.stats().arms, 0u);
+        EXPECT_EQ(rx.stats().oneShot, 2u);
+        EXPECT_EQ(inject::remaining(inject::Point::kMultishotRecv), 99u) << "asked once, then never again";
+        EXPECT_FALSE(rx.notifyWhenReady([](void*) {}, nullptr)) << "no multishot: the caller must use next()";
+    }).join();
+}
+
+TEST_F(MultishotRecv, AnotherArmingErrorIsReportedOnceAndTheNextCallArms) {
+    auto pool = makePool(16, 64);
+    on(0, [&] {
+        LoopbackPair pair = connectLoopbackPair();
+        MultishotReceiver rx(*pool, pair.server.fd());
+        {
+            inject::ArmedFault refuse(inject::Point::kMultishotRecv, ENOMEM, 1);
+            auto r = rx.next(5s);
+            ASSERT_FALSE(r);
+            EXPECT_EQ(r.errorCode(), ENOMEM);
+        }
+        ASSERT_TRUE(pair.client.writeAll("later", 5, 5s));
+        auto b = rx.next(5s);
+        ASSERT_TRUE(b) << b.error().message();
+        EXPECT_EQ(std::string(b->data(), b->size()), "later");
+        EXPECT_EQ(rx.stats().arms, 1u);
+    }).join();
 }
 
 TEST(MultishotRecvOffFiber, APlainThreadReceivesThroughOneShotReceives) {
