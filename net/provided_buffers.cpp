@@ -395,26 +395,34 @@ bool MultishotReceiver::notifyWhenReady(void (*fn)(void*), void* arg) noexcept {
     {
         std::lock_guard<std::mutex> g(lock_);
         endRes_ = 1;
-        armed_ = true;
-        pausing_ = false;
-        delivered_ = false;
-        armedRing_ = ring;
-        ended_.reset();
-        ++stats_.arms;
+        beginArmLocked(ring);
         readyFn_ = fn;
         readyArg_ = arg;
     }
-    const ArmArgs args{fd_, ring->bgid};
     // Its CQEs come once this fiber has parked or ended: the registration is in place before.
-    if (auto r = armMultishot(&prepMultishotRecv, &args, &completion_); !r) {
-        std::lock_guard<std::mutex> g(lock_);
-        armed_ = false;
-        ended_.set(-r.errorCode());
-        readyFn_ = nullptr;
-        readyArg_ = nullptr;
-        return false;
-    }
-    return true;
+    return submitArm(ring) == 0;
+}
+
+void MultishotReceiver::beginArmLocked(detail::PbufRing* ring) noexcept {
+    armed_ = true;
+    pausing_ = false;
+    delivered_ = false;
+    armedRing_ = ring;
+    ended_.reset();
+    ++stats_.arms;
+}
+
+int MultishotReceiver::submitArm(detail::PbufRing* ring) noexcept {
+    const ArmArgs args{fd_, ring->bgid};
+    // Queued on this carrier, whose ring `ring` is.
+    auto r = armMultishot(&prepMultishotRecv, &args, &completion_);
+    if (r) { return 0; }
+    std::lock_guard<std::mutex> g(lock_);
+    armed_ = false;
+    ended_.set(-r.errorCode());
+    readyFn_ = nullptr;
+    readyArg_ = nullptr;
+    return r.errorCode();
 }
 
 void MultishotReceiver::cancelNotify() noexcept {
@@ -431,8 +439,7 @@ bool MultishotReceiver::armed() const noexcept {
 Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
     for (;;) {
         FiberFuture wake;
-        ArmArgs args{fd_, 0};
-        bool arm = false;
+        detail::PbufRing* armRing = nullptr;  // set when this turn arms a new operation
         {
             std::unique_lock<std::mutex> g(lock_);
             Entry e{};
@@ -484,24 +491,13 @@ Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
                     }
                     return b;
                 }
-                armed_ = true;
-                pausing_ = false;
-                delivered_ = false;
-                armedRing_ = ring;
-                ended_.reset();
-                ++stats_.arms;
-                args.bgid = ring->bgid;
-                arm = true;
+                beginArmLocked(ring);
+                armRing = ring;
             }
         }
-        if (arm) {
-            // Queued on this carrier, whose ring armedRing_ is; its CQEs come after this fiber parks.
-            if (auto r = armMultishot(&prepMultishotRecv, &args, &completion_); !r) {
-                std::lock_guard<std::mutex> g(lock_);
-                armed_ = false;
-                ended_.set(-r.errorCode());
-                return Error{r.errorCode()};
-            }
+        if (armRing != nullptr) {
+            // Its CQEs come after this fiber parks.
+            if (const int e = submitArm(armRing); e != 0) { return Error{e}; }
             continue;
         }
         const int32_t w = waitMultishot(&wake, &completion_, deadline);

@@ -167,6 +167,10 @@ private:
     };
     static void onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept;
     void handleCqeLocked(int32_t res, uint32_t flags) noexcept;  // the work of onCqe, under lock_
+    // Arming, shared by next() and notifyWhenReady(): the state of a new operation on `ring` (under
+    // lock_), then its SQE; a refused SQE undoes the state (and a registration) and returns the errno.
+    void beginArmLocked(detail::PbufRing* ring) noexcept;
+    [[nodiscard]] int submitArm(detail::PbufRing* ring) noexcept;
     [[nodiscard]] bool popLocked(Entry& out) noexcept;
     [[nodiscard]] bool pushLocked(const Entry& e) noexcept;
     [[nodiscard]] ProvidedBuffer lease(const Entry& e) noexcept;
