@@ -199,9 +199,12 @@ TEST_F(Cancel, ABlockedPipeReadReturnsEcanceledFromAThread) {
     Pipe p;
     ASSERT_GE(p.r, 0);
     std::atomic<bool> reading{false};
-    const uint64_t before = submitted(0);
+    std::atomic<uint64_t> before{0};
     auto h = on(0, [&] {
         char buf[4];
+        // Counted here, not before the spawn: the wake-up that brought this fiber re-arms the carrier's
+        // eventfd read, an SQE that would otherwise pass for the read's own.
+        before.store(submitted(0));
         reading.store(true);
         auto r = spindle::read(p.r, buf, sizeof(buf));
         EXPECT_EQ(r.errorCode(), ECANCELED);
@@ -217,7 +220,7 @@ TEST_F(Cancel, ABlockedPipeReadReturnsEcanceledFromAThread) {
         return 1;
     });
     // The read's SQE has left for the kernel: the fiber is parked in it.
-    yieldUntil([&] { return reading.load() && submitted(0) > before; });
+    yieldUntil([&] { return reading.load() && submitted(0) > before.load(); });
     h.cancel();
     EXPECT_EQ(h.join(), 1);
     EXPECT_GE(cancelled(), 1u);
