@@ -141,8 +141,10 @@ Result<void> Ring::init(const RingOptions& options, OverflowHandler onReap, void
         int ret = 0;
         for (size_t i = 0;; ++i) {
             std::memset(&params, 0, sizeof(params));
-            // TASKRUN_FLAG needs COOP_TASKRUN; it rides along with it and is dropped with it.
-            const bool taskrunFlag = options.taskrunFlag && (want & IORING_SETUP_COOP_TASKRUN) != 0;
+            // TASKRUN_FLAG needs COOP_TASKRUN or DEFER_TASKRUN (6.1 accepts it with either); it rides
+            // along with them and is dropped with the last of them.
+            const bool taskrunFlag =
+                options.taskrunFlag && (want & (IORING_SETUP_COOP_TASKRUN | IORING_SETUP_DEFER_TASKRUN)) != 0;
             params.flags = want | sq | (taskrunFlag ? IORING_SETUP_TASKRUN_FLAG : 0u) | IORING_SETUP_CQSIZE;
             params.cq_entries = options.cqEntries != 0 ? options.cqEntries : std::max(2 * options.entries, 4096u);
             params.sq_thread_idle = options.sqThreadIdleMs;
@@ -298,7 +300,10 @@ int Ring::enter(bool wait, const __kernel_timespec* timeout) noexcept {
 
 int Ring::submit(bool getEvents) noexcept {
     unsigned queued = pending();
-    if (queued == 0 && !(getEvents && features_.deferTaskrun) && !needsEnter()) { return 0; }
+    // With DEFER_TASKRUN, completions wait as task work until an enter runs it. TASKRUN_FLAG says when
+    // some does (IORING_SQ_TASKRUN, in needsEnter()); without it, a caller asking for events must enter.
+    const bool blindDefer = getEvents && features_.deferTaskrun && !features_.taskrunFlag;
+    if (queued == 0 && !blindDefer && !needsEnter()) { return 0; }
     for (;;) {
         int ret = enter(false, nullptr);
         if (ret >= 0) {

@@ -6,7 +6,8 @@
 /// user_data with encodeUserData(), and later receives the CQE through reap().
 ///
 /// Set-up probes the kernel: it asks for SINGLE_ISSUER (6.0), DEFER_TASKRUN (6.1)
-/// and COOP_TASKRUN with TASKRUN_FLAG (5.19), drops what the kernel refuses, and
+/// with TASKRUN_FLAG (or COOP_TASKRUN with TASKRUN_FLAG, 5.19, where DEFER_TASKRUN is
+/// refused), drops what the kernel refuses, and
 /// records (and logs) what it got. Asked for SQPOLL (5.11 unprivileged), it sets
 /// up a kernel submission thread (pinned with SQ_AFF when given a CPU) instead of
 /// DEFER_TASKRUN, which SQPOLL excludes; when the kernel refuses SQPOLL it logs
@@ -62,7 +63,7 @@ struct RingOptions {
     bool singleIssuer = true;   // IORING_SETUP_SINGLE_ISSUER where the kernel has it
     bool deferTaskrun = true;   // IORING_SETUP_DEFER_TASKRUN where the kernel has it
     bool coopTaskrun = true;    // IORING_SETUP_COOP_TASKRUN where the kernel has it
-    bool taskrunFlag = true;    // with COOP_TASKRUN: IORING_SETUP_TASKRUN_FLAG (5.19), see needsEnter()
+    bool taskrunFlag = true;    // with DEFER_ or COOP_TASKRUN: IORING_SETUP_TASKRUN_FLAG (5.19), see needsEnter()
     bool sqpoll = false;        // IORING_SETUP_SQPOLL (excludes DEFER_TASKRUN); falls back to none if refused
     int sqThreadCpu = -1;       // with sqpoll: pin the SQ thread there (IORING_SETUP_SQ_AFF); -1: do not pin
     unsigned sqThreadIdleMs = 10;  // with sqpoll: the SQ thread sleeps after this long without submissions
@@ -131,9 +132,10 @@ public:
     /// SQEs filled but not yet submitted.
     [[nodiscard]] unsigned pending() const noexcept;
 
-    /// Submits every queued SQE and, with DEFER_TASKRUN, runs deferred completions
-    /// so that they become visible to reap(). One io_uring_enter at most; none
-    /// when nothing is queued and `getEvents` is false.
+    /// Submits every queued SQE and, with DEFER_TASKRUN and `getEvents`, runs deferred
+    /// completions so that they become visible to reap(). One io_uring_enter at most;
+    /// none when nothing is queued and needsEnter() is false, unless `getEvents` on a
+    /// DEFER_TASKRUN ring without TASKRUN_FLAG, which cannot tell and always enters.
     /// Returns the number of SQEs submitted or -errno (not -EBUSY/-EAGAIN/-EINTR:
     /// those are retried here after reaping).
     int submit(bool getEvents) noexcept;
@@ -197,7 +199,8 @@ public:
     [[nodiscard]] Result<void> unregisterBufRing(uint16_t bgid) noexcept;
     /// Whether reap() can miss completions that an io_uring_enter with GETEVENTS would
     /// post: an overflow backlog, or (TASKRUN_FLAG) completions queued as task work.
-    /// One load of the SQ flags, no system call. With DEFER_TASKRUN it cannot tell:
+    /// One load of the SQ flags, no system call. With DEFER_TASKRUN but without
+    /// TASKRUN_FLAG (features().taskrunFlag false) it cannot tell:
     /// deferred completions show only after an enter, so callers enter while I/O is in flight.
     [[nodiscard]] bool needsEnter() const noexcept;
 

@@ -285,6 +285,48 @@ TEST(PollMode, HybridParksAfterItsSpinWindow) {
     rt->waitIdle();
 }
 
+// With DEFER_TASKRUN and TASKRUN_FLAG a spinning carrier enters the kernel only when the ring flags task
+// work: a read parked on an empty pipe costs no system call per idle pass, and its completion is still seen.
+TEST(PollMode, SpinningCarrierWithIoInFlightEntersOnlyForTaskWork) {
+    RuntimeOptions o;
+    o.carriers = 1;
+    o.pollMode = PollMode::kSpin;
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt) << rt.error().message();
+    if (!ringHas(*rt, "defer_taskrun=true") || !ringHas(*rt, "taskrun_flag=true")) {
+        rt->shutdown();
+        rt->join();
+        GTEST_SKIP() << "this kernel gave no DEFER_TASKRUN with TASKRUN_FLAG: " << rt->stats()[0].ring;
+    }
+    int fds[2];
+    ASSERT_EQ(::pipe2(fds, O_CLOEXEC), 0);
+    std::atomic<bool> reading{false};
+    auto reader = rt->spawn([&] {
+        reading.store(true);
+        uint32_t v = 0;
+        auto n = spindle::read(fds[0], &v, sizeof(v));
+        return n && *n == sizeof(v) ? v : 0u;
+    }, SpawnOptions{.carrier = 0, .pinned = true});
+    ASSERT_TRUE(reader);
+    while (!reading.load()) { std::this_thread::sleep_for(1ms); }
+    std::this_thread::sleep_for(5ms);  // the read's SQE leaves on the next pass, well within this
+    const auto before = rt->stats()[0];
+    std::this_thread::sleep_for(50ms);
+    const auto after = rt->stats()[0];
+    // 50 ms of idle passes (hundreds of thousands of them) with a read in flight: without the flag each
+    // pass would enter. A handful is allowed for stray task work (a timer, the eventfd re-arm).
+    EXPECT_GT(after.idleSpins + after.fibersRun, 0u);
+    EXPECT_LT(after.enters - before.enters, 20u) << "a spinning carrier entered the kernel with no task work flagged";
+    const uint32_t v = 0xC0FFEE;
+    ASSERT_EQ(::write(fds[1], &v, sizeof(v)), static_cast<ssize_t>(sizeof(v)));
+    EXPECT_EQ(reader->join(), 0xC0FFEEu);
+    EXPECT_EQ(rt->stats()[0].parks, 0u);
+    ::close(fds[0]);
+    ::close(fds[1]);
+    rt->shutdown();
+    rt->join();
+}
+
 TEST(PollMode, BlockModeNeverSpins) {
     auto rt = Runtime::start(testing_support::withCarriers(2));
     ASSERT_TRUE(rt);
