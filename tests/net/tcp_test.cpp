@@ -19,6 +19,7 @@
 #include "core/fiber.h"
 #include "core/runtime.h"
 #include "tests/core/with_runtime.h"
+#include "tests/net/loopback_pair.h"
 
 namespace spindle::net {
 namespace {
@@ -102,20 +103,18 @@ TEST_F(Tcp, ConnectToAClosedPortIsRefused) {
 
 TEST_F(Tcp, RecvFromAPeerThatNeverAnswersTimesOut) {
     onFiber([] {
-        TcpListener l = listenLoopback();
-        auto c = TcpStream::connect(l.localAddress(), 5s);
-        ASSERT_TRUE(c);
-        auto s = l.accept(5s);
-        ASSERT_TRUE(s);
+        auto pair = testing_support::connectLoopbackPair();
+        TcpStream& c = pair.client;
+        TcpStream& s = pair.server;
         char b;
         const auto t0 = std::chrono::steady_clock::now();
-        auto r = c->recv(&b, 1, 50ms);
+        auto r = c.recv(&b, 1, 50ms);
         ASSERT_FALSE(r);
         EXPECT_EQ(r.errorCode(), ETIMEDOUT);
         EXPECT_GE(std::chrono::steady_clock::now() - t0, 45ms);
         // The stream still works after a timed-out receive.
-        ASSERT_TRUE(s->writeAll("x", 1));
-        auto r2 = c->recv(&b, 1, 5s);
+        ASSERT_TRUE(s.writeAll("x", 1));
+        auto r2 = c.recv(&b, 1, 5s);
         ASSERT_TRUE(r2);
         EXPECT_EQ(b, 'x');
     });
@@ -147,19 +146,17 @@ TEST_F(Tcp, ConnectWithAPastDeadlineFailsWithoutConnecting) {
 
 TEST_F(Tcp, PeerResetMidStreamIsAnErrorNotASignal) {
     onFiber([] {
-        TcpListener l = listenLoopback();
-        auto c = TcpStream::connect(l.localAddress(), 5s);
-        ASSERT_TRUE(c);
-        auto s = l.accept(5s);
-        ASSERT_TRUE(s);
-        ASSERT_TRUE(s->writeAll("abc", 3));
-        ASSERT_TRUE(s->setResetOnClose());
-        ASSERT_TRUE(s->close());  // RST
+        auto pair = testing_support::connectLoopbackPair();
+        TcpStream& c = pair.client;
+        TcpStream& s = pair.server;
+        ASSERT_TRUE(s.writeAll("abc", 3));
+        ASSERT_TRUE(s.setResetOnClose());
+        ASSERT_TRUE(s.close());  // RST
         char buf[8];
         // The bytes sent before the reset may or may not be delivered; then the reset shows.
         Result<size_t> r = size_t{0};
         for (int i = 0; i < 4; ++i) {
-            r = c->recv(buf, sizeof(buf), 5s);
+            r = c.recv(buf, sizeof(buf), 5s);
             if (!r) { break; }
         }
         ASSERT_FALSE(r);
@@ -167,7 +164,7 @@ TEST_F(Tcp, PeerResetMidStreamIsAnErrorNotASignal) {
         // Writing to a reset connection: EPIPE or ECONNRESET, and the process is still here (no SIGPIPE).
         std::vector<char> big(1 << 16, 'z');
         Result<void> w;
-        for (int i = 0; i < 8 && w; ++i) { w = c->writeAll(big.data(), big.size(), 5s); }
+        for (int i = 0; i < 8 && w; ++i) { w = c.writeAll(big.data(), big.size(), 5s); }
         ASSERT_FALSE(w);
         EXPECT_TRUE(w.errorCode() == EPIPE || w.errorCode() == ECONNRESET) << w.error().message();
     });
@@ -192,57 +189,53 @@ TEST_F(Tcp, WritingAfterThePeerClosedGivesEpipeWithoutSigpipe) {
 
 TEST_F(Tcp, HalfCloseDeliversEndOfStreamAndKeepsTheOtherDirection) {
     onFiber([] {
-        TcpListener l = listenLoopback();
-        auto c = TcpStream::connect(l.localAddress(), 5s);
-        ASSERT_TRUE(c);
-        auto s = l.accept(5s);
-        ASSERT_TRUE(s);
-        ASSERT_TRUE(c->writeAll("request", 7));
-        ASSERT_TRUE(c->shutdown(SHUT_WR));
+        auto pair = testing_support::connectLoopbackPair();
+        TcpStream& c = pair.client;
+        TcpStream& s = pair.server;
+        ASSERT_TRUE(c.writeAll("request", 7));
+        ASSERT_TRUE(c.shutdown(SHUT_WR));
         // The server reads to end of stream, then answers on the still-open direction.
         std::string got;
         char buf[16];
         while (true) {
-            auto r = s->recv(buf, sizeof(buf), 5s);
+            auto r = s.recv(buf, sizeof(buf), 5s);
             ASSERT_TRUE(r);
             if (*r == 0) { break; }
             got.append(buf, *r);
         }
         EXPECT_EQ(got, "request");
-        ASSERT_TRUE(s->writeAll("reply", 5));
-        ASSERT_TRUE(s->close());
+        ASSERT_TRUE(s.writeAll("reply", 5));
+        ASSERT_TRUE(s.close());
         char rb[5];
-        ASSERT_TRUE(c->readExact(rb, 5, 5s));
+        ASSERT_TRUE(c.readExact(rb, 5, 5s));
         EXPECT_EQ(std::string(rb, 5), "reply");
         size_t got2 = 99;
-        auto end = c->readExact(rb, 1, 5s, &got2);
+        auto end = c.readExact(rb, 1, 5s, &got2);
         ASSERT_FALSE(end);
         EXPECT_EQ(end.errorCode(), ENODATA);
         EXPECT_EQ(got2, 0u);
-        EXPECT_EQ(c->shutdown(12345).errorCode(), EINVAL);
+        EXPECT_EQ(c.shutdown(12345).errorCode(), EINVAL);
     });
 }
 
 TEST_F(Tcp, WritevAllSendsEveryBufferInOrder) {
     onFiber([] {
-        TcpListener l = listenLoopback();
-        auto c = TcpStream::connect(l.localAddress(), 5s);
-        ASSERT_TRUE(c);
-        auto s = l.accept(5s);
-        ASSERT_TRUE(s);
+        auto pair = testing_support::connectLoopbackPair();
+        TcpStream& c = pair.client;
+        TcpStream& s = pair.server;
         // Large enough that the socket buffer forces short sends.
         std::vector<char> a = testing_support::pattern(3 << 20, 1);
         std::vector<char> b = testing_support::pattern(1000, 2);
         auto reader = spawn([&] {
             std::vector<char> got(a.size() + b.size());
-            EXPECT_TRUE(s->readExact(got.data(), got.size(), 30s));
+            EXPECT_TRUE(s.readExact(got.data(), got.size(), 30s));
             EXPECT_TRUE(std::equal(a.begin(), a.end(), got.begin()));
             EXPECT_TRUE(std::equal(b.begin(), b.end(), got.begin() + static_cast<long>(a.size())));
         }).value();
         iovec iov[3] = {{a.data(), a.size()}, {nullptr, 0}, {b.data(), b.size()}};
-        EXPECT_TRUE(c->writevAll(iov, 3, 30s));
+        EXPECT_TRUE(c.writevAll(iov, 3, 30s));
         reader.join();
-        EXPECT_EQ(c->writev(iov, 0).errorCode(), EINVAL);
+        EXPECT_EQ(c.writev(iov, 0).errorCode(), EINVAL);
     });
 }
 
