@@ -7,6 +7,7 @@
 #
 # usage: scripts/bench/echo.sh [--repetitions N] [--duration S] [--warmup S] [--connections "1 10 100 1000"]
 #                              [--size BYTES] [--port N] [--poll-mode block|spin|hybrid] [--epoll-mode lt|et]
+#                              [--epoll-busy-poll-us N]
 #                              [--server-flags "..."] [--server-cpu N] [--client-cpu N] [--nice N] [--no-build]
 #   --repetitions N   A/B rounds per connection count; the median is reported (default 3)
 #   --duration S      measured seconds per run, after the warm-up (default 5)
@@ -16,6 +17,9 @@
 #   --port N          TCP port both servers listen on, one at a time (default 7400)
 #   --poll-mode M     spindle-echo server's poll mode (default block; the client always blocks)
 #   --epoll-mode M    epoll_echo's triggering: lt (level, default) or et (edge)
+#   --epoll-busy-poll-us N  epoll_echo polls (epoll_wait timeout 0) for N µs after its last event before it
+#                     blocks (default 0: never); the match for --poll-mode hybrid, whose window is
+#                     spindle-echo's --spin-us (50 unless --server-flags sets it)
 #   --server-flags F  more flags for spindle-echo server, e.g. "--inline-send" (word-split)
 #   --server-cpu N    CPU both servers are pinned to (default 0)
 #   --client-cpu N    CPU the client is pinned to (default 1)
@@ -39,6 +43,7 @@ size=64
 port=7400
 poll_mode=block
 epoll_mode=lt
+epoll_busy_poll_us=0
 server_flags=""
 server_cpu=0
 client_cpu=1
@@ -54,12 +59,13 @@ while (($# > 0)); do
     --port) port="$2"; shift ;;
     --poll-mode) poll_mode="$2"; shift ;;
     --epoll-mode) epoll_mode="$2"; shift ;;
+    --epoll-busy-poll-us) epoll_busy_poll_us="$2"; shift ;;
     --server-flags) server_flags="$2"; shift ;;
     --server-cpu) server_cpu="$2"; shift ;;
     --client-cpu) client_cpu="$2"; shift ;;
     --nice) nice="$2"; shift ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "echo.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -67,6 +73,7 @@ done
 [[ "$reps" =~ ^[1-9][0-9]*$ ]] || { echo "echo.sh: --repetitions needs a positive integer" >&2; exit 2; }
 [[ "$poll_mode" =~ ^(block|spin|hybrid)$ ]] || { echo "echo.sh: --poll-mode takes block, spin or hybrid" >&2; exit 2; }
 [[ "$epoll_mode" =~ ^(lt|et)$ ]] || { echo "echo.sh: --epoll-mode takes lt or et" >&2; exit 2; }
+[[ "$epoll_busy_poll_us" =~ ^[0-9]+$ ]] || { echo "echo.sh: --epoll-busy-poll-us needs a whole number" >&2; exit 2; }
 command -v python3 >/dev/null || { echo "echo.sh: python3 is needed to read the JSON results" >&2; exit 1; }
 
 root="$SPINDLE_REPO_ROOT"
@@ -89,7 +96,7 @@ fi
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "machine: $(bench_machine_line)"
 echo "runs: $reps A/B rounds x ${duration}s (+${warmup}s warm-up), ${size}-byte messages; servers on CPU $server_cpu, client on CPU $client_cpu"
-echo "spindle-echo server --carriers 1 --poll-mode $poll_mode $server_flags; epoll_echo --mode $epoll_mode; client: spindle-echo client --carriers 1"
+echo "spindle-echo server --carriers 1 --poll-mode $poll_mode $server_flags; epoll_echo --mode $epoll_mode --busy-poll-us $epoll_busy_poll_us; client: spindle-echo client --carriers 1"
 echo "nice: $nice; ulimit -n: $(ulimit -n); load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 read -r -a extra <<<"$server_flags"
@@ -125,7 +132,7 @@ run_one() {  # impl conns tag
       --poll-mode "$poll_mode" "${extra[@]}" 2>"$out/$tag.server.log" &
   else
     nice -n "$nice" taskset -c "$server_cpu" "$epoll_bin" --port "$port" --address 127.0.0.1 --mode "$epoll_mode" \
-      2>"$out/$tag.server.log" &
+      --busy-poll-us "$epoll_busy_poll_us" 2>"$out/$tag.server.log" &
   fi
   server_pid=$!
   wait_for_port

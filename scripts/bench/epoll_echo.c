@@ -13,9 +13,12 @@
  *     same wake-up, without another read to learn of the end;
  *   - level-triggered (--mode lt, the default) or edge-triggered (--mode et, EPOLLOUT registered once
  *     so that no epoll_ctl is ever needed) interest; scripts/bench/echo.sh measures both;
- *   - SIGINT/SIGTERM through a signalfd in the same epoll set: a clean exit with counts on stderr.
+ *   - SIGINT/SIGTERM through a signalfd in the same epoll set: a clean exit with counts on stderr;
+ *   - --busy-poll-us N (default 0: off): after the last event, poll with epoll_wait(timeout 0) for up to
+ *     N microseconds before blocking, the counterpart of spindle's --poll-mode hybrid --spin-us N, so
+ *     that a spinning spindle is measured against a spinning epoll loop and not against a sleeping one.
  *
- * usage: epoll_echo [--port N] [--address A] [--mode lt|et] [--max-events N]
+ * usage: epoll_echo [--port N] [--address A] [--mode lt|et] [--max-events N] [--busy-poll-us N]
  * Build: cc -O2 -o epoll_echo epoll_echo.c
  */
 #define _GNU_SOURCE
@@ -33,6 +36,7 @@
 #include <sys/epoll.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { kBufferSize = 64 * 1024, kDefaultMaxEvents = 1024 };
@@ -210,19 +214,27 @@ static void on_listener(int lfd) {
     }
 }
 
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
+
 int main(int argc, char **argv) {
     const char *address = "0.0.0.0";
     int port = 7000;
     int max_events = kDefaultMaxEvents;
+    long busy_poll_us = 0;
     static const struct option options[] = {
         {"port", required_argument, NULL, 'p'},
         {"address", required_argument, NULL, 'a'},
         {"mode", required_argument, NULL, 'm'},
         {"max-events", required_argument, NULL, 'e'},
+        {"busy-poll-us", required_argument, NULL, 'b'},
         {"help", no_argument, NULL, 'h'},
         {NULL, 0, NULL, 0},
     };
-    for (int opt; (opt = getopt_long(argc, argv, "p:a:m:e:h", options, NULL)) != -1;) {
+    for (int opt; (opt = getopt_long(argc, argv, "p:a:m:e:b:h", options, NULL)) != -1;) {
         switch (opt) {
             case 'p': port = atoi(optarg); break;
             case 'a': address = optarg; break;
@@ -237,13 +249,15 @@ int main(int argc, char **argv) {
                 }
                 break;
             case 'e': max_events = atoi(optarg); break;
+            case 'b': busy_poll_us = atol(optarg); break;
             default:
-                fprintf(stderr, "usage: epoll_echo [--port N] [--address A] [--mode lt|et] [--max-events N]\n");
+                fprintf(stderr,
+                        "usage: epoll_echo [--port N] [--address A] [--mode lt|et] [--max-events N] [--busy-poll-us N]\n");
                 return opt == 'h' ? 0 : 2;
         }
     }
-    if (port < 0 || port > 65535 || max_events < 1) {
-        fprintf(stderr, "epoll_echo: bad --port or --max-events\n");
+    if (port < 0 || port > 65535 || max_events < 1 || busy_poll_us < 0 || busy_poll_us > 1000000) {
+        fprintf(stderr, "epoll_echo: bad --port, --max-events or --busy-poll-us (0 to 1000000)\n");
         return 2;
     }
 
@@ -275,12 +289,18 @@ int main(int argc, char **argv) {
     if (epoll_ctl(epfd, EPOLL_CTL_ADD, lfd, &ev) < 0) die("epoll_echo: epoll_ctl listener");
     ev.data.ptr = &signal_tag;
     if (epoll_ctl(epfd, EPOLL_CTL_ADD, sfd, &ev) < 0) die("epoll_echo: epoll_ctl signalfd");
-    fprintf(stderr, "epoll_echo: listening on %s:%d (%s-triggered)\n", address, port, edge_triggered ? "edge" : "level");
+    fprintf(stderr, "epoll_echo: listening on %s:%d (%s-triggered, busy poll %ld us)\n", address, port,
+            edge_triggered ? "edge" : "level", busy_poll_us);
 
     struct epoll_event *events = calloc((size_t)max_events, sizeof *events);
     if (events == NULL) die("epoll_echo: calloc");
+    uint64_t last_event_ns = 0;
     for (int running = 1; running;) {
-        int n = epoll_wait(epfd, events, max_events, -1);
+        // Busy poll: while the last event is recent, ask without sleeping.
+        int timeout = -1;
+        if (busy_poll_us > 0 && now_ns() - last_event_ns < (uint64_t)busy_poll_us * 1000u) timeout = 0;
+        int n = epoll_wait(epfd, events, max_events, timeout);
+        if (n > 0 && busy_poll_us > 0) last_event_ns = now_ns();
         if (n < 0) {
             if (errno == EINTR) continue;
             die("epoll_echo: epoll_wait");
