@@ -829,6 +829,13 @@ bool Carrier::canStealAny() const noexcept {
     return false;
 }
 
+bool Carrier::otherwiseIdle() noexcept {
+    // Nothing ready to run, nothing queued to submit, no completion or task work waiting for the loop
+    // (a fiber it would resume), and no timer due.
+    return fifoHead_ == nullptr && deque_.emptyApprox() && inbox_.empty() && ring_.pending() == 0 &&
+           ring_.cqReady() == 0 && !ring_.needsEnter() && (timers_.empty() || timers_.nextDeadline() > nowNs());
+}
+
 void Carrier::addIdle(uint64_t since) noexcept {
     const uint64_t now = nowNs();
     if (now > since) {

@@ -187,7 +187,9 @@ int32_t waitMultishot(FiberFuture* future, MultishotCompletion* completion, Dead
         }
         for (;;) {
             const int32_t r = FiberFuture::waitWithTimeout(future, left);
-            if (r != -ETIMEDOUT || deadline.isSet()) { return r; }
+            // -ETIMEDOUT with the future set is the operation's (TCP_USER_TIMEOUT, keep-alive), not the
+            // stand-in year running out: return it rather than wait again on a future already set.
+            if (r != -ETIMEDOUT || deadline.isSet() || future->isSet()) { return r; }
         }
     }
     // The cancel point is the operation: a cancel issues IORING_OP_ASYNC_CANCEL for it on this ring,

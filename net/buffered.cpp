@@ -35,7 +35,9 @@ Result<size_t> BufferedReader::fill(Deadline deadline) noexcept {
     if (size() >= capacity_) { return Error{ENOBUFS}; }
     if (pool_ != nullptr) {
         Result<ProvidedBuffer> b = Error{EBADF};
-        if (multishot_) {
+        if (!held_.empty()) {
+            b = std::move(held_);  // received by a fill() that could not copy it (ENOMEM)
+        } else if (multishot_) {
             if (!receiver_) { receiver_.emplace(*pool_, stream_.fd()); }
             b = receiver_->next(deadline);
         } else {
@@ -52,7 +54,10 @@ Result<size_t> BufferedReader::fill(Deadline deadline) noexcept {
             return n;
         }
         // A message split across receives: continue in a buffer of our own, behind what is there.
-        if (!ensureOwn(size() + n)) { return Error{ENOMEM}; }
+        if (!ensureOwn(size() + n)) {
+            held_ = std::move(*b);  // the next fill() appends it: no byte is lost to the failure
+            return Error{ENOMEM};
+        }
         compactOwn();
         std::memcpy(end_, b->data(), n);
         end_ += n;
@@ -118,14 +123,17 @@ Result<void> BufferedReader::readExact(void* dst, size_t len, Deadline deadline)
     return {};
 }
 
-size_t BufferedReader::memoryHeld() const noexcept { return (own_ ? ownCap_ : 0) + lease_.capacity(); }
+size_t BufferedReader::memoryHeld() const noexcept {
+    return (own_ ? ownCap_ : 0) + lease_.capacity() + held_.capacity();
+}
 
 // ---- BufferedWriter ------------------------------------------------------------------------------
 
 BufferedWriter::BufferedWriter(TcpStream& stream, size_t capacity) noexcept
     : stream_(stream), capacity_(std::max<size_t>(capacity, 1)) {}
 
-Result<void> BufferedWriter::write(const void* data, size_t len, Deadline deadline) noexcept {
+Result<void> BufferedWriter::write(const void* data, size_t len, Deadline deadline, size_t* taken) noexcept {
+    if (taken != nullptr) { *taken = 0; }
     if (used_ + len <= capacity_) {
         if (!buf_) {
             buf_.reset(new (std::nothrow) char[capacity_]);
@@ -133,6 +141,7 @@ Result<void> BufferedWriter::write(const void* data, size_t len, Deadline deadli
         }
         std::memcpy(buf_.get() + used_, data, len);
         used_ += len;
+        if (taken != nullptr) { *taken = len; }
         return {};
     }
     // Does not fit: what is buffered and the new bytes leave in one gathered send.
@@ -140,13 +149,16 @@ Result<void> BufferedWriter::write(const void* data, size_t len, Deadline deadli
     const size_t before = used_;
     auto r = stream_.writevAll(iov, 2, deadline);
     if (!r) {
-        // Keep what of the buffered bytes did not leave; the caller's bytes are its own to retry.
+        // Keep what of the buffered bytes did not leave; of the caller's bytes, say how many left, so
+        // that a retry sends only the rest.
         const size_t sentOfBuffer = before - iov[0].iov_len;
         if (sentOfBuffer > 0 && iov[0].iov_len > 0) { std::memmove(buf_.get(), buf_.get() + sentOfBuffer, iov[0].iov_len); }
         used_ = iov[0].iov_len;
+        if (taken != nullptr) { *taken = len - iov[1].iov_len; }
         return r;
     }
     used_ = 0;
+    if (taken != nullptr) { *taken = len; }
     return {};
 }
 

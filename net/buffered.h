@@ -40,7 +40,9 @@ public:
     ~BufferedReader();
 
     /// Receives more bytes after those buffered; returns how many (0: end of stream).
-    /// Errors: ENOBUFS when capacity bytes are buffered already; the stream's errors.
+    /// Errors: ENOBUFS when capacity bytes are buffered already; ENOMEM when received bytes could not
+    /// be copied behind a split message (they are kept, and the next fill() appends them); the
+    /// stream's errors.
     [[nodiscard]] Result<size_t> fill(Deadline deadline = {}) noexcept;
     /// The bytes received and not consumed.
     [[nodiscard]] std::string_view view() const noexcept { return {begin_, static_cast<size_t>(end_ - begin_)}; }
@@ -65,6 +67,7 @@ private:
     size_t capacity_;
     bool multishot_;
     std::optional<MultishotReceiver> receiver_;  // created on the first fill() with a pool
+    ProvidedBuffer held_;  // received by a fill() that failed to copy it (ENOMEM); the next fill() takes it
     [[nodiscard]] bool ensureOwn(size_t need) noexcept;
     void compactOwn() noexcept;  // moves the unread bytes in own_ to its start
     std::unique_ptr<char[]> own_;   // the reader's own buffer, or null
@@ -81,10 +84,15 @@ public:
     BufferedWriter& operator=(const BufferedWriter&) = delete;
 
     /// Appends `len` bytes, flushing first when they do not fit; a write larger than the capacity
-    /// goes out directly after what is buffered. Errors: the stream's (what was buffered is kept).
-    [[nodiscard]] Result<void> write(const void* data, size_t len, Deadline deadline = {}) noexcept;
-    [[nodiscard]] Result<void> write(std::string_view s, Deadline deadline = {}) noexcept {
-        return write(s.data(), s.size(), deadline);
+    /// goes out directly after what is buffered. `*taken` (when given) says how many of the `len`
+    /// bytes were buffered or sent: all of them on success. Errors: ENOMEM (no buffer; nothing
+    /// taken), the stream's: the buffered bytes that did not leave stay buffered, and of the caller's
+    /// bytes the first `*taken` left, so a retry passes only the rest (retrying all of them would send
+    /// that prefix twice).
+    [[nodiscard]] Result<void> write(const void* data, size_t len, Deadline deadline = {},
+                                     size_t* taken = nullptr) noexcept;
+    [[nodiscard]] Result<void> write(std::string_view s, Deadline deadline = {}, size_t* taken = nullptr) noexcept {
+        return write(s.data(), s.size(), deadline, taken);
     }
     /// Sends everything buffered. Errors: the stream's; the unsent bytes stay buffered.
     [[nodiscard]] Result<void> flush(Deadline deadline = {}) noexcept;

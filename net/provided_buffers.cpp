@@ -336,23 +336,31 @@ void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flag
     MultishotReceiver* self = static_cast<Completion*>(c)->self;
     void (*notify)(void*) = nullptr;
     void* notifyArg = nullptr;
+    bool pause = false;
     {
         std::lock_guard<std::mutex> g(self->lock_);
         const bool waited = self->waiter_ != nullptr;  // a next() in progress takes the CQE
-        self->handleCqeLocked(res, flags);
+        pause = self->handleCqeLocked(res, flags);
         if (!waited && self->readyFn_ != nullptr) {
             notify = self->readyFn_;
             notifyArg = self->readyArg_;
         }
     }
-    // Last, and outside the lock: the callback may destroy the receiver (after the last CQE).
+    // Outside the lock: queueing the cancel's SQE may reap (a full SQ that the kernel answers with
+    // EBUSY), and a CQE of this operation would take the lock again. The operation is still armed
+    // (this CQE had F_MORE), so the receiver outlives this: stop() waits for its last CQE, which only
+    // this thread can handle.
+    if (pause && !cancelMultishot(&self->completion_)) { (void)::shutdown(self->fd_, SHUT_RD); }
+    // Last: the callback may destroy the receiver (after the last CQE).
     if (notify != nullptr) { notify(notifyArg); }
 }
 
-void MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
+bool MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
     if ((flags & IORING_CQE_F_BUFFER) != 0) {
         const Entry e{armedRing_, res, static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT)};
-        if (res > 0 && pushLocked(e)) {
+        // Once bytes were lost, later ones are dropped too: next() hands out what came before the
+        // loss, then the error, never a stream with a hole in it.
+        if (res > 0 && broken_ == 0 && pushLocked(e)) {
             delivered_ = true;
             ++stats_.buffers;
             pool_.impl_->provided.fetch_add(1, std::memory_order_relaxed);
@@ -362,10 +370,11 @@ void MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
         }
     }
     const size_t queued = count_ + (spill_ ? spill_->size() - spillHead_ : 0);
+    bool pause = false;
     if ((flags & IORING_CQE_F_MORE) != 0 && !pausing_ && (queued >= kHighWater || broken_ != 0)) {
         // The consumer lags (or lost bytes): stop receiving until it catches up; next() arms again.
         pausing_ = true;
-        if (!cancelMultishot(&completion_)) { (void)::shutdown(fd_, SHUT_RD); }
+        pause = true;
     }
     if ((flags & IORING_CQE_F_MORE) == 0) {
         armed_ = false;
@@ -374,6 +383,7 @@ void MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
     }
     if (FiberFuture* w = std::exchange(waiter_, nullptr)) { w->set(res); }
     if ((flags & IORING_CQE_F_MORE) == 0) { ended_.set(res); }  // stop() frees us after taking the lock
+    return pause;
 }
 
 bool MultishotReceiver::notifyWhenReady(void (*fn)(void*), void* arg) noexcept {

@@ -143,7 +143,11 @@ public:
     /// `fn` must not block; it may destroy the receiver once armed() is false (after the last CQE).
     /// Errors: none beyond the false return.
     [[nodiscard]] bool notifyWhenReady(void (*fn)(void* arg), void* arg) noexcept;
-    /// Ends a notifyWhenReady() registration; CQEs from now on queue for next().
+    /// Ends a notifyWhenReady() registration; CQEs from now on queue for next(). Called on the carrier
+    /// holding the operation (inside `fn`, or from a fiber pinned there), it leaves no call of `fn`
+    /// running or to come. Called from anywhere else, a call of `fn` that the carrier has already begun
+    /// for a CQE may still be running or about to run once: keep `arg` alive until that call is over,
+    /// or cancel on the holding carrier. Errors: none.
     void cancelNotify() noexcept;
     /// Whether an operation is armed (its CQEs, the last one included, may still come).
     [[nodiscard]] bool armed() const noexcept;
@@ -166,7 +170,9 @@ private:
         MultishotReceiver* self = nullptr;
     };
     static void onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept;
-    void handleCqeLocked(int32_t res, uint32_t flags) noexcept;  // the work of onCqe, under lock_
+    // The work of onCqe, under lock_; true when the operation is to be paused (cancelled), which
+    // onCqe does once it has let go of the lock.
+    [[nodiscard]] bool handleCqeLocked(int32_t res, uint32_t flags) noexcept;
     // Arming, shared by next() and notifyWhenReady(): the state of a new operation on `ring` (under
     // lock_), then its SQE; a refused SQE undoes the state (and a registration) and returns the errno.
     void beginArmLocked(detail::PbufRing* ring) noexcept;

@@ -233,6 +233,8 @@ Result<void> Ring::init(const RingOptions& options, OverflowHandler onReap, void
 
 unsigned Ring::pending() const noexcept { return io_uring_sq_ready(&ring_); }
 
+unsigned Ring::cqReady() const noexcept { return io_uring_cq_ready(&ring_); }
+
 bool Ring::overflowed() const noexcept { return IO_URING_READ_ONCE(*ring_.sq.kflags) & IORING_SQ_CQ_OVERFLOW; }
 
 bool Ring::needsEnter() const noexcept {

@@ -131,6 +131,8 @@ public:
 
     /// SQEs filled but not yet submitted.
     [[nodiscard]] unsigned pending() const noexcept;
+    /// CQEs posted and not yet reaped (one load of the CQ tail, no system call).
+    [[nodiscard]] unsigned cqReady() const noexcept;
 
     /// Submits every queued SQE and, with DEFER_TASKRUN and `getEvents`, runs deferred
     /// completions so that they become visible to reap(). One io_uring_enter at most;

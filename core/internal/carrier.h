@@ -121,10 +121,9 @@ public:
     static void onFiberStart() noexcept;
 
     /// Whether the running fiber is all there is to do here: nothing else ready to run, no message
-    /// waiting, no SQE waiting to be submitted (owner thread; see spindle::carrierOtherwiseIdle).
-    [[nodiscard]] bool otherwiseIdle() noexcept {
-        return fifoHead_ == nullptr && deque_.emptyApprox() && inbox_.empty() && ring_.pending() == 0;
-    }
+    /// waiting, no SQE to submit, no CQE or task work to reap, no timer due (owner thread; see
+    /// spindle::carrierOtherwiseIdle).
+    [[nodiscard]] bool otherwiseIdle() noexcept;
 
     // --- I/O ---
     /// An SQE whose CQE the caller awaits (counted as in flight).

@@ -117,6 +117,40 @@ TEST_F(Buffered, WriterSendsLargeWritesDirectlyAndKeepsOrder) {
     });
 }
 
+// A write that fails part-way (the peer does not read; the deadline passes) says how many of the
+// caller's bytes left, and a retry of only the rest delivers every byte exactly once.
+TEST_F(Buffered, AWriteThatFailsPartWaySaysHowMuchLeftAndARetryOfTheRestSendsNothingTwice) {
+    on(0, [&] {
+        LoopbackPair pair = connectLoopbackPair();
+        BufferedWriter w(pair.client, 16);
+        size_t taken = 99;
+        ASSERT_TRUE(w.write("HDR", 3, 5s, &taken));
+        EXPECT_EQ(taken, 3u);
+        const std::vector<char> big = testing_support::pattern(32u << 20, 9);  // far more than the socket holds
+        auto r = w.write(big.data(), big.size(), 200ms, &taken);
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.errorCode(), ETIMEDOUT);
+        EXPECT_EQ(w.pending(), 0u) << "the buffered bytes went first";
+        EXPECT_GT(taken, 0u);
+        EXPECT_LT(taken, big.size());
+        std::vector<char> got;
+        auto reader = on(1, [&] {
+            std::vector<char> buf(1 << 16);
+            for (;;) {
+                auto n = pair.server.recv(buf.data(), buf.size(), 30s);
+                if (!n || *n == 0) { break; }
+                got.insert(got.end(), buf.data(), buf.data() + *n);
+            }
+        });
+        ASSERT_TRUE(w.write(big.data() + taken, big.size() - taken, 30s));
+        ASSERT_TRUE(pair.client.shutdown(SHUT_WR));
+        reader.join();
+        ASSERT_EQ(got.size(), 3u + big.size()) << "bytes the peer received";
+        EXPECT_EQ(std::string(got.data(), 3), "HDR");
+        EXPECT_TRUE(std::equal(big.begin(), big.end(), got.begin() + 3));
+    }).join();
+}
+
 TEST_F(Buffered, PoolFallsBackToHeapBuffersWhenRegistrationIsRefused) {
     auto pool = ProvidedBufferPool::create(ProvidedBufferOptions{.count = 8, .size = 256});
     ASSERT_TRUE(pool);

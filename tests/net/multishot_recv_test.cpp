@@ -4,11 +4,18 @@
 // operation, and unpinned, where a timer carries it), stop() and re-arming, an exhausted ring, and
 // the one-receive fallback off-fiber.
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "base/inject.h"
@@ -168,6 +175,44 @@ TEST_F(MultishotRecv, UnpinnedWaiterHonoursDeadlinesAndCancellationThroughATimer
     h.cancel();
     h.join();
     on(0, [&] { pair = LoopbackPair{}; }).join();
+}
+
+// The operation's own ETIMEDOUT (TCP_USER_TIMEOUT on a zero window here; keep-alive would do the same)
+// reaches a next() with no deadline that waits through a timer (a plain thread): it is returned, not
+// taken for the stand-in timer running out and waited on again.
+TEST_F(MultishotRecv, ASocketTimeoutReachesAWaitWithNoDeadlineOffTheOperationsCarrier) {
+    auto pool = makePool(16, 256);
+    LoopbackPair pair;
+    std::optional<MultishotReceiver> rx;
+    on(0, [&] {
+        pair = connectLoopbackPair();
+        rx.emplace(*pool, pair.server.fd());
+        EXPECT_EQ(rx->next(5ms).errorCode(), ETIMEDOUT);  // arms on carrier 0; nothing came
+        int ms = 300;
+        ASSERT_EQ(::setsockopt(pair.server.fd(), IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms), 0);
+        std::vector<char> chunk(1 << 16, 'x');  // fill the client's window: it never reads
+        while (::send(pair.server.fd(), chunk.data(), chunk.size(), MSG_DONTWAIT | MSG_NOSIGNAL) > 0) {}
+    }).join();
+    std::atomic<int> result{-1};
+    std::thread t([&] {
+        auto r = rx->next();
+        result.store(r ? 0 : r.errorCode());
+    });
+    // A wait that never returns is the failure; 30 s is a hang, not a verdict on speed.
+    const auto until = std::chrono::steady_clock::now() + 30s;
+    while (result.load() == -1 && std::chrono::steady_clock::now() < until) { std::this_thread::sleep_for(10ms); }
+    if (result.load() == -1) {
+        ADD_FAILURE() << "next() with no deadline did not return the socket's ETIMEDOUT within 30 s";
+        std::fflush(nullptr);
+        std::_Exit(1);  // the thread cannot be stopped
+    }
+    t.join();
+    EXPECT_EQ(result.load(), ETIMEDOUT);
+    EXPECT_FALSE(rx->armed());
+    on(0, [&] {
+        rx.reset();
+        pair = LoopbackPair{};
+    }).join();
 }
 
 TEST_F(MultishotRecv, StopEndsTheOperationAndKeepsWhatItQueued) {

@@ -71,6 +71,43 @@ TEST_F(SendPath, AloneTheFiberSendsDirectlyWithOthersReadyTheRingBatches) {
     on(0, [&] { pair = LoopbackPair{}; }).join();
 }
 
+// A fiber that keeps sending to a fast reader succeeds on every direct send(2) and would never park;
+// a sibling whose timer came due must still run before the sends end (the direct path checks for a
+// due timer, a CQE and flagged task work, not only for ready fibers).
+TEST_F(SendPath, AFiberThatKeepsSendingDoesNotHoldBackASiblingWhoseTimerIsDue) {
+    constexpr int kSends = 20000;  // at well over a microsecond each, far longer than the sibling's sleep
+    LoopbackPair pair;
+    on(0, [&] { pair = connectLoopbackPair(); }).join();
+    auto reader = on(1, [&] {
+        std::vector<char> buf(1 << 16);
+        size_t total = 0;
+        while (total < size_t{kSends} * 8) {
+            auto n = pair.server.recv(buf.data(), buf.size(), 30s);
+            if (!n || *n == 0) { break; }
+            total += *n;
+        }
+        return total;
+    });
+    std::atomic<int> sent{0};
+    std::atomic<int> sentWhenWoken{-1};
+    on(0, [&] {
+        auto sleeper = on(0, [&] {
+            EXPECT_TRUE(this_fiber::sleep_for(2ms));
+            sentWhenWoken.store(sent.load());
+        });
+        this_fiber::yield();  // the sleeper arms its timer and parks
+        for (int i = 0; i < kSends; ++i) {
+            ASSERT_TRUE(pair.client.writeAll("12345678", 8, 10s));
+            sent.store(i + 1, std::memory_order_relaxed);
+        }
+        sleeper.join();
+    }).join();
+    EXPECT_EQ(reader.join(), size_t{kSends} * 8);
+    EXPECT_GE(sentWhenWoken.load(), 0);
+    EXPECT_LT(sentWhenWoken.load(), kSends) << "the sleeper ran only after every send";
+    on(0, [&] { pair = LoopbackPair{}; }).join();
+}
+
 TEST_F(SendPath, AFullSocketFallsBackToTheRingWhichWaitsForRoomOrTheDeadline) {
     on(0, [&] {
         LoopbackPair pair = connectLoopbackPair();
