@@ -166,6 +166,7 @@ struct ConnectionNode {
     uint64_t idleSinceNs = 0;   // coarseNowNs() when the keep-alive wait began
     FiberHandle<void> fiber;    // the connection's fiber, while it has one (the sweep cancels it to release it)
     bool releasing = false;     // the sweep asked the fiber to give itself up
+    bool releaseRefused = false; // it could not, this keep-alive wait (no multishot receive here): ask no more
     bool fiberless = false;     // waits with no fiber: its receiver's next CQE starts one
 };
 
@@ -277,13 +278,15 @@ private:
         endHere();
     }
 
-    /// Ends the connection: on its fiber, or on the carrier's thread when no fiber could be had.
-    void endHere() noexcept {
+    /// Ends the connection: on its fiber, or (`fromCallback`) from onReady() on the carrier's thread
+    /// when no fiber could be had. A callback may run on some other fiber's stack (a completion
+    /// reaped inside that fiber's submit), so it must not block: it closes with close(2), not the ring.
+    void endHere(bool fromCallback = false) noexcept {
         if (scratch_ != nullptr) { worker_.giveScratch(std::exchange(scratch_, nullptr)); }
         worker_.unlink(&node_);
-        // The receive lets go of the socket first (off-fiber it is never armed here: stop() returns).
+        // The receive lets go of the socket first (from the callback it is never armed: stop() returns).
         if (net::MultishotReceiver* rx = reader_.receiver()) { rx->stop(); }
-        if (this_fiber::inFiber()) {
+        if (!fromCallback && this_fiber::inFiber()) {
             (void)stream_.close();
         } else if (const int fd = stream_.release(); fd >= 0) {
             ::close(fd);  // on the carrier's thread, between fibers: not through the ring
@@ -315,7 +318,7 @@ private:
         }
         w.fiberless.store(w.fiberless.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
         c->node_.fiberless = false;
-        c->endHere();
+        c->endHere(/*fromCallback=*/true);
     }
 
     /// Leases the scratch block (idempotent); false when none could be allocated.
@@ -385,6 +388,7 @@ private:
             if (n && *n > 0) { continue; }
             if (!n && n.errorCode() == ETIMEDOUT) {
                 bump(worker_.headerTimeouts);
+                bump(worker_.errors);
                 sendErrorAndClose(408);
             } else if (!n && n.errorCode() == ENOBUFS) {  // the head fills the whole buffer
                 bump(worker_.errors);
@@ -407,6 +411,7 @@ private:
         // which costs one clock read per request instead of a linked timeout (an SQE and a CQE).
         node_.idle = true;
         node_.keepAliveWait = true;
+        node_.releaseRefused = false;
         node_.idleSinceNs = coarseNowNs();
         for (;;) {
             const Result<size_t> n = reader_.fill();
@@ -416,7 +421,10 @@ private:
                 (void)this_fiber::acknowledgeCancellation();
                 if (!n && n.errorCode() == ECANCELED) {
                     if (goFiberless()) { return false; }
-                    continue;  // it could not: wait on, with the fiber
+                    // It could not (a receiver without multishot receive, a carrier without a buffer
+                    // ring): wait on with the fiber, and the sweep leaves this wait alone.
+                    node_.releaseRefused = true;
+                    continue;
                 }
             }
             node_.idle = false;
@@ -621,8 +629,8 @@ void sweepIdle(Worker& w) noexcept {
                 n->idleTimedOut = true;
                 bump(w.idleTimeouts);          // counted before the client can see the end of stream
                 ::shutdown(n->fd, SHUT_RDWR);  // its pending receive returns 0
-            } else if (release && n->keepAliveWait && !n->fiberless && !n->releasing && n->fiber.joinable() &&
-                       now - n->idleSinceNs >= releaseNs) {
+            } else if (release && n->keepAliveWait && !n->fiberless && !n->releasing && !n->releaseRefused &&
+                       n->fiber.joinable() && now - n->idleSinceNs >= releaseNs) {
                 // Idle long enough to give its fiber up: the cancel ends its wait (see waitForRequest).
                 n->releasing = true;
                 n->fiber.cancel();

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "apps/httpd/server.h"
+#include "base/inject.h"
 #include "tests/core/with_runtime.h"
 
 namespace spindle::httpd {
@@ -419,6 +420,8 @@ TEST_F(HttpServer, SilentConnectionIsCutOffByTheHeaderTimeout) {
     ASSERT_TRUE(r);
     EXPECT_EQ(r->status(), 408);
     EXPECT_TRUE(c.closedByPeer());
+    EXPECT_EQ(server_->stats().headerTimeouts, 1u);
+    EXPECT_EQ(server_->stats().errors, 1u) << "a 408 is a 4xx response from a timeout";
 }
 
 TEST_F(HttpServer, IdleKeepAliveConnectionIsClosed) {
@@ -536,6 +539,53 @@ TEST_F(HttpServer, IdleConnectionsGiveTheirFibersUpAndAreServedAgain) {
     // A client that leaves while its connection has no fiber: the end of stream starts one, which ends it.
     clients[1].reset();
     EXPECT_TRUE(eventually([&] { return server_->stats().active == kClients - 1; }));
+}
+
+// No fiber for the wake-up of a fiberless connection (stacks cannot be mapped): the connection is
+// ended from the receiver's callback, on the carrier's thread, and counted out.
+TEST_F(HttpServer, AFiberlessConnectionThatCannotGetAFiberBackIsEndedAndCountedOut) {
+    ServerOptions o = defaults();
+    o.idleFiberRelease = 10ms;
+    o.connectionStackSize = 48 * 1024;  // not the stack pool's size: every spawn maps a stack
+    startServer(o);
+    Client c(port_);
+    ASSERT_TRUE(c.send(get("/hello")));
+    ASSERT_TRUE(c.next());
+    ASSERT_TRUE(eventually([&] { return server_->stats().fiberless == 1; }));
+    {
+        inject::ArmedFault f(inject::Point::kStackMap, ENOMEM, 1000);
+        ASSERT_TRUE(c.send(get("/hello")));
+        EXPECT_TRUE(c.closedByPeer());
+        EXPECT_TRUE(eventually([&] { return server_->stats().active == 0; }));
+    }
+    EXPECT_EQ(server_->stats().fiberless, 0u);
+}
+
+// Where a connection cannot give its fiber up (here: no multishot receive, as on a kernel before 6.0),
+// the sweep asks once per keep-alive wait, not on every pass: its receive is not cancelled and posted
+// again every few milliseconds for nothing.
+TEST_F(HttpServer, TheSweepAsksAConnectionThatCannotGoFiberlessOncePerWait) {
+    inject::ArmedFault f(inject::Point::kMultishotRecv, EINVAL, 1000000);
+    ServerOptions o = defaults();
+    o.idleFiberRelease = 10ms;  // swept every 5 ms
+    startServer(o);
+    Client c(port_);
+    ASSERT_TRUE(c.send(get("/hello")));
+    ASSERT_TRUE(c.next());
+    auto cancels = [&] {
+        uint64_t n = 0;
+        for (const auto& cs : rt().stats()) { n += cs.waitsCancelled; }
+        return n;
+    };
+    std::this_thread::sleep_for(50ms);
+    const uint64_t before = cancels();
+    std::this_thread::sleep_for(300ms);  // some 60 sweeps
+    EXPECT_LT(cancels() - before, 3u) << "the idle connection's receive was cancelled on sweep after sweep";
+    EXPECT_EQ(server_->stats().fiberReleases, 0u);
+    ASSERT_TRUE(c.send(get("/hello")));  // still served, with its fiber
+    auto r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200);
 }
 
 TEST_F(HttpServer, AFiberlessConnectionStillMeetsTheIdleTimeout) {
