@@ -7,11 +7,15 @@
 # Prints per N and server: requests/s median [min..max], server CPU µs per request (utime + stime
 # from /proc/PID/stat over the run, divided by the requests wrk counted), p99 latency (median of the
 # runs), and the ratios spindle/nginx.
+# --floor: also runs scripts/bench/raw_http.c in both its modes (raw-epoll, raw-uring) in the same
+# rotation: loops that answer the same bytes and do nothing else, so what they cost per request is
+# what the kernel charges any server here (the floor), and the extra ratio lines say how far nginx
+# and spindle-httpd are above it.
 # --rss: instead, opens --rss-connections keep-alive connections to each server (one request on
 # each, then idle) and prints the server's VmRSS before and after, and the growth per connection.
 #
 # usage: scripts/bench/http.sh [--connections "10 100 1000 10000"] [--duration D] [--warmup W]
-#                              [--repetitions R] [--server-cpu C] [--client-cpu C]
+#                              [--repetitions R] [--server-cpu C] [--client-cpu C] [--floor]
 #                              [--rss [--rss-connections N]]
 #   --connections L   connection counts to sweep (default "10 100 1000 10000")
 #   --duration D      seconds per measured run (default 10)
@@ -19,6 +23,7 @@
 #   --repetitions R   measured runs per server and N, alternating (default 3)
 #   --server-cpu C    CPU both servers are pinned to (default 0)
 #   --client-cpu C    CPU wrk is pinned to (default 1)
+#   --floor           add the raw loops of scripts/bench/raw_http.c (needs cc and liburing-dev)
 #   --rss             memory mode (see above)
 #   --rss-connections N  connections in memory mode (default 10000)
 set -euo pipefail
@@ -33,6 +38,7 @@ server_cpu=0
 client_cpu=1
 rss=0
 rss_conns=10000
+floor=0
 while (($# > 0)); do
   case "$1" in
     --connections) conns="$2"; shift ;;
@@ -42,8 +48,9 @@ while (($# > 0)); do
     --server-cpu) server_cpu="$2"; shift ;;
     --client-cpu) client_cpu="$2"; shift ;;
     --rss) rss=1 ;;
+    --floor) floor=1 ;;
     --rss-connections) rss_conns="$2"; shift ;;
-    -h|--help) sed -n '2,23p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "http.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -51,6 +58,8 @@ done
 
 spindle_port=18080
 nginx_port=18081
+raw_epoll_port=18082
+raw_uring_port=18083
 
 # wrk and nginx-light, installed the way scripts/lib/deps.sh installs build dependencies.
 install_bench_tools() {
@@ -82,6 +91,12 @@ install_bench_tools
 build_httpd
 httpd="$SPINDLE_REPO_ROOT/build/release/apps/spindle-httpd"
 [[ -x "$httpd" ]] || { echo "http.sh: $httpd was not built" >&2; exit 1; }
+raw_http="$SPINDLE_REPO_ROOT/build/bench-http/raw_http"
+if ((floor)); then
+  mkdir -p "$(dirname "$raw_http")"
+  cc -O2 -o "$raw_http" "$SPINDLE_REPO_ROOT/scripts/bench/raw_http.c" -luring ||
+    { echo "http.sh: cannot build scripts/bench/raw_http.c" >&2; exit 1; }
+fi
 
 # 10,000 connections need as many descriptors in wrk and in each server.
 hard=$(ulimit -Hn)
@@ -138,7 +153,7 @@ wait_port() {
 
 # A server left over from another run would share the port (spindle-httpd listens with SO_REUSEPORT)
 # and take part of the load, out of sight of the CPU figures: refuse to measure then.
-for p in "$spindle_port" "$nginx_port"; do
+for p in "$spindle_port" "$nginx_port" "$raw_epoll_port" "$raw_uring_port"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     echo "http.sh: something already listens on port $p; stop it first" >&2
     exit 1
@@ -152,6 +167,19 @@ nginx_pid=$!
 pids+=("$nginx_pid")
 wait_port "$spindle_port"
 wait_port "$nginx_port"
+# The servers of the rotation: name, pid, port.
+servers=(spindle nginx)
+declare -A pid_of=([spindle]=$spindle_pid [nginx]=$nginx_pid) port_of=([spindle]=$spindle_port [nginx]=$nginx_port)
+if ((floor)); then
+  for mode in epoll uring; do
+    if [[ $mode == epoll ]]; then port=$raw_epoll_port; else port=$raw_uring_port; fi
+    taskset -c "$server_cpu" "$raw_http" --mode "$mode" --address 127.0.0.1 --port "$port" 2>"$tmp/raw-$mode.log" &
+    pids+=("$!")
+    servers+=("raw-$mode")
+    pid_of[raw-$mode]=$! port_of[raw-$mode]=$port
+    wait_port "$port"
+  done
+fi
 
 # CPU ticks (utime + stime, all threads) of a process.
 cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
@@ -209,22 +237,24 @@ run_wrk() {
 # stats V...: "median min max" of the values.
 stats() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%s %s %s\n", v[int((NR + 1) / 2)], v[1], v[NR] }'; }
 
-printf '%-6s %-8s %28s %10s %10s %7s\n' N server "req/s median [min..max]" "cpu us/req" "p99 us" errors
+printf '%-6s %-9s %28s %10s %10s %7s\n' N server "req/s median [min..max]" "cpu us/req" "p99 us" errors
 for n in $conns; do
-  run_wrk "$spindle_pid" "$spindle_port" "$n" "$warmup" >/dev/null
-  run_wrk "$nginx_pid" "$nginx_port" "$n" "$warmup" >/dev/null
+  for server in "${servers[@]}"; do run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$warmup" >/dev/null; done
   declare -A rps=() cpu=() p99=() errs=()
   for ((r = 1; r <= reps; r++)); do
-    order=(spindle nginx)
-    ((r % 2 == 0)) && order=(nginx spindle)
+    # Alternate: forward on odd runs, backward on even ones, so no server always follows the same one.
+    order=("${servers[@]}")
+    if ((r % 2 == 0)); then
+      order=()
+      for ((i = ${#servers[@]} - 1; i >= 0; i--)); do order+=("${servers[i]}"); done
+    fi
     for server in "${order[@]}"; do
-      if [[ $server == spindle ]]; then pid=$spindle_pid port=$spindle_port; else pid=$nginx_pid port=$nginx_port; fi
-      read -r a b c _ e < <(run_wrk "$pid" "$port" "$n" "$duration")
+      read -r a b c _ e < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration")
       rps[$server]+="$a " cpu[$server]+="$b " p99[$server]+="$c " errs[$server]=$((${errs[$server]:-0} + e))
     done
   done
   declare -A med=() medcpu=()
-  for server in spindle nginx; do
+  for server in "${servers[@]}"; do
     # shellcheck disable=SC2086  # the lists are space-separated numbers
     read -r m lo hi < <(stats ${rps[$server]})
     # shellcheck disable=SC2086
@@ -232,9 +262,14 @@ for n in $conns; do
     # shellcheck disable=SC2086
     read -r pm _ _ < <(stats ${p99[$server]})
     med[$server]=$m medcpu[$server]=$cm
-    printf '%-6s %-8s %12.0f [%.0f..%.0f] %10.2f %10.0f %7d\n' "$n" "$server" "$m" "$lo" "$hi" "$cm" "$pm" "${errs[$server]}"
+    printf '%-6s %-9s %12.0f [%.0f..%.0f] %10.2f %10.0f %7d\n' "$n" "$server" "$m" "$lo" "$hi" "$cm" "$pm" "${errs[$server]}"
   done
   printf '%-6s ratio spindle/nginx: req/s %s, cpu/req %s\n' "$n" \
     "$(ratio "${med[spindle]}" "${med[nginx]}")" "$(ratio "${medcpu[spindle]}" "${medcpu[nginx]}")"
+  if ((floor)); then
+    printf '%-6s floor: raw-uring/nginx cpu/req %s, raw-epoll/nginx %s; spindle/raw-uring %s, nginx/raw-epoll %s\n' "$n" \
+      "$(ratio "${medcpu[raw-uring]}" "${medcpu[nginx]}")" "$(ratio "${medcpu[raw-epoll]}" "${medcpu[nginx]}")" \
+      "$(ratio "${medcpu[spindle]}" "${medcpu[raw-uring]}")" "$(ratio "${medcpu[nginx]}" "${medcpu[raw-epoll]}")"
+  fi
   unset rps cpu p99 errs med medcpu
 done
