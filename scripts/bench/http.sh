@@ -50,7 +50,7 @@ while (($# > 0)); do
     --rss) rss=1 ;;
     --floor) floor=1 ;;
     --rss-connections) rss_conns="$2"; shift ;;
-    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "http.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
