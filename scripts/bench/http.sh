@@ -92,6 +92,7 @@ build_httpd
 httpd="$SPINDLE_REPO_ROOT/build/release/apps/spindle-httpd"
 [[ -x "$httpd" ]] || { echo "http.sh: $httpd was not built" >&2; exit 1; }
 raw_http="$SPINDLE_REPO_ROOT/build/bench-http/raw_http"
+((rss)) && floor=0  # memory mode measures spindle-httpd and nginx only
 if ((floor)); then
   mkdir -p "$(dirname "$raw_http")"
   cc -O2 -o "$raw_http" "$SPINDLE_REPO_ROOT/scripts/bench/raw_http.c" -luring ||

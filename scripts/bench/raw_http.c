@@ -263,9 +263,8 @@ static void run_uring(int lfd) {
                 } else if (!(cqe->flags & IORING_CQE_F_MORE)) {
                     arm_recv(fd);  /* the ring ran dry, or the kernel ended the multishot */
                 }
-            } else if (kind == kTagSend) {
-                /* only failures post a CQE: the peer went away; its receive ends the connection */
             }
+            /* kTagSend: only a failed send posts a CQE (the peer went away); its receive ends the connection. */
         }
         if (returned > 0) io_uring_buf_ring_advance(buffers, (int)returned);
         io_uring_cq_advance(&ring, seen);
