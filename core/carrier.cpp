@@ -2,7 +2,6 @@
 
 #include <pthread.h>
 #include <signal.h>
-#include <sys/eventfd.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -12,8 +11,10 @@
 #include <mutex>
 
 #include "base/log.h"
+#include "base/relax.h"
+#include "core/driver/epoll_driver.h"
+#include "core/driver/uring_driver.h"
 #include "core/internal/context.h"
-#include "core/internal/io_submit.h"
 #include "core/internal/runtime_impl.h"
 #include "core/internal/sanitizer.h"
 
@@ -114,7 +115,6 @@ __attribute__((noinline)) Carrier* Carrier::current() noexcept {
 
 Carrier::Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept
     : deque_(8), pool_(config.stackSize), runtime_(runtime), stoppingFlag_(&runtime->stoppingFlag()), config_(config) {
-    eventCompletion_.fn = nullptr;
     // Distinct, non-zero xorshift seeds per carrier (splitmix64 of the index).
     uint64_t z = (uint64_t{config.index} + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -132,13 +132,9 @@ Carrier::~Carrier() {
     fixedBuffers_.destroy();
     fixedFiles_.destroy();
     // Closed only now, with every carrier thread joined: until then another
-    // thread may still be waking this one through its eventfd or ring fd, and
+    // thread may still be waking this one through its driver's descriptors, and
     // a descriptor closed earlier could be reused under its feet.
-    ring_.close();
-    if (eventFd_ >= 0) {
-        ::close(eventFd_);
-        eventFd_ = -1;
-    }
+    if (driver_) { driver_->close(); }
 }
 
 Result<void> Carrier::start() noexcept {
@@ -213,34 +209,21 @@ Result<void> Carrier::setUp() noexcept {
     }
     tsanSched_ = san::tsanCurrent();
 
-    if (auto r = ring_.init(config_.ring, &Carrier::onOverflowReap, this); !r) {
-        log::error("carrier {}: io_uring set-up failed: {}", config_.index, r.error().message());
-        return r;
+    if (config_.backend == Backend::kEpoll) {
+        driver_ = std::make_unique<EpollDriver>(runtime_);
+    } else {
+        driver_ = std::make_unique<UringDriver>(config_.ring);
     }
-    log::info("carrier {}: PU {} ring {}", config_.index, boundPu_, ring_.features().describe());
-
-    eventFd_ = ::eventfd(0, EFD_CLOEXEC);
-    if (eventFd_ < 0) {
-        int err = errno;
-        log::error("carrier {}: eventfd failed: {}", config_.index, std::strerror(err));
-        return Error{err};
-    }
-    eventCompletion_.fn = [](Completion* self, int32_t, uint32_t) {
-        Carrier* c = Carrier::current();
-        (void)self;
-        c->eventFdArmed_ = false;
-        if (!c->exiting_) { c->armEventFd(); }
-    };
-    armEventFd();
-    ring_.submit(false);
+    if (auto r = driver_->init(this); !r) { return r; }
+    log::info("carrier {}: PU {} {}", config_.index, boundPu_, driver_->describe());
 
     // Registered resources last: their set-up only logs when the kernel refuses a registration.
-    if (auto r = fixedBuffers_.setUp(ring_, config_.index, config_.fixedBufferCount, config_.fixedBufferSize,
+    if (auto r = fixedBuffers_.setUp(driver_->ring(), config_.index, config_.fixedBufferCount, config_.fixedBufferSize,
                                      runtime_->topology(), boundPu_);
         !r) {
         return r;
     }
-    if (auto r = fixedFiles_.setUp(this, ring_, config_.fixedFileSlots); !r) { return r; }
+    if (auto r = fixedFiles_.setUp(this, driver_->ring(), config_.fixedFileSlots); !r) { return r; }
     return {};
 }
 
@@ -269,7 +252,7 @@ void Carrier::setUpNodeMemory() noexcept {
 void Carrier::tearDown() noexcept {
     // On this thread, with the ring still open and nothing in flight (the loop has drained it); the
     // memory itself is freed by ~Carrier once every carrier thread is gone.
-    if (ring_.initialized()) {
+    if (driver_ && driver_->ring() != nullptr && driver_->ring()->initialized()) {
         fixedBuffers_.unregister();
         fixedFiles_.unregister();
     }
@@ -280,13 +263,6 @@ void Carrier::tearDown() noexcept {
         ::munmap(altStack_, kAltStackSize);
         altStack_ = nullptr;
     }
-}
-
-void Carrier::armEventFd() noexcept {
-    io_uring_sqe* sqe = acquireUntrackedSqe();
-    io_uring_prep_read(sqe, eventFd_, &eventBuf_, sizeof(eventBuf_), 0);
-    io_uring_sqe_set_data64(sqe, uring::encodeUserData(&eventCompletion_, uring::Tag::kCompletion));
-    eventFdArmed_ = true;
 }
 
 // ---- the loop ------------------------------------------------------------------
@@ -317,21 +293,7 @@ void Carrier::loop() noexcept {
         idle();
     }
     if (spinning_) { endSpin(); }
-    // Exit: take the eventfd read back so no completion can outlive the ring.
-    exiting_ = true;
-    if (eventFdArmed_) {
-        io_uring_sqe* sqe = acquireUntrackedSqe();
-        io_uring_prep_cancel64(sqe, uring::encodeUserData(&eventCompletion_, uring::Tag::kCompletion), 0);
-        io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
-    }
-    while (eventFdArmed_ || inflight_ > 0) {
-        int r = ring_.submitAndWait(nullptr);
-        if (r < 0 && r != -EINTR && r != -ETIME) {
-            log::error("carrier {}: io_uring wait failed at exit: {}", config_.index, std::strerror(-r));
-            break;
-        }
-        ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
-    }
+    driver_->drainForExit();
 }
 
 Fiber* Carrier::nextLocal() noexcept {
@@ -509,16 +471,20 @@ void Carrier::maintenance(bool beforePark) noexcept {
     if (!shutdownSeen_ && stopping()) { beginShutdown(); }
     inMaintenance_ = true;
     drainInbox();
-    if (beforePark && config_.pollMode == PollMode::kBlock && ring_.features().deferTaskrun && ring_.pending() == 0 &&
-        !ring_.needsEnter() && fifoHead_ == nullptr && deque_.emptyApprox()) {
+    if (beforePark && config_.pollMode == PollMode::kBlock && pollers_ == nullptr && driver_->parkCollects() &&
+        fifoHead_ == nullptr && deque_.emptyApprox()) {
         // Nothing to submit and nothing to run: unless a steal finds work, park() is next, and its
         // io_uring_enter runs the deferred task work and returns at once if that completes anything.
         // Entering here as well would be one system call per idle transition that finds nothing new.
         reapOwed_ = true;
     } else {
-        pollRing(true);
+        driver_->poll(true);
     }
     if (!timers_.empty()) { expireTimers(); }
+    if (pollers_ != nullptr) {
+        bool mayPark = true;
+        (void)runPollers(&mayPark);
+    }
     inMaintenance_ = false;
     pool_.reclaimRemote();
     if (runtime_->parkedCount_.load(std::memory_order_relaxed) > 0 ||
@@ -567,7 +533,7 @@ void Carrier::drainInbox() noexcept {
                 static_cast<FixedFileTable*>(m->target)->onRemoveMessage(m);
                 break;
             case Message::Kind::kCancelOp:
-                cancelOpHere(reinterpret_cast<uint64_t>(m->target));
+                cancelOpHere(static_cast<op::IoRequest*>(m->target));
                 delete m;
                 break;
         }
@@ -592,22 +558,14 @@ void Carrier::handleCancelWait(Fiber* fiber) noexcept {
     releaseFiber(fiber);
 }
 
-void Carrier::cancelOpHere(uint64_t userData) noexcept {
-    io_uring_sqe* sqe = acquireUntrackedSqe();
-    io_uring_prep_cancel64(sqe, userData, 0);
-    io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
-}
-
 void Carrier::cancelWaitHere(Fiber* fiber) noexcept {
     // waitOn_ names this carrier, and only this thread clears it: the wait is still on.
     const CancelPoint point = fiber->waitPoint_;
     switch (point.kind) {
         case CancelPoint::Kind::kIo: {
-            // Queued behind the operation's own SQE, so the kernel sees the operation first. The
-            // operation completes with -ECANCELED (or its result, had it finished); its CQE ends the wait.
-            io_uring_sqe* sqe = acquireUntrackedSqe();
-            io_uring_prep_cancel64(sqe, reinterpret_cast<uint64_t>(point.what), 0);  // the call's whole user_data
-            io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
+            // Queued behind the operation itself, so the kernel sees the operation first. The operation
+            // completes with -ECANCELED (or its result, had it finished); its completion ends the wait.
+            driver_->cancel(static_cast<op::IoRequest*>(point.what));
             break;
         }
         case CancelPoint::Kind::kTimer: {
@@ -625,62 +583,6 @@ void Carrier::cancelWaitHere(Fiber* fiber) noexcept {
 void Carrier::fireTimer(TimerEntry* entry, int32_t res) noexcept {
     if (entry->waiter != nullptr) { entry->waiter->waitOn_.store(nullptr, std::memory_order_relaxed); }
     entry->fired->set(res);
-}
-
-void Carrier::pollRing(bool getEvents) noexcept {
-    if (ring_.pending() == 0 && inflight_ == 0 && !ring_.needsEnter()) {
-        // Nothing of ours in flight; only the eventfd read, whose CQE a wait would show.
-        if (!ring_.features().deferTaskrun) {
-            ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
-        }
-        return;
-    }
-    int r = ring_.submit(getEvents && inflight_ > 0);
-    if (r < 0) { log::warn("carrier {}: io_uring submit failed: {}", config_.index, std::strerror(-r)); }
-    ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
-}
-
-void Carrier::onOverflowReap(void* self, const io_uring_cqe* cqe) { static_cast<Carrier*>(self)->dispatch(cqe); }
-
-void Carrier::dispatch(const io_uring_cqe* cqe) noexcept {
-    const uint64_t ud = cqe->user_data;
-    switch (uring::tagOf(ud)) {
-        case uring::Tag::kFuture:
-            SPINDLE_ASSERT(inflight_ > 0);
-            --inflight_;
-            uring::pointerOf<FiberFuture>(ud)->set(cqe->res);
-            break;
-        case uring::Tag::kLocalFuture:
-            SPINDLE_ASSERT(inflight_ > 0);
-            --inflight_;
-            uring::pointerOf<FiberFuture>(ud)->setLocal(cqe->res);
-            break;
-        case uring::Tag::kLocalFutureFlags: {
-            SPINDLE_ASSERT(inflight_ > 0);
-            --inflight_;
-            auto* slot = uring::pointerOf<FlaggedFuture>(ud);
-            slot->flags = cqe->flags;
-            slot->future.setLocal(cqe->res);
-            break;
-        }
-        case uring::Tag::kMultishot: {
-            if ((cqe->flags & IORING_CQE_F_MORE) == 0) {
-                SPINDLE_ASSERT(inflight_ > 0);
-                --inflight_;
-            }
-            auto* m = uring::pointerOf<MultishotCompletion>(ud);
-            m->fn(m, cqe->res, cqe->flags);
-            break;
-        }
-        case uring::Tag::kCompletion: {
-            auto* c = uring::pointerOf<Completion>(ud);
-            c->fn(c, cqe->res, cqe->flags);
-            break;
-        }
-        case uring::Tag::kWake:
-        case uring::Tag::kIgnore:
-            break;
-    }
 }
 
 void Carrier::expireTimers() noexcept {
@@ -719,22 +621,12 @@ void Carrier::cancelTimer(TimerEntry* entry) noexcept {
 void Carrier::beginShutdown() noexcept {
     shutdownSeen_ = true;
     // Every blocking call made from now on fails at once; cancel what is in flight.
-    if (inflight_ > 0) {
-        if (ring_.features().cancelAny) {
-            io_uring_sqe* sqe = acquireUntrackedSqe();
-            io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
-            io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
-        } else {
-            log::warn("carrier {}: this kernel cannot cancel all I/O at once (IORING_ASYNC_CANCEL_ANY, 5.19); "
-                      "shutdown waits for {} operations to finish", config_.index, inflight_);
-        }
-    }
     while (HeapNode* n = timers_.pop()) { fireTimer(static_cast<TimerEntry*>(n), -ECANCELED); }
-    (void)ring_.submit(false);
+    driver_->cancelAll();
 }
 
 bool Carrier::readyToExit() const noexcept {
-    return shutdownSeen_ && inflight_ == 0 && runtime_->live() == 0 && inbox_.empty();
+    return shutdownSeen_ && driver_->inflight() == 0 && runtime_->live() == 0 && inbox_.empty();
 }
 
 // ---- stealing, parking, waking ------------------------------------------------------
@@ -832,8 +724,8 @@ bool Carrier::canStealAny() const noexcept {
 bool Carrier::otherwiseIdle() noexcept {
     // Nothing ready to run, nothing queued to submit, no completion or task work waiting for the loop
     // (a fiber it would resume), and no timer due.
-    return fifoHead_ == nullptr && deque_.emptyApprox() && inbox_.empty() && ring_.pending() == 0 &&
-           ring_.cqReady() == 0 && !ring_.needsEnter() && (timers_.empty() || timers_.nextDeadline() > nowNs());
+    return fifoHead_ == nullptr && deque_.emptyApprox() && inbox_.empty() && !driver_->hasWork() &&
+           (timers_.empty() || timers_.nextDeadline() > nowNs());
 }
 
 void Carrier::addIdle(uint64_t since) noexcept {
@@ -847,7 +739,9 @@ void Carrier::addIdle(uint64_t since) noexcept {
 // A spinning carrier is never parked_, so nobody sends it a wake-up: it finds
 // new work in its inbox, its CQ or another carrier's deque on its next pass.
 void Carrier::idle() noexcept {
-    if (config_.pollMode == PollMode::kBlock) {
+    bool mayPark = true;
+    if (pollers_ != nullptr && runPollers(&mayPark)) { return; }  // found work: back to the loop
+    if (config_.pollMode == PollMode::kBlock && mayPark) {
         park();
         return;
     }
@@ -856,16 +750,12 @@ void Carrier::idle() noexcept {
         runtime_->spinningCount_.fetch_add(1, std::memory_order_relaxed);
         stats_.idleSpins.store(stats_.idleSpins.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         spinSince_ = nowNs();  // kHybrid's spin budget, and the idle time counted by endSpin()
-    } else if (config_.pollMode == PollMode::kHybrid && nowNs() - spinSince_ >= config_.spinNs) {
+    } else if (config_.pollMode != PollMode::kSpin && mayPark && nowNs() - spinSince_ >= config_.spinNs) {
         endSpin();
         park();
         return;
     }
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield" ::: "memory");
-#endif
+    cpuRelax();
 }
 
 void Carrier::endSpin() noexcept {
@@ -878,7 +768,7 @@ void Carrier::settleReap() noexcept {
     if (!reapOwed_) { return; }
     reapOwed_ = false;
     inMaintenance_ = true;
-    pollRing(true);
+    driver_->poll(true);
     inMaintenance_ = false;
 }
 
@@ -890,36 +780,30 @@ void Carrier::park() noexcept {
     // stores, then loads, with seq_cst; one of the two sees the other).
     const bool work = !inbox_.empty() || canStealAny() || (!shutdownSeen_ && stopping()) ||
                       readyToExit();
-    bool entered = false;
+    int64_t timeout = 0;  // 0: do not block
     if (!work) {
-        __kernel_timespec ts{};
-        __kernel_timespec* timeout = nullptr;
-        if (!timers_.empty()) {
+        uint64_t next = driver_->nextDeadline();
+        if (!timers_.empty()) { next = std::min(next, timers_.nextDeadline()); }
+        if (next == UINT64_MAX) {
+            timeout = -1;
+        } else {
             const uint64_t now = nowNs();
-            const uint64_t next = timers_.nextDeadline();
-            const uint64_t delta = next > now ? next - now : 0;
-            ts.tv_sec = static_cast<int64_t>(delta / 1000000000u);
-            ts.tv_nsec = static_cast<long long>(delta % 1000000000u);
-            timeout = &ts;
+            timeout = next > now ? static_cast<int64_t>(next - now) : 0;
         }
-        if (timeout == nullptr || ts.tv_sec != 0 || ts.tv_nsec != 0) {
-            entered = true;
-            stats_.parks.store(stats_.parks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-            const uint64_t parkedAt = nowNs();
-            int r = ring_.submitAndWait(timeout);
-            addIdle(parkedAt);
-            if (r < 0 && r != -ETIME && r != -EINTR) {
-                log::warn("carrier {}: io_uring wait failed: {}", config_.index, std::strerror(-r));
-            }
-        }
+    }
+    if (timeout != 0) {
+        stats_.parks.store(stats_.parks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        const uint64_t parkedAt = nowNs();
+        driver_->wait(timeout);
+        addIdle(parkedAt);
     }
     parked_.store(false, std::memory_order_seq_cst);
     runtime_->parkedCount_.fetch_sub(1, std::memory_order_relaxed);
     inMaintenance_ = true;
-    if (owed && !entered) {
-        pollRing(true);  // the enter maintenance left to us
+    if (owed && timeout == 0) {
+        driver_->poll(true);  // the collecting enter maintenance left to the park
     } else {
-        ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+        driver_->reap();
     }
     inMaintenance_ = false;
 }
@@ -932,26 +816,64 @@ void Carrier::post(Message* message) noexcept {
 void Carrier::wake() noexcept {
     if (!claimWake()) { return; }
     Carrier* self = current();
-    if (self != nullptr && self != this && self->ring_.initialized() && self->ring_.features().msgRing &&
-        !self->exiting_) {
-        // Carrier to carrier: a message CQE on the target's ring, sent from our own
-        // ring (SINGLE_ISSUER: only the owner submits to a ring).
-        io_uring_sqe* sqe = self->acquireUntrackedSqe();
-        io_uring_prep_msg_ring(sqe, ring_.fd(), 0, uring::encodeUserData(nullptr, uring::Tag::kWake), 0);
-        sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;
-        io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
-        (void)self->ring_.submit(false);
-        self->stats_.wakesSent.store(self->stats_.wakesSent.load(std::memory_order_relaxed) + 1,
-                                     std::memory_order_relaxed);
-        return;
+    driver_->wakeFrom(self);
+    if (self != nullptr && self != this) { Stats::bump(self->stats_.wakesSent); }
+}
+
+bool Carrier::runPollers(bool* mayPark) noexcept {
+    bool found = false;
+    for (Poller* p = pollers_; p != nullptr;) {
+        Poller* next = p->next;  // poll() may remove p
+        if (p->poll(p)) { found = true; }
+        p = next;
     }
-    // A plain thread: the eventfd whose read is always armed on the target's ring.
-    const uint64_t one = 1;
-    ssize_t w;
-    do {
-        w = ::write(eventFd_, &one, sizeof(one));
-    } while (w < 0 && errno == EINTR);
-    SPINDLE_CHECK_MSG(w == sizeof(one), "eventfd write to wake a carrier failed");
+    if (!found) {
+        for (Poller* p = pollers_; p != nullptr; p = p->next) {
+            if (p->mayPark != nullptr && !p->mayPark(p)) {
+                *mayPark = false;
+                break;
+            }
+        }
+    }
+    return found;
+}
+
+void Carrier::addPoller(Poller* poller) noexcept {
+    SPINDLE_ASSERT(tlsCarrier == this);
+    poller->prev = nullptr;
+    poller->next = pollers_;
+    if (pollers_ != nullptr) { pollers_->prev = poller; }
+    pollers_ = poller;
+    poller->carrier = this;
+}
+
+void Carrier::removePoller(Poller* poller) noexcept {
+    SPINDLE_ASSERT(tlsCarrier == this && poller->carrier == this);
+    if (poller->prev != nullptr) { poller->prev->next = poller->next; } else { pollers_ = poller->next; }
+    if (poller->next != nullptr) { poller->next->prev = poller->prev; }
+    poller->next = poller->prev = nullptr;
+    poller->carrier = nullptr;
 }
 
 }  // namespace spindle::detail
+
+namespace spindle {
+
+Result<unsigned> addPoller(Poller* poller) noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (c == nullptr || c->running() == nullptr) { return Error{EPERM}; }
+    if (poller == nullptr || poller->poll == nullptr) { return Error{EINVAL}; }
+    if (poller->carrier != nullptr) { return Error{EBUSY}; }
+    c->addPoller(poller);
+    return c->index();
+}
+
+Result<void> removePoller(Poller* poller) noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (poller == nullptr || poller->carrier == nullptr) { return Error{EINVAL}; }
+    if (c == nullptr || poller->carrier != c) { return Error{EPERM}; }
+    c->removePoller(poller);
+    return {};
+}
+
+}  // namespace spindle

@@ -47,10 +47,10 @@ std::once_flag gPlainMemoryLogged;
 
 FixedBufferPool::~FixedBufferPool() { destroy(); }
 
-Result<void> FixedBufferPool::setUp(uring::Ring& ring, unsigned carrier, unsigned count, size_t size,
+Result<void> FixedBufferPool::setUp(uring::Ring* ring, unsigned carrier, unsigned count, size_t size,
                                     const numa::Topology* topology, int boundPu) noexcept {
     SPINDLE_CHECK(memory_ == nullptr && free_ == nullptr);
-    ring_ = &ring;
+    ring_ = ring;
     carrier_ = carrier;
     if (count == 0) { return {}; }
     size_ = size;
@@ -103,7 +103,10 @@ Result<void> FixedBufferPool::setUp(uring::Ring& ring, unsigned carrier, unsigne
     }
     freeCount_ = count;
 
-    if (auto r = ring.registerBuffers(iov.get(), count); r) {
+    if (ring == nullptr) {
+        log::debug("carrier {}: {} fixed buffers of {} bytes, not registered (no io_uring ring: plain read/write)",
+                   carrier, count, size);
+    } else if (auto r = ring->registerBuffers(iov.get(), count); r) {
         registered_.store(true, std::memory_order_relaxed);
         log::debug("carrier {}: {} fixed buffers of {} bytes registered", carrier, count, size);
     } else {
@@ -181,10 +184,15 @@ unsigned FixedBufferPool::outstanding() const noexcept {
 
 // ---- FixedFileTable ----------------------------------------------------------------------------
 
-Result<void> FixedFileTable::setUp(Carrier* owner, uring::Ring& ring, unsigned slots) noexcept {
+Result<void> FixedFileTable::setUp(Carrier* owner, uring::Ring* ring, unsigned slots) noexcept {
     owner_ = owner;
-    ring_ = &ring;
+    ring_ = ring;
     if (slots == 0) { return {}; }
+    if (ring == nullptr) {
+        log::debug("carrier {}: no registered-file table (no io_uring ring): FixedFile calls use the plain fd",
+                   owner->index());
+        return {};
+    }
     slot_.reset(new (std::nothrow) Slot[slots]);
     if (slot_ == nullptr) {
         log::error("carrier {}: no memory for a registered-file table of {} slots", owner->index(), slots);
@@ -197,7 +205,7 @@ Result<void> FixedFileTable::setUp(Carrier* owner, uring::Ring& ring, unsigned s
         slot_[i].nextFree = i + 1 < slots ? static_cast<int32_t>(i + 1) : -1;
     }
     freeHead_ = 0;
-    if (auto r = ring.registerFilesSparse(slots); r) {
+    if (auto r = ring->registerFilesSparse(slots); r) {
         registered_.store(true, std::memory_order_relaxed);
         log::debug("carrier {}: registered-file table of {} slots", owner->index(), slots);
     } else {
@@ -299,29 +307,25 @@ struct FixedRwArgs {
     bool write;
 };
 
-void prepareFixedRw(io_uring_sqe* sqe, const void* p) {
-    const auto* a = static_cast<const FixedRwArgs*>(p);
-    Carrier* c = fiberCarrier();  // nullptr: `sqe` is a plain thread's private ring
+// The op for `a` on the calling fiber's carrier (nothing switches between this and the driver's
+// start() in submitAndWait, so the carrier that decides is the one that submits).
+op::Op fixedOp(const FixedRwArgs* a) noexcept {
+    Carrier* c = fiberCarrier();  // nullptr: a plain thread, which runs the plain form
     const bool fixedFile = c != nullptr && a->slot >= 0 && &c->fixedFiles() == a->table;
     const bool fixedBuf = c != nullptr && a->pool != nullptr && &c->fixedBuffers() == a->pool && a->pool->registered();
-    const int fd = fixedFile ? a->slot : a->fd;
+    op::Op o = a->write ? op::write(fixedFile ? a->slot : a->fd, a->addr, a->len, a->offset)
+                        : op::read(fixedFile ? a->slot : a->fd, a->addr, a->len, a->offset);
+    if (fixedFile) { o.flags |= op::kFixedFile; }
     if (fixedBuf) {
-        if (a->write) {
-            io_uring_prep_write_fixed(sqe, fd, a->addr, a->len, a->offset, static_cast<int>(a->bufIndex));
-        } else {
-            io_uring_prep_read_fixed(sqe, fd, a->addr, a->len, a->offset, static_cast<int>(a->bufIndex));
-        }
-    } else if (a->write) {
-        io_uring_prep_write(sqe, fd, a->addr, a->len, a->offset);
-    } else {
-        io_uring_prep_read(sqe, fd, a->addr, a->len, a->offset);
+        o.flags |= op::kFixedBuffer;
+        o.bufIndex = static_cast<uint16_t>(a->bufIndex);
     }
-    if (fixedFile) { sqe->flags |= IOSQE_FIXED_FILE; }
     if (c != nullptr) {
         Carrier::Stats& s = c->ownStats();
         if (a->pool != nullptr) { Carrier::Stats::bump(fixedBuf ? s.fixedIo : s.fixedFallbackIo); }
         if (a->table != nullptr) { Carrier::Stats::bump(fixedFile ? s.fixedFileIo : s.fixedFileFallbackIo); }
     }
+    return o;
 }
 
 Result<size_t> sizeFromRes(int32_t res) noexcept {
@@ -330,7 +334,7 @@ Result<size_t> sizeFromRes(int32_t res) noexcept {
 }
 
 Result<size_t> fixedRw(FixedRwArgs& a, Deadline deadline) noexcept {
-    return sizeFromRes(submitAndWait(&prepareFixedRw, &a, deadline));
+    return sizeFromRes(submitAndWait(fixedOp(&a), deadline));
 }
 
 // Fills the buffer half of `a`; false when [bufOffset, bufOffset + len) is not inside `buf`.

@@ -12,20 +12,17 @@
 #include "core/fiber_future.h"
 #include "core/offload.h"
 #include "core/internal/carrier.h"
+#include "core/driver/backend.h"
+#include "core/driver/epoll_driver.h"
+#include "core/driver/uring_driver.h"
 #include "core/internal/io_submit.h"
+#include "core/ring_ops.h"
 #include "core/internal/runtime_impl.h"
 #include "uring/ring.h"
 
 namespace spindle {
 namespace detail {
 namespace {
-
-// A ring for plain threads that call fiber-blocking functions: one operation at
-// a time, waited for synchronously.
-struct ThreadRing {
-    uring::Ring ring;
-    int setupError = 0;
-};
 
 // The answer to a call whose operation the kernel cancelled: ETIMEDOUT when its own deadline did
 // it, not a FiberHandle::cancel() (`cancelled`) or shutdown.
@@ -36,139 +33,109 @@ int32_t mapCancelled(int32_t res, Deadline deadline, bool cancelled) noexcept {
     return res;
 }
 
-int32_t threadSubmitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline, uint32_t* cqeFlags) noexcept {
-    thread_local ThreadRing tr;
-    if (!tr.ring.initialized()) {
-        if (tr.setupError != 0) { return -tr.setupError; }
-        uring::RingOptions opts;
-        opts.entries = 8;
-        auto r = tr.ring.init(opts, [](void*, const io_uring_cqe*) {}, nullptr);
-        if (!r) {
-            tr.setupError = r.errorCode();
-            return -tr.setupError;
-        }
-    }
+constexpr size_t kMaxRw = 0x7ffff000;  // what read(2)/write(2) transfer at most
+
+int32_t threadSubmitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) noexcept {
     if (deadline.expired()) { return -ETIMEDOUT; }
-    // The operation's CQE carries kFuture, a linked timeout's kIgnore; both are awaited (see the
-    // fiber path below for why the timeout's matters).
-    tr.ring.reserveSqes(2);
-    io_uring_sqe* sqe = tr.ring.acquireSqe();
-    prepare(sqe, ctx);
-    io_uring_sqe_set_data64(sqe, uring::encodeUserData(nullptr, uring::Tag::kFuture));
-    __kernel_timespec ts{};
-    if (deadline.isSet()) {
-        sqe->flags |= IOSQE_IO_LINK;
-        ts = toKernelTimespec(deadline.ns());
-        io_uring_sqe* t = tr.ring.acquireSqe();
-        io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
-        io_uring_sqe_set_data64(t, uring::encodeUserData(nullptr, uring::Tag::kIgnore));
+    if (threadBackend() == Backend::kUring) {
+        const int32_t res = UringDriver::runOnThreadRing(o, deadline, cqeFlags);
+        if (res != kPending) { return mapCancelled(res, deadline, false); }
+        // No ring for this thread after all (a seccomp filter installed since): the system calls.
     }
-    bool done = false;
-    bool timeoutDone = !deadline.isSet();
-    int32_t res = 0;
-    while (!done || !timeoutDone) {
-        int w = tr.ring.submitAndWait(nullptr);
-        if (w < 0 && w != -EINTR && w != -ETIME) { return w; }
-        tr.ring.reap([&](const io_uring_cqe* cqe) {
-            if (uring::tagOf(cqe->user_data) == uring::Tag::kFuture) {
-                res = cqe->res;
-                if (cqeFlags != nullptr) { *cqeFlags = cqe->flags; }
-                done = true;
-            } else {
-                timeoutDone = true;
-            }
-        });
-    }
-    return mapCancelled(res, deadline, false);
+    return EpollDriver::performBlocking(o, deadline);
 }
 
-constexpr size_t kMaxRw = 0x7ffff000;  // what read(2)/write(2) transfer at most
+// The fiber's side of one operation: the request, the future its completion sets, and the flags.
+struct FiberIo : op::IoRequest {
+    FiberFuture done;
+    uint32_t flags = 0;
+
+    static void onComplete(op::IoRequest* req, int32_t res, uint32_t flags) noexcept {
+        auto* self = static_cast<FiberIo*>(req);
+        self->flags = flags;
+        self->done.setLocal(res);  // the fiber parked on this carrier, whose thread runs this
+    }
+};
 
 }  // namespace
 
-int32_t submitAndWait(PrepareSqe prepare, const void* ctx, Deadline deadline, uint32_t* cqeFlags) noexcept {
+int32_t submitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) noexcept {
     if (cqeFlags != nullptr) { *cqeFlags = 0; }
     Carrier* c = Carrier::current();
-    if (c == nullptr || c->running() == nullptr) { return threadSubmitAndWait(prepare, ctx, deadline, cqeFlags); }
+    if (c == nullptr || c->running() == nullptr) { return threadSubmitAndWait(o, deadline, cqeFlags); }
     if (c->stopping()) { return -ECANCELED; }
     Fiber* self = c->running();
-    // With cqeFlags the dispatch also stores the CQE's flags beside the future (kLocalFutureFlags).
-    FlaggedFuture slot;
-    FiberFuture& done = slot.future;
-    const uint64_t ud = cqeFlags != nullptr ? uring::encodeUserData(&slot, uring::Tag::kLocalFutureFlags)
-                                            : uring::encodeUserData(&done, uring::Tag::kLocalFuture);
-    // Before the SQE exists: a cancellation found here costs nothing to undo. The cancel point is the
-    // whole user_data, which the carrier's IORING_OP_ASYNC_CANCEL must match.
-    if (!beginCancellableWait(self, c, CancelPoint::Kind::kIo, reinterpret_cast<void*>(ud))) { return -ECANCELED; }
-    if (!deadline.isSet()) {
-        io_uring_sqe* sqe = c->acquireSqe();
-        prepare(sqe, ctx);
-        io_uring_sqe_set_data64(sqe, ud);
-        self->waitReason_ = "io";
-        const int32_t res = done.waitLocal();
-        if (cqeFlags != nullptr) { *cqeFlags = slot.flags; }
-        return res;
+    FiberIo io;
+    io.op = o;
+    io.complete = &FiberIo::onComplete;
+    // Before the operation starts: a cancellation found here costs nothing to undo. The cancel point
+    // is the request, which the driver's cancel matches.
+    if (!beginCancellableWait(self, c, CancelPoint::Kind::kIo, static_cast<op::IoRequest*>(&io))) {
+        return -ECANCELED;
     }
-    if (deadline.expired()) {
+    if (deadline.isSet()) {
+        if (deadline.expired()) {
+            self->waitOn_.store(nullptr, std::memory_order_relaxed);
+            return -ETIMEDOUT;
+        }
+        io.deadlineNs = deadline.ns();
+    }
+    int32_t res = c->driver().start(&io);
+    if (res == kBlocking) {
+        // A file operation the epoll driver cannot wait for: a blocking call on the offload pool. Not
+        // cancellable once there (like a regular-file read the kernel has begun); a cancellation stays
+        // requested for the next call.
         self->waitOn_.store(nullptr, std::memory_order_relaxed);
-        return -ETIMEDOUT;
+        auto r = offload([&] { return EpollDriver::performBlocking(o, deadline); });
+        res = r ? *r : -r.errorCode();
+    } else if (res != kPending) {
+        // Finished at once (a readiness driver's first try): no completion follows.
+        self->waitOn_.store(nullptr, std::memory_order_relaxed);
+    } else {
+        self->waitReason_ = deadline.isSet() ? "io (deadline)" : "io";
+        res = io.done.waitLocal();
     }
-    // The kernel copies the timespec when it takes the SQE, during the carrier's next submission,
-    // while this frame is parked and alive.
-    __kernel_timespec ts = toKernelTimespec(deadline.ns());
-    // The call also waits for the timeout's own CQE. The kernel's linked timeout cancels its operation
-    // by user_data, and this frame's next call reuses the same user_data (the same stack address): a
-    // timeout that fired just as its operation completed could otherwise cancel the next operation.
-    // Usually both CQEs come in one batch. The timeout's future is a general one (set() from the
-    // owner's dispatch), since the fiber may wait for it on another carrier.
-    FiberFuture timeoutDone;
-    c->ring().reserveSqes(2);
-    io_uring_sqe* sqe = c->acquireSqe();
-    prepare(sqe, ctx);
-    sqe->flags |= IOSQE_IO_LINK;
-    io_uring_sqe_set_data64(sqe, ud);
-    io_uring_sqe* t = c->acquireSqe();
-    io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
-    io_uring_sqe_set_data64(t, uring::encodeUserData(&timeoutDone, uring::Tag::kFuture));
-    self->waitReason_ = "io";
-    const int32_t res = done.waitLocal();
-    self->waitReason_ = "io (linked timeout)";
-    (void)timeoutDone.wait();
-    if (cqeFlags != nullptr) { *cqeFlags = slot.flags; }
+    if (cqeFlags != nullptr) { *cqeFlags = io.flags; }
+    if (!deadline.isSet()) { return res; }
     return mapCancelled(res, deadline, self->cancelRequested_.load(std::memory_order_relaxed));
 }
 
 }  // namespace detail
 
-OpResult submitOp(PrepareSqe prepare, const void* ctx, Deadline deadline) noexcept {
+OpResult submitOp(const op::Op& o, Deadline deadline) noexcept {
     OpResult r;
-    r.res = detail::submitAndWait(prepare, ctx, deadline, &r.flags);
+    r.res = detail::submitAndWait(o, deadline, &r.flags);
     return r;
 }
 
-Result<unsigned> armMultishot(PrepareSqe prepare, const void* ctx, MultishotCompletion* completion) noexcept {
+Result<unsigned> armMultishot(const op::Op& o, MultishotCompletion* completion) noexcept {
     detail::Carrier* c = detail::Carrier::current();
     if (c == nullptr || c->running() == nullptr) { return Error{EPERM}; }
     if (c->stopping()) { return Error{ECANCELED}; }
-    io_uring_sqe* sqe = c->acquireSqe();  // in flight until the CQE without F_MORE (Carrier::dispatch)
-    prepare(sqe, ctx);
-    io_uring_sqe_set_data64(sqe, uring::encodeUserData(completion, uring::Tag::kMultishot));
+    completion->op = o;
+    completion->deadlineNs = 0;
+    completion->complete = [](op::IoRequest* req, int32_t res, uint32_t flags) noexcept {
+        auto* m = static_cast<MultishotCompletion*>(req);
+        m->fn(m, res, flags);
+    };
     completion->owner = c;
+    // In flight until the completion without kMore.
+    const int32_t res = c->driver().start(completion);
+    if (res != detail::kPending) { return Error{res < 0 ? -res : EINVAL}; }
     return c->index();
 }
 
 Result<void> cancelMultishot(MultishotCompletion* completion) noexcept {
     auto* owner = static_cast<detail::Carrier*>(completion->owner);
     SPINDLE_CHECK_MSG(owner != nullptr, "cancelMultishot before armMultishot");
-    const uint64_t ud = uring::encodeUserData(completion, uring::Tag::kMultishot);
     if (detail::Carrier::current() == owner) {
-        owner->cancelOpHere(ud);
+        owner->cancelOpHere(completion);
         return {};
     }
     auto* m = new (std::nothrow) detail::Message;
     if (m == nullptr) { return Error{ENOMEM}; }
     m->kind = detail::Message::Kind::kCancelOp;
-    m->target = reinterpret_cast<void*>(ud);
+    m->target = static_cast<op::IoRequest*>(completion);
     owner->post(m);
     return {};
 }
@@ -192,10 +159,9 @@ int32_t waitMultishot(FiberFuture* future, MultishotCompletion* completion, Dead
             if (r != -ETIMEDOUT || deadline.isSet() || future->isSet()) { return r; }
         }
     }
-    // The cancel point is the operation: a cancel issues IORING_OP_ASYNC_CANCEL for it on this ring,
-    // and its last CQE, which the handler passes to the future, ends the wait.
-    const uint64_t ud = uring::encodeUserData(completion, uring::Tag::kMultishot);
-    if (!detail::beginCancellableWait(self, c, detail::CancelPoint::Kind::kIo, reinterpret_cast<void*>(ud))) {
+    // The cancel point is the operation: a cancel has the driver cancel it, and its last completion,
+    // which the handler passes to the future, ends the wait.
+    if (!detail::beginCancellableWait(self, c, detail::CancelPoint::Kind::kIo, static_cast<op::IoRequest*>(completion))) {
         return -ECANCELED;
     }
     self->waitReason_ = "multishot";
@@ -215,7 +181,7 @@ bool carrierOtherwiseIdle() noexcept {
 uring::Ring* currentRing() noexcept {
     detail::Carrier* c = detail::Carrier::current();
     if (c == nullptr || c->running() == nullptr) { return nullptr; }
-    return &c->ring();
+    return c->ring();
 }
 
 namespace {
@@ -224,118 +190,51 @@ Result<size_t> sizeFromRes(int32_t res) noexcept {
     return static_cast<size_t>(res);
 }
 
-struct RwArgs {
-    int fd;
-    void* buf;
-    unsigned len;
-    uint64_t offset;
-};
-struct VecArgs {
-    int fd;
-    const iovec* iov;
-    int iovcnt;
-    uint64_t offset;
-};
+uint32_t capRw(size_t len) noexcept { return static_cast<uint32_t>(len < detail::kMaxRw ? len : detail::kMaxRw); }
 }  // namespace
 
-Result<void> nop(Deadline deadline) noexcept {
-    return voidFromRes(detail::submitAndWait([](io_uring_sqe* sqe, const void*) { io_uring_prep_nop(sqe); }, nullptr, deadline));
-}
+Result<void> nop(Deadline deadline) noexcept { return voidFromRes(detail::submitAndWait(op::nop(), deadline)); }
 
 Result<size_t> read(int fd, void* buf, size_t len, uint64_t offset, Deadline deadline) noexcept {
-    const RwArgs a{fd, buf, static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw), offset};
-    return sizeFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const RwArgs*>(p);
-            io_uring_prep_read(sqe, x->fd, x->buf, x->len, x->offset);
-        },
-        &a, deadline));
+    return sizeFromRes(detail::submitAndWait(op::read(fd, buf, capRw(len), offset), deadline));
 }
 
 Result<size_t> write(int fd, const void* buf, size_t len, uint64_t offset, Deadline deadline) noexcept {
-    const RwArgs a{fd, const_cast<void*>(buf), static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw),
-                   offset};
-    return sizeFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const RwArgs*>(p);
-            io_uring_prep_write(sqe, x->fd, x->buf, x->len, x->offset);
-        },
-        &a, deadline));
+    return sizeFromRes(detail::submitAndWait(op::write(fd, buf, capRw(len), offset), deadline));
 }
 
 Result<size_t> readv(int fd, const iovec* iov, int iovcnt, uint64_t offset, Deadline deadline) noexcept {
     if (iovcnt < 0) { return Error{EINVAL}; }
-    const VecArgs a{fd, iov, iovcnt, offset};
-    return sizeFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const VecArgs*>(p);
-            io_uring_prep_readv(sqe, x->fd, x->iov, static_cast<unsigned>(x->iovcnt), x->offset);
-        },
-        &a, deadline));
+    return sizeFromRes(detail::submitAndWait(op::readv(fd, iov, static_cast<uint32_t>(iovcnt), offset), deadline));
 }
 
 Result<size_t> writev(int fd, const iovec* iov, int iovcnt, uint64_t offset, Deadline deadline) noexcept {
     if (iovcnt < 0) { return Error{EINVAL}; }
-    const VecArgs a{fd, iov, iovcnt, offset};
-    return sizeFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const VecArgs*>(p);
-            io_uring_prep_writev(sqe, x->fd, x->iov, static_cast<unsigned>(x->iovcnt), x->offset);
-        },
-        &a, deadline));
+    return sizeFromRes(detail::submitAndWait(op::writev(fd, iov, static_cast<uint32_t>(iovcnt), offset), deadline));
 }
 
 Result<void> fsync(int fd, Deadline deadline) noexcept {
-    return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) { io_uring_prep_fsync(sqe, *static_cast<const int*>(p), 0); }, &fd, deadline));
+    return voidFromRes(detail::submitAndWait(op::fsync(fd, false), deadline));
 }
 
 Result<void> fdatasync(int fd, Deadline deadline) noexcept {
-    return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            io_uring_prep_fsync(sqe, *static_cast<const int*>(p), IORING_FSYNC_DATASYNC);
-        },
-        &fd, deadline));
+    return voidFromRes(detail::submitAndWait(op::fsync(fd, true), deadline));
 }
 
 Result<int> openat(int dirfd, const char* path, int flags, mode_t mode, Deadline deadline) noexcept {
     if (path == nullptr) { return Error{EFAULT}; }
-    struct Args {
-        int dirfd;
-        const char* path;
-        int flags;
-        mode_t mode;
-    } a{dirfd, path, flags | O_CLOEXEC, mode};
-    const int32_t res = detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            io_uring_prep_openat(sqe, x->dirfd, x->path, x->flags, x->mode);
-        },
-        &a, deadline);
+    const int32_t res = detail::submitAndWait(op::openat(dirfd, path, flags | O_CLOEXEC, mode), deadline);
     if (res < 0) { return Error{-res}; }
     return static_cast<int>(res);
 }
 
 Result<void> close(int fd, Deadline deadline) noexcept {
-    return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) { io_uring_prep_close(sqe, *static_cast<const int*>(p)); }, &fd, deadline));
+    return voidFromRes(detail::submitAndWait(op::close(fd), deadline));
 }
 
 Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct statx* out, Deadline deadline) noexcept {
     if (path == nullptr || out == nullptr) { return Error{EFAULT}; }
-    struct Args {
-        int dirfd;
-        const char* path;
-        int flags;
-        unsigned mask;
-        struct statx* out;
-    } a{dirfd, path, flags, mask, out};
-    return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            io_uring_prep_statx(sqe, x->dirfd, x->path, x->flags, x->mask, x->out);
-        },
-        &a, deadline));
+    return voidFromRes(detail::submitAndWait(op::statx(dirfd, path, flags, mask, out), deadline));
 }
 
 Result<void> ftruncate(int fd, uint64_t length) noexcept {
@@ -347,66 +246,22 @@ Result<void> ftruncate(int fd, uint64_t length) noexcept {
 }
 
 Result<void> fallocate(int fd, int mode, uint64_t offset, uint64_t len, Deadline deadline) noexcept {
-    struct Args {
-        int fd;
-        int mode;
-        uint64_t offset;
-        uint64_t len;
-    } a{fd, mode, offset, len};
-    return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            // Values past INT64_MAX turn negative here, and the kernel answers EINVAL, as fallocate(2) does.
-            io_uring_prep_fallocate(sqe, x->fd, x->mode, static_cast<off_t>(x->offset), static_cast<off_t>(x->len));
-        },
-        &a, deadline));
+    return voidFromRes(detail::submitAndWait(op::fallocate(fd, mode, offset, len), deadline));
 }
 
 Result<void> unlinkat(int dirfd, const char* path, int flags, Deadline deadline) noexcept {
     if (path == nullptr) { return Error{EFAULT}; }
-    struct Args {
-        int dirfd;
-        const char* path;
-        int flags;
-    } a{dirfd, path, flags};
-    return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            io_uring_prep_unlinkat(sqe, x->dirfd, x->path, x->flags);
-        },
-        &a, deadline));
+    return voidFromRes(detail::submitAndWait(op::unlinkat(dirfd, path, flags), deadline));
 }
 
 Result<void> renameat(int olddirfd, const char* oldpath, int newdirfd, const char* newpath, unsigned flags, Deadline deadline) noexcept {
     if (oldpath == nullptr || newpath == nullptr) { return Error{EFAULT}; }
-    struct Args {
-        int olddirfd;
-        const char* oldpath;
-        int newdirfd;
-        const char* newpath;
-        unsigned flags;
-    } a{olddirfd, oldpath, newdirfd, newpath, flags};
-    return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            io_uring_prep_renameat(sqe, x->olddirfd, x->oldpath, x->newdirfd, x->newpath, x->flags);
-        },
-        &a, deadline));
+    return voidFromRes(detail::submitAndWait(op::renameat(olddirfd, oldpath, newdirfd, newpath, flags), deadline));
 }
 
 Result<void> mkdirat(int dirfd, const char* path, mode_t mode, Deadline deadline) noexcept {
     if (path == nullptr) { return Error{EFAULT}; }
-    struct Args {
-        int dirfd;
-        const char* path;
-        mode_t mode;
-    } a{dirfd, path, mode};
-    return voidFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            io_uring_prep_mkdirat(sqe, x->dirfd, x->path, x->mode);
-        },
-        &a, deadline));
+    return voidFromRes(detail::submitAndWait(op::mkdirat(dirfd, path, mode), deadline));
 }
 
 Result<short> poll(int fd, short events, Deadline deadline) noexcept {
@@ -417,53 +272,19 @@ Result<short> poll(int fd, short events, Deadline deadline) noexcept {
         POLLERR | POLLHUP;
     const unsigned mask = static_cast<unsigned short>(events);
     if ((mask & ~kPollEvents) != 0) { return Error{EINVAL}; }
-    struct Args {
-        int fd;
-        unsigned mask;
-    } a{fd, mask};
-    const int32_t res = detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            io_uring_prep_poll_add(sqe, x->fd, x->mask);
-        },
-        &a, deadline);
+    const int32_t res = detail::submitAndWait(op::poll(fd, mask), deadline);
     if (res < 0) { return Error{-res}; }
     return static_cast<short>(res);
 }
 
 Result<size_t> splice(int fdIn, int64_t offIn, int fdOut, int64_t offOut, size_t len, unsigned flags, Deadline deadline) noexcept {
     if ((flags & SPLICE_F_FD_IN_FIXED) != 0) { return Error{EINVAL}; }
-    struct Args {
-        int fdIn;
-        int64_t offIn;
-        int fdOut;
-        int64_t offOut;
-        unsigned len;
-        unsigned flags;
-    } a{fdIn, offIn, fdOut, offOut, static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw), flags};
-    return sizeFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            // io_uring reads an offset of -1 as "no offset": splice(2)'s NULL.
-            io_uring_prep_splice(sqe, x->fdIn, x->offIn, x->fdOut, x->offOut, x->len, x->flags);
-        },
-        &a, deadline));
+    return sizeFromRes(detail::submitAndWait(op::splice(fdIn, offIn, fdOut, offOut, capRw(len), flags), deadline));
 }
 
 Result<size_t> tee(int fdIn, int fdOut, size_t len, unsigned flags, Deadline deadline) noexcept {
     if ((flags & SPLICE_F_FD_IN_FIXED) != 0) { return Error{EINVAL}; }
-    struct Args {
-        int fdIn;
-        int fdOut;
-        unsigned len;
-        unsigned flags;
-    } a{fdIn, fdOut, static_cast<unsigned>(len < detail::kMaxRw ? len : detail::kMaxRw), flags};
-    return sizeFromRes(detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            io_uring_prep_tee(sqe, x->fdIn, x->fdOut, x->len, x->flags);
-        },
-        &a, deadline));
+    return sizeFromRes(detail::submitAndWait(op::tee(fdIn, fdOut, capRw(len), flags), deadline));
 }
 
 Result<void> sleep(std::chrono::nanoseconds duration) noexcept { return this_fiber::sleep_for(duration); }

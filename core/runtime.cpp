@@ -8,6 +8,7 @@
 
 #include "base/log.h"
 #include "core/internal/carrier.h"
+#include "core/driver/backend.h"
 #include "core/internal/runtime_impl.h"
 #include "core/internal/waiter_table.h"
 
@@ -131,6 +132,18 @@ Result<void> RuntimeImpl::start() noexcept {
         return Error{EINVAL};
     }
     if (auto r = loadTopology(); !r) { return r; }
+    {
+        uring::RingOptions probeRing;
+        probeRing.entries = options_.ringEntries;
+        probeRing.cqEntries = options_.cqEntries;
+        probeRing.deferTaskrun = options_.deferTaskrun;
+        auto choice = chooseBackend(options_.backend, probeRing);
+        if (!choice) { return Error{choice.errorCode()}; }
+        backend_ = choice->backend;
+        if (backend_ == Backend::kEpoll && options_.sqpoll) {
+            log::warn("sqpoll is an io_uring feature: the epoll backend runs without it");
+        }
+    }
     // The waiter table sizes itself and places its buckets from the machine's topology as seen by the
     // calling thread; built later, from a pinned carrier, it would see one PU.
     (void)WaiterTable::instance();
@@ -160,6 +173,7 @@ Result<void> RuntimeImpl::start() noexcept {
             cfg.index = i;
             cfg.logicalPu = topology_ ? static_cast<int>(placed[i]) : -1;
             cfg.pu = canBind ? cfg.logicalPu : -1;
+            cfg.backend = backend_;
             cfg.ring.entries = options_.ringEntries;
             cfg.ring.cqEntries = options_.cqEntries;
             cfg.ring.deferTaskrun = options_.deferTaskrun;
@@ -342,11 +356,11 @@ std::vector<CarrierStats> Runtime::stats() const {
         s.parks = c->stats().parks.load(std::memory_order_relaxed);
         s.idleSpins = c->stats().idleSpins.load(std::memory_order_relaxed);
         s.wakesSent = c->stats().wakesSent.load(std::memory_order_relaxed);
-        const uring::RingStats& rs = c->ring().stats();
-        s.enters = rs.enters.load(std::memory_order_relaxed);
-        s.sqesSubmitted = rs.sqesSubmitted.load(std::memory_order_relaxed);
-        s.cqesReaped = rs.cqesReaped.load(std::memory_order_relaxed);
-        s.sqFull = rs.sqFull.load(std::memory_order_relaxed);
+        const detail::Driver::Counters dc = c->driver().counters();
+        s.enters = dc.enters;
+        s.sqesSubmitted = dc.submitted;
+        s.cqesReaped = dc.completed;
+        s.sqFull = dc.queueFull;
         s.stacksMapped = c->stackPool().mapped();
         s.waitsCancelled = c->stats().cancelsSent.load(std::memory_order_relaxed);
         s.fixedBuffersRegistered = c->fixedBuffers().registered();
@@ -355,7 +369,7 @@ std::vector<CarrierStats> Runtime::stats() const {
         s.fixedFallbackIo = c->stats().fixedFallbackIo.load(std::memory_order_relaxed);
         s.fixedFileIo = c->stats().fixedFileIo.load(std::memory_order_relaxed);
         s.fixedFileFallbackIo = c->stats().fixedFileFallbackIo.load(std::memory_order_relaxed);
-        s.ring = c->ring().features().describe();
+        s.ring = c->driver().describe();
         s.logicalPu = c->logicalPu();
         s.node = c->node();
         for (size_t k = 0; k < numa::kDistanceClassCount; ++k) {
@@ -394,6 +408,24 @@ const char* toString(StealPolicy policy) noexcept {
     return "unknown";
 }
 
+const char* toString(Backend backend) noexcept {
+    switch (backend) {
+        case Backend::kAuto: return "auto";
+        case Backend::kUring: return "io_uring";
+        case Backend::kEpoll: return "epoll";
+    }
+    return "unknown";
+}
+
+Result<Backend> parseBackend(std::string_view name) noexcept {
+    for (Backend b : {Backend::kAuto, Backend::kUring, Backend::kEpoll}) {
+        if (name == toString(b)) { return b; }
+    }
+    return Error{EINVAL};
+}
+
+Backend Runtime::backend() const noexcept { return impl_->backend(); }
+
 Result<StealPolicy> parseStealPolicy(std::string_view name) noexcept {
     for (StealPolicy p : {StealPolicy::kNuma, StealPolicy::kRandom, StealPolicy::kLocalOnly, StealPolicy::kNone}) {
         if (name == toString(p)) { return p; }
@@ -431,8 +463,9 @@ std::string Runtime::describe() const {
         pus += fmt::format("{}{}", pus.empty() ? "" : ",", c->boundPu() >= 0 ? std::to_string(c->boundPu()) : "-");
     }
     const numa::Topology* t = impl_->topology();
-    return fmt::format("{} carriers on PUs [{}]; {}", impl_->carriers().size(), pus,
-                       t != nullptr ? t->describe() : std::string("topology unknown"));
+    return fmt::format("{} carriers on PUs [{}]; {}; backend {}; {}", impl_->carriers().size(), pus,
+                       t != nullptr ? t->describe() : std::string("topology unknown"), toString(impl_->backend()),
+                       detail::probeUring().describe());
 }
 
 }  // namespace spindle

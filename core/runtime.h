@@ -58,6 +58,18 @@ enum class StealPolicy : uint8_t {
     kNone,       // never steal: a fiber runs where it was spawned or woken
 };
 
+/// Which I/O driver the carriers use (RuntimeOptions::backend; docs/RUNTIME.md, "Backends").
+enum class Backend : uint8_t {
+    kAuto,   // io_uring where it can be used at all, else epoll (probed once; the reason is logged)
+    kUring,  // io_uring only: start() fails where it cannot be set up
+    kEpoll,  // epoll readiness for sockets and pipes, the offload pool for files
+};
+
+/// "auto", "io_uring" or "epoll".
+const char* toString(Backend backend) noexcept;
+/// The backend named by toString()'s spelling. Errors: EINVAL for any other text.
+[[nodiscard]] Result<Backend> parseBackend(std::string_view name) noexcept;
+
 /// "numa", "random", "local-only" or "none".
 const char* toString(StealPolicy policy) noexcept;
 /// The policy named by toString()'s spelling.
@@ -65,6 +77,11 @@ const char* toString(StealPolicy policy) noexcept;
 [[nodiscard]] Result<StealPolicy> parseStealPolicy(std::string_view name) noexcept;
 
 struct RuntimeOptions {
+    // The I/O driver. Precedence: an explicit kUring or kEpoll here, then the SPINDLE_BACKEND environment
+    // variable ("auto", "io_uring", "epoll"), then kAuto. With kAuto, start() probes io_uring once and
+    // falls back to epoll only when io_uring cannot be used at all (ENOSYS, EPERM, ENOMEM at set-up, a
+    // required feature missing), logging why; never on an error later in the run.
+    Backend backend = Backend::kAuto;
     unsigned carriers = 0;          // 0: one per core of the process cpuset
     unsigned ringEntries = 256;     // SQ entries per carrier ring
     unsigned cqEntries = 0;         // CQ entries per carrier ring (0: max(2 x ringEntries, 4096); else
@@ -239,6 +256,8 @@ public:
     [[nodiscard]] const numa::Topology* topology() const noexcept;
     /// One line about the machine and the carriers' placement.
     [[nodiscard]] std::string describe() const;
+    /// The I/O driver its carriers use (kUring or kEpoll; never kAuto once started).
+    [[nodiscard]] Backend backend() const noexcept;
 
 private:
     explicit Runtime(std::unique_ptr<detail::RuntimeImpl> impl) noexcept;

@@ -16,26 +16,6 @@
 namespace spindle::net::detail {
 namespace {
 
-struct BufArgs {
-    int fd;
-    void* buf;
-    size_t len;
-    int flags;
-};
-
-struct MsgArgs {
-    int fd;
-    const msghdr* msg;
-    int flags;
-};
-
-struct AddrArgs {
-    int fd;
-    const sockaddr* addr;
-    socklen_t len;
-    socklen_t* outLen;
-};
-
 // How a send goes out:
 // - When the fiber is all its carrier has to do (carrierOtherwiseIdle), one send(2) with MSG_DONTWAIT
 //   straight away: through the ring it would cost the carrier an io_uring_enter all the same, plus a
@@ -44,112 +24,62 @@ struct AddrArgs {
 //   send buffer (nearly always) completes it at once, and the linked timeout (an extra SQE, a timer
 //   armed and cancelled, its own CQE awaited) is paid only when the kernel answers EAGAIN.
 // The direct calls are raw system calls: the descriptor may come from an accept on the ring, which
-// ThreadSanitizer's interceptors cannot see.
-template <class Args>
-int32_t sendOp(PrepareSqe prepare, Args& a, Deadline deadline, long (*direct)(const Args&)) noexcept {
-    if ((a.flags & MSG_DONTWAIT) != 0) { return submitOp(prepare, &a, deadline).res; }
+// ThreadSanitizer's interceptors cannot see. (The epoll driver tries every send at once anyway.)
+int32_t sendOp(op::Op o, Deadline deadline) noexcept {
+    if ((o.opFlags & MSG_DONTWAIT) != 0) { return submitOp(o, deadline).res; }
     if (carrierOtherwiseIdle()) {
         if (this_fiber::cancellationRequested()) { return -ECANCELED; }
         if (deadline.expired()) { return -ETIMEDOUT; }
-        const long n = direct(a);
+        const long n = o.code == op::Code::kSend
+                           ? ::syscall(SYS_sendto, o.fd, o.addr, o.len, o.opFlags | MSG_DONTWAIT, nullptr, 0)
+                           : ::syscall(SYS_sendmsg, o.fd, o.addr, o.opFlags | MSG_DONTWAIT);
         if (n >= 0) { return static_cast<int32_t>(n); }  // all of it, or what the socket took
-        if (n != -EAGAIN && n != -EINTR) { return static_cast<int32_t>(n); }
-        return submitOp(prepare, &a, deadline).res;  // full: the ring waits for room
+        if (errno != EAGAIN && errno != EINTR) { return -errno; }
+        return submitOp(o, deadline).res;  // full: the driver waits for room
     }
     if (deadline.isSet()) {
         if (deadline.expired()) { return -ETIMEDOUT; }
-        a.flags |= MSG_DONTWAIT;
-        const int32_t res = submitOp(prepare, &a).res;
-        a.flags &= ~MSG_DONTWAIT;
+        op::Op now = o;
+        now.opFlags |= MSG_DONTWAIT;
+        const int32_t res = submitOp(now).res;
         if (res != -EAGAIN) { return res; }
     }
-    return submitOp(prepare, &a, deadline).res;
-}
-
-long rawResult(long r) noexcept { return r < 0 ? -errno : r; }
-
-long directSend(const BufArgs& a) noexcept {
-    return rawResult(::syscall(SYS_sendto, a.fd, a.buf, a.len, a.flags | MSG_DONTWAIT, nullptr, 0));
-}
-
-long directSendmsg(const MsgArgs& a) noexcept {
-    return rawResult(::syscall(SYS_sendmsg, a.fd, a.msg, a.flags | MSG_DONTWAIT));
+    return submitOp(o, deadline).res;
 }
 
 }  // namespace
 
 Result<size_t> recv(int fd, void* buf, size_t len, int flags, Deadline deadline) noexcept {
-    const BufArgs a{fd, buf, std::min(len, kMaxIo), flags};
-    return sizeOrError(submitOp(
-        [](io_uring_sqe* sqe, const void* ctx) {
-            const auto* x = static_cast<const BufArgs*>(ctx);
-            io_uring_prep_recv(sqe, x->fd, x->buf, x->len, x->flags);
-        },
-        &a, deadline).res);
+    return sizeOrError(submitOp(op::recv(fd, buf, static_cast<uint32_t>(std::min(len, kMaxIo)), flags), deadline).res);
 }
 
 Result<size_t> send(int fd, const void* buf, size_t len, int flags, Deadline deadline) noexcept {
-    BufArgs a{fd, const_cast<void*>(buf), std::min(len, kMaxIo), flags | MSG_NOSIGNAL};
-    return sizeOrError(sendOp<BufArgs>(
-        [](io_uring_sqe* sqe, const void* ctx) {
-            const auto* x = static_cast<const BufArgs*>(ctx);
-            io_uring_prep_send(sqe, x->fd, x->buf, x->len, x->flags);
-        },
-        a, deadline, &directSend));
+    return sizeOrError(sendOp(op::send(fd, buf, static_cast<uint32_t>(std::min(len, kMaxIo)), flags | MSG_NOSIGNAL),
+                              deadline));
 }
 
 Result<size_t> sendmsg(int fd, const msghdr* msg, int flags, Deadline deadline) noexcept {
-    MsgArgs a{fd, msg, flags | MSG_NOSIGNAL};
-    return sizeOrError(sendOp<MsgArgs>(
-        [](io_uring_sqe* sqe, const void* ctx) {
-            const auto* x = static_cast<const MsgArgs*>(ctx);
-            io_uring_prep_sendmsg(sqe, x->fd, x->msg, static_cast<unsigned>(x->flags));
-        },
-        a, deadline, &directSendmsg));
+    return sizeOrError(sendOp(op::sendmsg(fd, msg, flags | MSG_NOSIGNAL), deadline));
 }
 
 Result<size_t> recvmsg(int fd, msghdr* msg, int flags, Deadline deadline) noexcept {
-    const MsgArgs a{fd, msg, flags};
-    return sizeOrError(submitOp(
-        [](io_uring_sqe* sqe, const void* ctx) {
-            const auto* x = static_cast<const MsgArgs*>(ctx);
-            io_uring_prep_recvmsg(sqe, x->fd, const_cast<msghdr*>(x->msg), static_cast<unsigned>(x->flags));
-        },
-        &a, deadline).res);
+    return sizeOrError(submitOp(op::recvmsg(fd, msg, flags), deadline).res);
 }
 
 Result<int> accept(int fd, sockaddr* addr, socklen_t* len, Deadline deadline) noexcept {
-    const AddrArgs a{fd, addr, 0, len};
-    const int32_t res = submitOp(
-        [](io_uring_sqe* sqe, const void* ctx) {
-            const auto* x = static_cast<const AddrArgs*>(ctx);
-            io_uring_prep_accept(sqe, x->fd, const_cast<sockaddr*>(x->addr), x->outLen, SOCK_CLOEXEC);
-        },
-        &a, deadline).res;
+    const int32_t res = submitOp(op::accept(fd, addr, len, SOCK_CLOEXEC), deadline).res;
     if (res < 0) { return Error{-res}; }
     return static_cast<int>(res);
 }
 
 Result<void> connect(int fd, const sockaddr* addr, socklen_t len, Deadline deadline) noexcept {
-    const AddrArgs a{fd, addr, len, nullptr};
-    const int32_t res = submitOp(
-        [](io_uring_sqe* sqe, const void* ctx) {
-            const auto* x = static_cast<const AddrArgs*>(ctx);
-            io_uring_prep_connect(sqe, x->fd, x->addr, x->len);
-        },
-        &a, deadline).res;
+    const int32_t res = submitOp(op::connect(fd, addr, len), deadline).res;
     if (res < 0) { return Error{-res}; }
     return {};
 }
 
 Result<void> shutdown(int fd, int how, Deadline deadline) noexcept {
-    const BufArgs a{fd, nullptr, 0, how};
-    const int32_t res = submitOp(
-        [](io_uring_sqe* sqe, const void* ctx) {
-            const auto* x = static_cast<const BufArgs*>(ctx);
-            io_uring_prep_shutdown(sqe, x->fd, x->flags);
-        },
-        &a, deadline).res;
+    const int32_t res = submitOp(op::shutdown(fd, how), deadline).res;
     if (res < 0) { return Error{-res}; }
     return {};
 }

@@ -51,11 +51,6 @@ void unmapRing(detail::PbufRing* r) noexcept {
     if (r->buffers != nullptr) { ::munmap(r->buffers, r->bufferBytes); }
 }
 
-struct RecvArgs {
-    int fd;
-    unsigned len;
-    uint16_t bgid;
-};
 }  // namespace
 
 struct ProvidedBufferPool::Impl {
@@ -203,18 +198,10 @@ Result<ProvidedBuffer> ProvidedBufferPool::recv(int fd, Deadline deadline) noexc
     Impl& im = *impl_;
     // No fiber switch between choosing the ring and submitting: the SQE goes to that carrier's ring.
     if (detail::PbufRing* ring = ringHere()) {
-        const RecvArgs a{fd, static_cast<unsigned>(options_.size), ring->bgid};
-        const OpResult r = submitOp(
-            [](io_uring_sqe* sqe, const void* ctx) {
-                const auto* x = static_cast<const RecvArgs*>(ctx);
-                io_uring_prep_recv(sqe, x->fd, nullptr, x->len, 0);
-                sqe->flags |= IOSQE_BUFFER_SELECT;
-                sqe->buf_group = x->bgid;
-            },
-            &a, deadline);
+        const OpResult r = submitOp(op::recvSelect(fd, static_cast<uint32_t>(options_.size), ring->bgid), deadline);
         ProvidedBuffer b;
-        if ((r.flags & IORING_CQE_F_BUFFER) != 0) {
-            b.bid_ = static_cast<uint16_t>(r.flags >> IORING_CQE_BUFFER_SHIFT);
+        if ((r.flags & op::kBufferPicked) != 0) {
+            b.bid_ = static_cast<uint16_t>(r.flags >> op::kBufferShift);
             b.owner_ = ring;
             b.data_ = ring->buffers + static_cast<size_t>(b.bid_) * ring->size;
             b.capacity_ = ring->size;
@@ -261,18 +248,6 @@ namespace spindle::net {
 namespace {
 
 constexpr size_t kHighWater = 64;  // queued buffers at which the operation is paused (cancelled)
-
-struct ArmArgs {
-    int fd;
-    uint16_t bgid;
-};
-
-void prepMultishotRecv(io_uring_sqe* sqe, const void* ctx) noexcept {
-    const auto* a = static_cast<const ArmArgs*>(ctx);
-    io_uring_prep_recv_multishot(sqe, a->fd, nullptr, 0, 0);
-    sqe->flags |= IOSQE_BUFFER_SELECT;
-    sqe->buf_group = a->bgid;
-}
 
 }  // namespace
 
@@ -356,8 +331,8 @@ void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flag
 }
 
 bool MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
-    if ((flags & IORING_CQE_F_BUFFER) != 0) {
-        const Entry e{armedRing_, res, static_cast<uint16_t>(flags >> IORING_CQE_BUFFER_SHIFT)};
+    if ((flags & op::kBufferPicked) != 0) {
+        const Entry e{armedRing_, res, static_cast<uint16_t>(flags >> op::kBufferShift)};
         // Once bytes were lost, later ones are dropped too: next() hands out what came before the
         // loss, then the error, never a stream with a hole in it.
         if (res > 0 && broken_ == 0 && pushLocked(e)) {
@@ -371,18 +346,18 @@ bool MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
     }
     const size_t queued = count_ + (spill_ ? spill_->size() - spillHead_ : 0);
     bool pause = false;
-    if ((flags & IORING_CQE_F_MORE) != 0 && !pausing_ && (queued >= kHighWater || broken_ != 0)) {
+    if ((flags & op::kMore) != 0 && !pausing_ && (queued >= kHighWater || broken_ != 0)) {
         // The consumer lags (or lost bytes): stop receiving until it catches up; next() arms again.
         pausing_ = true;
         pause = true;
     }
-    if ((flags & IORING_CQE_F_MORE) == 0) {
+    if ((flags & op::kMore) == 0) {
         armed_ = false;
         endRes_ = res > 0 ? 1 : res;
         if (res == -ENOBUFS) { pool_.impl_->exhausted.fetch_add(1, std::memory_order_relaxed); }
     }
     if (FiberFuture* w = std::exchange(waiter_, nullptr)) { w->set(res); }
-    if ((flags & IORING_CQE_F_MORE) == 0) { ended_.set(res); }  // stop() frees us after taking the lock
+    if ((flags & op::kMore) == 0) { ended_.set(res); }  // stop() frees us after taking the lock
     return pause;
 }
 
@@ -423,9 +398,8 @@ void MultishotReceiver::beginArmLocked(detail::PbufRing* ring) noexcept {
 }
 
 int MultishotReceiver::submitArm(detail::PbufRing* ring) noexcept {
-    const ArmArgs args{fd_, ring->bgid};
     // Queued on this carrier, whose ring `ring` is.
-    auto r = armMultishot(&prepMultishotRecv, &args, &completion_);
+    auto r = armMultishot(op::recvMultishot(fd_, ring->bgid), &completion_);
     if (r) { return 0; }
     std::lock_guard<std::mutex> g(lock_);
     armed_ = false;

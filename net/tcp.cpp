@@ -62,7 +62,7 @@ struct TcpListener::State : MultishotCompletion {
                 }
             }
         }
-        if ((flags & IORING_CQE_F_MORE) == 0) {
+        if ((flags & op::kMore) == 0) {
             s->armed = false;
             if (res < 0) { s->error = -res; }
             s->ended.set(res);
@@ -81,11 +81,6 @@ uint64_t nextBackoffNs(uint64_t current, const ListenOptions& o) noexcept {
     const uint64_t hi = std::max(lo, static_cast<uint64_t>(std::chrono::nanoseconds(o.backoffMax).count()));
     if (current == 0) { return std::max<uint64_t>(lo, 1); }
     return std::min(hi, current * 2);
-}
-
-void prepMultishotAccept(io_uring_sqe* sqe, const void* ctx) noexcept {
-    const auto* s = static_cast<const TcpListener::State*>(ctx);
-    io_uring_prep_multishot_accept(sqe, s->fd, nullptr, nullptr, SOCK_CLOEXEC);
 }
 
 }  // namespace
@@ -220,7 +215,7 @@ Result<TcpStream> TcpListener::accept(SocketAddress* peer, Deadline deadline) no
             continue;
         }
         if (arm) {
-            auto r = armMultishot(&prepMultishotAccept, &s, &s);
+            auto r = armMultishot(op::acceptMultishot(s.fd, SOCK_CLOEXEC), &s);
             if (!r) {
                 std::lock_guard<std::mutex> g(s.lock);
                 s.armed = false;

@@ -355,8 +355,7 @@ namespace {
 
 // Only the operations a caller waits on take faults; the runtime's own SQEs never do.
 bool waitedOn(uint64_t userData) noexcept {
-    const Tag t = tagOf(userData);
-    return t == Tag::kFuture || t == Tag::kLocalFuture;
+    return userData != 0 && (userData & kNoFaultMask) == 0;
 }
 
 bool isReadWrite(uint8_t opcode) noexcept {

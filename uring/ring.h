@@ -1,9 +1,10 @@
 #pragma once
 /// One io_uring instance, owned and driven by exactly one thread.
 ///
-/// Ring is the only code that touches a ring's state. Code above it takes an SQE
-/// from acquireSqe(), fills it with liburing's io_uring_prep_* helpers, tags its
-/// user_data with encodeUserData(), and later receives the CQE through reap().
+/// Ring is the only code that touches a ring's state. Its user (the io_uring driver,
+/// core/driver/uring_driver.h) takes an SQE from acquireSqe(), fills it with
+/// liburing's io_uring_prep_* helpers and its own user_data, and later receives
+/// the CQE through reap(). The ring knows nothing of what user_data points at.
 ///
 /// Set-up probes the kernel: it asks for SINGLE_ISSUER (6.0), DEFER_TASKRUN (6.1)
 /// with TASKRUN_FLAG (or COOP_TASKRUN with TASKRUN_FLAG, 5.19, where DEFER_TASKRUN is
@@ -33,26 +34,10 @@
 
 namespace spindle::uring {
 
-/// What the low three bits of a CQE's user_data say about the rest of it.
-enum class Tag : uint64_t {
-    kFuture = 0,      // a FiberFuture* to set with cqe->res
-    kWake = 1,        // a wake-up sent to a parked owner; carries nothing
-    kCompletion = 2,  // a Completion* whose complete() runs on the owner
-    kIgnore = 3,      // nothing to do (skip-success side effects, shutdown cancels)
-    kLocalFuture = 4, // a FiberFuture* whose waiter parked on this ring's owner: setLocal()
-    kLocalFutureFlags = 5,  // as kLocalFuture, for a FlaggedFuture that also keeps cqe->flags
-    kMultishot = 6,   // a MultishotCompletion* called for each CQE; in flight until one lacks F_MORE
-};
-inline constexpr uint64_t kTagMask = 7;
-
-[[nodiscard]] inline uint64_t encodeUserData(const void* p, Tag tag) noexcept {
-    return reinterpret_cast<uint64_t>(p) | static_cast<uint64_t>(tag);
-}
-[[nodiscard]] inline Tag tagOf(uint64_t userData) noexcept { return static_cast<Tag>(userData & kTagMask); }
-template <class T>
-[[nodiscard]] inline T* pointerOf(uint64_t userData) noexcept {
-    return reinterpret_cast<T*>(userData & ~kTagMask);
-}
+/// user_data is the ring user's own, with one reservation: fault injection (uring/inject.h) applies
+/// only to SQEs whose user_data is non-zero and has none of the bits in kNoFaultMask set, so a user
+/// marks with those bits what no fault may touch (wake-ups, multishot operations, linked timeouts).
+inline constexpr uint64_t kNoFaultMask = 3;
 
 struct RingOptions {
     unsigned entries = 256;     // SQ size

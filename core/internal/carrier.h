@@ -1,15 +1,18 @@
 #pragma once
-/// Carrier: one OS thread, bound to one PU, that runs fibers and owns one ring.
+/// Carrier: one OS thread, bound to one PU, that runs fibers and owns one I/O driver.
 ///
 /// It owns a Chase-Lev deque of runnable fibers (owner LIFO, thieves FIFO), an
 /// owner-only FIFO for fibers that yielded or are pinned, an MPSC inbox for
-/// work sent by other threads, a deadline heap, a stack pool and its ring.
+/// work sent by other threads, a deadline heap, a stack pool, its pollers and
+/// its driver (core/driver/driver.h: an io_uring ring or an epoll set), which
+/// does everything kernel-facing.
 ///
 /// The loop: run local work; every kMaintenanceInterval fibers, or when out of
-/// work, do maintenance (drain the inbox, submit the batch of SQEs and reap
-/// CQEs, expire timers); then steal; then, as the poll mode says, park in
-/// io_uring_enter with the nearest deadline as the timeout (kBlock), spin back
-/// into maintenance with a PAUSE (kSpin), or spin for a while, then park (kHybrid).
+/// work, do maintenance (drain the inbox, let the driver submit and deliver
+/// completions, expire timers, run the pollers); then steal; then, as the poll
+/// mode says, park in the driver with the nearest deadline as the timeout
+/// (kBlock), spin back into maintenance (kSpin), or spin for a while, then park
+/// (kHybrid).
 ///
 /// Thread-safety: everything is owner-only except post() (any thread), the
 /// deque's steal side, parked_, and the stats (read racily).
@@ -21,6 +24,8 @@
 #include <vector>
 
 #include "base/result.h"
+#include "core/driver/driver.h"
+#include "core/poller.h"
 #include "core/internal/chase_lev_deque.h"
 #include "core/internal/deadline_heap.h"
 #include "core/internal/fiber.h"
@@ -44,15 +49,11 @@ struct TimerEntry : HeapNode {
     FiberFuture cancelAck;         // set by the owner once it no longer touches this entry
 };
 
-/// Something a CQE tagged kCompletion calls back on the owner carrier.
-struct Completion {
-    void (*fn)(Completion* self, int32_t res, uint32_t flags) = nullptr;
-};
-
 struct CarrierConfig {
     unsigned index = 0;
     int pu = -1;                  // OS index to bind to; -1: do not bind
     int logicalPu = -1;           // the PU it stands for in the topology, bound or not (simulation); -1: none
+    Backend backend = Backend::kUring;  // resolved: kUring or kEpoll
     uring::RingOptions ring;
     size_t stackSize = 64 * 1024;
     unsigned fixedBufferCount = 0;  // registered buffers (RuntimeOptions::fixedBufferCount)
@@ -92,7 +93,9 @@ public:
     [[nodiscard]] RuntimeImpl* runtime() const noexcept { return runtime_; }
     [[nodiscard]] Fiber* running() const noexcept { return current_; }
     [[nodiscard]] StackPool& stackPool() noexcept { return pool_; }
-    [[nodiscard]] uring::Ring& ring() noexcept { return ring_; }
+    [[nodiscard]] Driver& driver() noexcept { return *driver_; }
+    /// The io_uring ring, for registrations; null on the epoll backend.
+    [[nodiscard]] uring::Ring* ring() noexcept { return driver_->ring(); }
     /// This carrier's registered buffers and files (core/fixed.h); see core/internal/fixed_pool.h.
     [[nodiscard]] FixedBufferPool& fixedBuffers() noexcept { return fixedBuffers_; }
     [[nodiscard]] FixedFileTable& fixedFiles() noexcept { return fixedFiles_; }
@@ -106,8 +109,8 @@ public:
     void pushYielded(Fiber* fiber) noexcept;
     /// Hands a message to this carrier from any thread and wakes it if parked.
     void post(Message* message) noexcept;
-    /// Queues an IORING_OP_ASYNC_CANCEL for the operation with `userData`. Precondition: on this carrier's thread.
-    void cancelOpHere(uint64_t userData) noexcept;
+    /// Asks the driver to end `req` early (see Driver::cancel). Precondition: on this carrier's thread.
+    void cancelOpHere(op::IoRequest* req) noexcept { driver_->cancel(req); }
     /// Wakes this carrier if it is parked (any thread).
     void wake() noexcept;
     /// Switches the running fiber out and runs `action` on the scheduler.
@@ -125,14 +128,11 @@ public:
     /// spindle::carrierOtherwiseIdle).
     [[nodiscard]] bool otherwiseIdle() noexcept;
 
-    // --- I/O ---
-    /// An SQE whose CQE the caller awaits (counted as in flight).
-    io_uring_sqe* acquireSqe() noexcept {
-        ++inflight_;
-        return ring_.acquireSqe();
-    }
-    /// An SQE that produces no CQE to wait for (tag kIgnore, skip-success).
-    io_uring_sqe* acquireUntrackedSqe() noexcept { return ring_.acquireSqe(); }
+    // --- pollers ---
+    /// Registers `poller`, which the loop runs every turn from now on (owner thread). See Poller.
+    void addPoller(Poller* poller) noexcept;
+    /// Unregisters it; it is not called again once this returns (owner thread).
+    void removePoller(Poller* poller) noexcept;
 
     /// Ends `fiber`'s cancellable wait on this carrier early: queues an ASYNC_CANCEL for its I/O, or
     /// fires its timer with -ECANCELED. Precondition: on this carrier's thread, and fiber->waitOn_
@@ -214,9 +214,8 @@ private:
     /// the ring's completions are left to park()'s own io_uring_enter (reapOwed_) instead of one more.
     void maintenance(bool beforePark = false) noexcept;
     void drainInbox() noexcept;
-    void pollRing(bool getEvents) noexcept;
-    void dispatch(const io_uring_cqe* cqe) noexcept;
-    static void onOverflowReap(void* self, const io_uring_cqe* cqe);
+    // Runs every poller once; returns whether any found work, and (out) whether all allow parking.
+    bool runPollers(bool* mayPark) noexcept;
     void expireTimers() noexcept;
     /// Ends a timer wait (owner thread): clears its fiber's cancellable wait, then sets `fired`.
     static void fireTimer(TimerEntry* entry, int32_t res) noexcept;
@@ -235,7 +234,6 @@ private:
     void addIdle(uint64_t since) noexcept;
     void beginShutdown() noexcept;
     bool readyToExit() const noexcept;
-    void armEventFd() noexcept;
     void pushFifo(Fiber* fiber) noexcept;
     Fiber* popFifo() noexcept;
     static void onFiberExit(Fiber* fiber, void* unused);
@@ -246,17 +244,14 @@ private:
     SuspendAction action_;              // run by whichever context gains control next
     Fiber* actionFiber_ = nullptr;      // the fiber that recorded action_
     unsigned sinceMaintenance_ = 0;
-    uint32_t inflight_ = 0;             // SQEs whose CQE we still expect
     bool preferFifo_ = false;           // alternate between deque and FIFO so neither starves
     // While true, fibers made runnable go to the FIFO: a batch of wake-ups
     // (inbox, CQEs, timers) then runs in the order it happened, not reversed by
     // the deque's LIFO end. Maintenance hands the FIFO to thieves when any idle.
     bool inMaintenance_ = false;
-    bool reapOwed_ = false;             // maintenance(true) left the ring's completions to park()
-    void settleReap() noexcept;         // does the owed pollRing(true) when the loop did not park after all
+    bool reapOwed_ = false;             // maintenance(true) left the driver's completions to park()
+    void settleReap() noexcept;         // does the owed driver poll when the loop did not park after all
     bool shutdownSeen_ = false;
-    bool exiting_ = false;              // the loop ended; do not re-arm the eventfd read
-    bool eventFdArmed_ = false;
     bool spinning_ = false;             // in an idle spell, polling (counted in runtime_->spinningCount_)
     uint64_t spinSince_ = 0;            // when the current idle spell began (kHybrid)
     void* schedFakeStack_ = nullptr;    // ASan's fake stack of the scheduler context
@@ -264,7 +259,8 @@ private:
     Fiber* fifoTail_ = nullptr;
     ChaseLevDeque<Fiber*> deque_;
     DeadlineHeap timers_;
-    uring::Ring ring_;
+    std::unique_ptr<Driver> driver_;
+    Poller* pollers_ = nullptr;         // intrusive list, owner-only
     StackPool pool_;
     FixedBufferPool fixedBuffers_;
     FixedFileTable fixedFiles_;
@@ -284,9 +280,6 @@ private:
     int boundPu_ = -1;
     int memoryNode_ = -1;             // see memoryNode(); set in the constructor
     bool threadMemoryBound_ = false;  // see threadMemoryBound(); set in setUp()
-    int eventFd_ = -1;
-    uint64_t eventBuf_ = 0;
-    Completion eventCompletion_;
     std::thread thread_;
     std::atomic<int> startState_{0};    // 0 starting, 1 running, -errno failed
     const void* schedStackBottom_ = nullptr;  // for ASan's switch annotations

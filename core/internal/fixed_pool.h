@@ -51,12 +51,13 @@ public:
     FixedBufferPool(const FixedBufferPool&) = delete;
     FixedBufferPool& operator=(const FixedBufferPool&) = delete;
 
-    /// Maps the buffers and tries to register them with `ring`. `count` 0: no pool (acquire gives
+    /// Maps the buffers and tries to register them with `ring` (null, on the epoll backend: mapped,
+    /// never registered, so every call takes the plain form). `count` 0: no pool (acquire gives
     /// ENOTSUP). A refused registration is logged (warn: the errno, RLIMIT_MEMLOCK, the pool's size)
     /// and leaves the pool usable, unregistered.
     /// Precondition: on the carrier thread that owns `ring`; called once.
     /// Errors: ENOMEM when the memory cannot be had (the carrier then fails to start).
-    [[nodiscard]] Result<void> setUp(uring::Ring& ring, unsigned carrier, unsigned count, size_t size,
+    [[nodiscard]] Result<void> setUp(uring::Ring* ring, unsigned carrier, unsigned count, size_t size,
                                      const numa::Topology* topology, int boundPu) noexcept;
     /// Unregisters the buffers from the ring, if registered. Precondition: on the owner thread, the
     /// ring still open, no I/O in flight. The memory stays until destroy().
@@ -114,7 +115,7 @@ public:
     /// carrier then uses its plain fd.
     /// Precondition: on the owner thread; called once.
     /// Errors: ENOMEM when the slot array cannot be allocated (the carrier then fails to start).
-    [[nodiscard]] Result<void> setUp(Carrier* owner, uring::Ring& ring, unsigned slots) noexcept;
+    [[nodiscard]] Result<void> setUp(Carrier* owner, uring::Ring* ring, unsigned slots) noexcept;
     /// Unregisters the table, if registered. Precondition: owner thread, ring open, no I/O in flight.
     void unregister() noexcept;
     /// Checks that every FixedFile was closed (aborts with a message otherwise) and frees the slots.

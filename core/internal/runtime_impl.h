@@ -34,6 +34,8 @@ public:
     [[nodiscard]] const std::vector<std::unique_ptr<Carrier>>& carriers() const noexcept { return carriers_; }
     [[nodiscard]] const numa::Topology* topology() const noexcept { return topology_ ? &*topology_ : nullptr; }
     [[nodiscard]] OffloadPool& offloadPool() noexcept { return offload_; }
+    /// The backend start() chose (kUring before start()).
+    [[nodiscard]] Backend backend() const noexcept { return backend_; }
 
     /// Counts a new fiber; false (nothing counted) if a stranger spawns during shutdown.
     bool admitFiber(bool fromOwnFiber) noexcept;
@@ -62,6 +64,7 @@ private:
     std::atomic<bool> stopping_{false};
     std::atomic<uint32_t> roundRobin_{0};
     bool joined_ = false;
+    Backend backend_ = Backend::kUring;
     OffloadPool offload_;  // closed by shutdown(), joined by join() after the carriers
 };
 

@@ -1,7 +1,6 @@
 #pragma once
-/// The socket operations net/ submits through the ring, shared by TcpStream, TcpListener and UdpSocket.
+/// The socket operations net/ submits through the carrier's driver, shared by TcpStream, TcpListener and UdpSocket.
 
-#include <liburing.h>
 #include <sys/socket.h>
 
 #include <cstddef>

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstring>
 
+#include "core/io.h"
 #include "core/runtime.h"
 #include "tests/core/with_runtime.h"
 #include "uring/inject.h"
@@ -18,26 +20,58 @@ using testing_support::withCarriers;
 
 using inject::ArmedFault;
 
+RuntimeOptions uringOnly(unsigned carriers) {
+    RuntimeOptions o = withCarriers(carriers);
+    o.backend = Backend::kUring;
+    return o;
+}
+
 TEST(FaultInjection, ARingThatCannotBeSetUpFailsStartWithItsErrno) {
     {
         ArmedFault f(inject::Point::kRingSetup, ENOMEM);
-        auto rt = Runtime::start(withCarriers(1));
+        auto rt = Runtime::start(uringOnly(1));
         ASSERT_FALSE(rt);
         EXPECT_EQ(rt.errorCode(), ENOMEM);
     }
-    auto rt = Runtime::start(withCarriers(1));  // disarmed: the next start works
+    auto rt = Runtime::start(uringOnly(1));  // disarmed: the next start works
     ASSERT_TRUE(rt) << rt.error().message();
+}
+
+TEST(FaultInjection, AutoFallsBackToEpollWhenNoRingCanBeSetUp) {
+    // ENOMEM (RLIMIT_MEMLOCK), EPERM (seccomp, the sysctl) and ENOSYS (qemu-user) say io_uring cannot
+    // be used here at all: the probe sees it, and the carriers come up on epoll.
+    for (int err : {ENOMEM, EPERM, ENOSYS}) {
+        ArmedFault f(inject::Point::kRingSetup, err, /*count=*/1);
+        RuntimeOptions o = withCarriers(1);
+        o.backend = Backend::kAuto;
+        auto rt = Runtime::start(o);
+        ASSERT_TRUE(rt) << rt.error().message();
+        EXPECT_EQ(rt->backend(), Backend::kEpoll) << std::strerror(err);
+        auto h = rt->spawn([] { return static_cast<bool>(spindle::nop()) ? 7 : 0; });
+        ASSERT_TRUE(h);
+        EXPECT_EQ(h->join(), 7);
+    }
+}
+
+TEST(FaultInjection, AutoDoesNotFallBackOnOtherSetUpErrors) {
+    ArmedFault f(inject::Point::kRingSetup, EFAULT, /*count=*/1);
+    RuntimeOptions o = withCarriers(1);
+    o.backend = Backend::kAuto;
+    auto rt = Runtime::start(o);
+    ASSERT_FALSE(rt);
+    EXPECT_EQ(rt.errorCode(), EFAULT);
 }
 
 TEST(FaultInjection, ALaterCarrierFailingStopsTheOnesAlreadyRunning) {
     // Carrier 0 comes up, carrier 1's ring fails: start() must stop and join carrier 0.
     {
-        ArmedFault f(inject::Point::kRingSetup, EPERM, /*count=*/1, /*skip=*/1);
-        auto rt = Runtime::start(withCarriers(2));
+        // The first set-up is start()'s probe ring, the second carrier 0's.
+        ArmedFault f(inject::Point::kRingSetup, EPERM, /*count=*/1, /*skip=*/2);
+        auto rt = Runtime::start(uringOnly(2));
         ASSERT_FALSE(rt);
         EXPECT_EQ(rt.errorCode(), EPERM);
     }
-    auto rt = Runtime::start(withCarriers(2));
+    auto rt = Runtime::start(uringOnly(2));
     ASSERT_TRUE(rt) << rt.error().message();
     EXPECT_EQ(rt->carrierCount(), 2u);
 }
@@ -45,7 +79,7 @@ TEST(FaultInjection, ALaterCarrierFailingStopsTheOnesAlreadyRunning) {
 TEST(FaultInjection, RunReportsAStartFailure) {
     ArmedFault f(inject::Point::kRingSetup, ENOSYS);
     bool ran = false;
-    auto r = Runtime::run([&] { ran = true; }, withCarriers(1));
+    auto r = Runtime::run([&] { ran = true; }, uringOnly(1));
     ASSERT_FALSE(r);
     EXPECT_EQ(r.errorCode(), ENOSYS);
     EXPECT_FALSE(ran);

@@ -525,17 +525,10 @@ TEST_F(FixedIoTest, AFixedFileUsedOffItsCarrierUsesThePlainFd) {
 /// Reads one byte through slot `slot` of the calling carrier's table (IOSQE_FIXED_FILE), bypassing
 /// FixedFile: what the kernel's table holds there.
 int32_t readThroughSlot(int slot) {
-    struct Args {
-        int slot;
-        char byte;
-    } a{slot, 0};
-    return detail::submitAndWait(
-        [](io_uring_sqe* sqe, const void* p) {
-            auto* x = static_cast<const Args*>(p);
-            io_uring_prep_read(sqe, x->slot, const_cast<char*>(&x->byte), 1, 0);
-            sqe->flags |= IOSQE_FIXED_FILE;
-        },
-        &a);
+    char byte = 0;
+    op::Op o = op::read(slot, &byte, 1, 0);
+    o.flags |= op::kFixedFile;
+    return detail::submitAndWait(o);
 }
 
 TEST_F(FixedIoTest, CloseEmptiesTheSlotAndClosesTheDescriptor) {

@@ -1,0 +1,634 @@
+#include "core/driver/epoll_driver.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+#include "base/check.h"
+#include "base/log.h"
+#include "core/internal/carrier.h"
+#include "core/internal/runtime_impl.h"
+
+namespace spindle::detail {
+namespace {
+
+constexpr uint64_t kWakeTag = ~uint64_t{0};  // epoll data of the wake-up eventfd
+constexpr uint64_t kCurrentPosition = ~uint64_t{0};
+constexpr uint32_t kInterest = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
+constexpr uint32_t kParked = 1;  // IoRequest::driverState: in an fd's waiter list
+
+// ---- close generations -----------------------------------------------------------------------
+// One counter per descriptor number below the hard RLIMIT_NOFILE (capped), shared by all carriers.
+struct CloseGenerations {
+    size_t size = 0;
+    std::unique_ptr<std::atomic<uint32_t>[]> gen;
+    CloseGenerations() {
+        rlimit rl{};
+        rlim_t n = ::getrlimit(RLIMIT_NOFILE, &rl) == 0 ? rl.rlim_max : 1024;
+        if (n == RLIM_INFINITY || n > (1u << 20)) { n = 1u << 20; }
+        size = static_cast<size_t>(n);
+        gen.reset(new (std::nothrow) std::atomic<uint32_t>[size]());
+        if (!gen) { size = 0; }
+    }
+};
+CloseGenerations& closeGenerations() {
+    static CloseGenerations g;
+    return g;
+}
+// Descriptors past the table read a generation that never matches, so their state is re-made (and
+// re-registered: EEXIST then says it already was) on each use.
+uint32_t closeGeneration(int fd) noexcept {
+    CloseGenerations& g = closeGenerations();
+    if (fd < 0 || static_cast<size_t>(fd) >= g.size) { return UINT32_MAX; }
+    return g.gen[fd].load(std::memory_order_relaxed);
+}
+
+bool isPathOp(op::Code c) noexcept {
+    switch (c) {
+        case op::Code::kFsync:
+        case op::Code::kOpenat:
+        case op::Code::kStatx:
+        case op::Code::kFallocate:
+        case op::Code::kUnlinkat:
+        case op::Code::kRenameat:
+        case op::Code::kMkdirat:
+        case op::Code::kSplice:
+        case op::Code::kTee:
+            return true;
+        default:
+            return false;
+    }
+}
+
+bool isRwOp(op::Code c) noexcept {
+    return c == op::Code::kRead || c == op::Code::kWrite || c == op::Code::kReadv || c == op::Code::kWritev;
+}
+
+int32_t fromSys(long r) noexcept { return r < 0 ? -errno : static_cast<int32_t>(r); }
+
+// The events that may let `o` make progress.
+uint32_t wantedEvents(const op::Op& o) noexcept {
+    if (o.code == op::Code::kPoll) {
+        uint32_t e = 0;
+        if ((o.len & (POLLIN | POLLRDNORM | POLLRDBAND | POLLPRI | POLLRDHUP)) != 0) { e |= EPOLLIN; }
+        if ((o.len & (POLLOUT | POLLWRNORM | POLLWRBAND)) != 0) { e |= EPOLLOUT; }
+        return e | EPOLLERR | EPOLLHUP;
+    }
+    return (o.writes() ? EPOLLOUT : EPOLLIN) | EPOLLERR | EPOLLHUP;
+}
+
+// One attempt at `o`. `nonblock`: never block (MSG_DONTWAIT, RWF_NOWAIT, a zero poll); -EAGAIN
+// then says "not now". Blocking: the plain calls, for a plain thread or the offload pool (or a
+// descriptor we made O_NONBLOCK, which answers EAGAIN all the same).
+int32_t attempt(const op::Op& o, bool nonblock) noexcept {
+    using op::Code;
+    const int dontwait = nonblock ? MSG_DONTWAIT : 0;
+    switch (o.code) {
+        case Code::kNop:
+            return 0;
+        case Code::kRead:
+        case Code::kWrite: {
+            iovec iov{o.addr, o.len};
+            const off_t off = o.off == kCurrentPosition ? -1 : static_cast<off_t>(o.off);
+            const int flags = nonblock ? RWF_NOWAIT : 0;
+            return fromSys(o.code == Code::kRead ? ::preadv2(o.fd, &iov, 1, off, flags)
+                                                 : ::pwritev2(o.fd, &iov, 1, off, flags));
+        }
+        case Code::kReadv:
+        case Code::kWritev: {
+            const off_t off = o.off == kCurrentPosition ? -1 : static_cast<off_t>(o.off);
+            const int flags = nonblock ? RWF_NOWAIT : 0;
+            const auto* iov = static_cast<const iovec*>(o.addr);
+            const int n = static_cast<int>(o.len);
+            return fromSys(o.code == Code::kReadv ? ::preadv2(o.fd, iov, n, off, flags) : ::pwritev2(o.fd, iov, n, off, flags));
+        }
+        case Code::kFsync:
+            return fromSys((o.opFlags & op::kDatasync) != 0 ? ::fdatasync(o.fd) : ::fsync(o.fd));
+        case Code::kOpenat:
+            return fromSys(::openat(o.fd, static_cast<const char*>(o.addr), static_cast<int>(o.opFlags),
+                                    static_cast<mode_t>(o.len)));
+        case Code::kClose:
+            return fromSys(::close(o.fd));
+        case Code::kStatx:
+            return fromSys(::statx(o.fd, static_cast<const char*>(o.addr), static_cast<int>(o.opFlags), o.len,
+                                   static_cast<struct statx*>(o.addr2)));
+        case Code::kFallocate:
+            return fromSys(::fallocate(o.fd, static_cast<int>(o.opFlags), static_cast<off_t>(o.off),
+                                       static_cast<off_t>(o.off2)));
+        case Code::kUnlinkat:
+            return fromSys(::unlinkat(o.fd, static_cast<const char*>(o.addr), static_cast<int>(o.opFlags)));
+        case Code::kRenameat:
+            return fromSys(::syscall(SYS_renameat2, o.fd, static_cast<const char*>(o.addr), o.fd2,
+                                     static_cast<const char*>(o.addr2), o.opFlags));
+        case Code::kMkdirat:
+            return fromSys(::mkdirat(o.fd, static_cast<const char*>(o.addr), static_cast<mode_t>(o.len)));
+        case Code::kPoll: {
+            pollfd p{o.fd, static_cast<short>(o.len), 0};
+            const int r = ::poll(&p, 1, nonblock ? 0 : -1);
+            if (r < 0) { return -errno; }
+            if (r == 0) { return -EAGAIN; }
+            return static_cast<uint16_t>(p.revents);
+        }
+        case Code::kSplice: {
+            auto offIn = static_cast<loff_t>(o.off);
+            auto offOut = static_cast<loff_t>(o.off2);
+            return fromSys(::splice(o.fd, static_cast<int64_t>(o.off) == -1 ? nullptr : &offIn, o.fd2,
+                                    static_cast<int64_t>(o.off2) == -1 ? nullptr : &offOut, o.len, o.opFlags));
+        }
+        case Code::kTee:
+            return fromSys(::tee(o.fd, o.fd2, o.len, o.opFlags));
+        case Code::kAccept:
+        case Code::kAcceptMultishot:
+            return fromSys(::accept4(o.fd, static_cast<sockaddr*>(o.addr), static_cast<socklen_t*>(o.addr2),
+                                     static_cast<int>(o.opFlags)));
+        case Code::kConnect: {
+            if (::connect(o.fd, static_cast<const sockaddr*>(o.addr), o.len) == 0) { return 0; }
+            const int e = errno;
+            return e == EINPROGRESS ? -EAGAIN : -e;
+        }
+        case Code::kRecv:
+            return fromSys(::recv(o.fd, o.addr, o.len, static_cast<int>(o.opFlags) | dontwait));
+        case Code::kSend:
+            return fromSys(::send(o.fd, o.addr, o.len, static_cast<int>(o.opFlags) | dontwait));
+        case Code::kRecvmsg:
+            return fromSys(::recvmsg(o.fd, static_cast<msghdr*>(o.addr), static_cast<int>(o.opFlags) | dontwait));
+        case Code::kSendmsg:
+            return fromSys(::sendmsg(o.fd, static_cast<const msghdr*>(o.addr), static_cast<int>(o.opFlags) | dontwait));
+        case Code::kShutdown:
+            return fromSys(::shutdown(o.fd, static_cast<int>(o.opFlags)));
+        case Code::kRecvMultishot:
+            return -EINVAL;
+    }
+    return -EINVAL;
+}
+
+// A connect that answered EINPROGRESS and then became writable (or failed): its outcome.
+int32_t connectOutcome(int fd) noexcept {
+    int err = 0;
+    socklen_t len = sizeof(err);
+    if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) { return -errno; }
+    return -err;
+}
+
+int32_t setNonblocking(int fd) noexcept {
+    const int fl = ::fcntl(fd, F_GETFL);
+    if (fl < 0) { return -errno; }
+    if ((fl & O_NONBLOCK) == 0 && ::fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) { return -errno; }
+    return 0;
+}
+
+}  // namespace
+
+void bumpCloseGeneration(int fd) noexcept {
+    CloseGenerations& g = closeGenerations();
+    if (fd >= 0 && static_cast<size_t>(fd) < g.size) { g.gen[fd].fetch_add(1, std::memory_order_relaxed); }
+}
+
+EpollDriver::~EpollDriver() { close(); }
+
+Result<void> EpollDriver::init(Carrier* owner) noexcept {
+    owner_ = owner;
+    (void)closeGenerations();
+    epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
+    if (epfd_ < 0) {
+        const int err = errno;
+        log::error("carrier {}: epoll_create1 failed: {}", owner->index(), std::strerror(err));
+        return Error{err};
+    }
+    wakeFd_ = ::eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+    if (wakeFd_ < 0) {
+        const int err = errno;
+        log::error("carrier {}: eventfd failed: {}", owner->index(), std::strerror(err));
+        return Error{err};
+    }
+    epoll_event ev{};
+    ev.events = EPOLLIN;  // level-triggered: reap() reads it back to zero
+    ev.data.u64 = kWakeTag;
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, wakeFd_, &ev) != 0) {
+        const int err = errno;
+        log::error("carrier {}: epoll_ctl(eventfd) failed: {}", owner->index(), std::strerror(err));
+        return Error{err};
+    }
+    try {
+        fds_.resize(1024);
+    } catch (...) {
+        return Error{ENOMEM};
+    }
+    return {};
+}
+
+void EpollDriver::close() noexcept {
+    if (epfd_ >= 0) {
+        ::close(epfd_);
+        epfd_ = -1;
+    }
+    if (wakeFd_ >= 0) {
+        ::close(wakeFd_);
+        wakeFd_ = -1;
+    }
+}
+
+EpollDriver::FdState* EpollDriver::stateFor(int fd) noexcept {
+    if (fd < 0) { return nullptr; }
+    const auto i = static_cast<size_t>(fd);
+    if (i >= fds_.size()) {
+        try {
+            fds_.resize(std::max(i + 1, fds_.size() * 2));
+        } catch (...) {
+            return nullptr;
+        }
+    }
+    FdState& st = fds_[i];
+    const uint32_t gen = closeGeneration(fd);
+    if (!st.known || st.gen != gen) {
+        // A new file behind this number (or one we never saw): forget what we knew, keep the waiters.
+        st.known = true;
+        st.gen = gen;
+        st.registered = false;
+        st.regular = false;
+        st.stream = false;
+        st.nonblocking = false;
+        st.readReady = true;
+        st.writeReady = true;
+    }
+    return &st;
+}
+
+int32_t EpollDriver::registerFd(int fd, FdState& st) noexcept {
+    if (st.registered) { return 0; }
+    epoll_event ev{};
+    ev.events = kInterest;
+    ev.data.u64 = static_cast<uint64_t>(fd);
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST) {
+        const int err = errno;
+        if (err == EPERM) { st.regular = true; }
+        return -err;
+    }
+    st.registered = true;
+    int type = 0;
+    socklen_t len = sizeof(type);
+    st.stream = ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
+    return 0;
+}
+
+int32_t EpollDriver::start(op::IoRequest* req) noexcept {
+    started_.store(started_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    op::Op& o = req->op;
+    req->driverState = 0;
+    if ((o.flags & (op::kFixedFile | op::kBufferSelect | op::kFixedBuffer)) != 0) {
+        // Registered resources belong to io_uring; the callers' fallbacks never send these here.
+        return -EINVAL;
+    }
+    if (o.code == op::Code::kClose) {
+        if (FdState* st = o.fd >= 0 && static_cast<size_t>(o.fd) < fds_.size() ? &fds_[o.fd] : nullptr;
+            st != nullptr && st->registered) {
+            (void)::epoll_ctl(epfd_, EPOLL_CTL_DEL, o.fd, nullptr);
+            st->known = false;
+        }
+        bumpCloseGeneration(o.fd);
+        return attempt(o, false);
+    }
+    if (o.code == op::Code::kNop || o.code == op::Code::kShutdown) { return attempt(o, false); }
+    if (o.code == op::Code::kRecvMultishot) { return -EINVAL; }
+    if (isPathOp(o.code)) { return kBlocking; }
+
+    FdState* st = stateFor(o.fd);
+    if (st == nullptr) { return o.fd < 0 ? -EBADF : -ENOMEM; }
+    const bool writes = o.writes();
+    if (o.code == op::Code::kAccept || o.code == op::Code::kAcceptMultishot || o.code == op::Code::kConnect) {
+        if (!st->nonblocking) {
+            if (const int32_t r = setNonblocking(o.fd); r < 0) { return r; }
+            st->nonblocking = true;
+        }
+    }
+    if (st->regular && isRwOp(o.code)) {
+        const int32_t r = attempt(o, true);  // the page cache may answer at once
+        return r == -EAGAIN || r == -EOPNOTSUPP ? kBlocking : r;
+    }
+    if (o.code == op::Code::kAcceptMultishot) {
+        // Every result comes through the completion, from the loop: park, and have the next poll
+        // try the descriptor at once if it may be ready already.
+        const int32_t p = park(req, *st);
+        if (p == kPending && st->readReady) {
+            try {
+                retryFds_.push_back(o.fd);
+            } catch (...) {
+                st->registered = false;  // re-adding it reports its readiness as an event
+                (void)::epoll_ctl(epfd_, EPOLL_CTL_DEL, o.fd, nullptr);
+                (void)registerFd(o.fd, *st);
+            }
+        }
+        return p;
+    }
+    // Known not ready since the last EAGAIN, with no event since: wait without asking again.
+    const bool known = st->registered && (writes ? !st->writeReady : !st->readReady) &&
+                       o.code != op::Code::kPoll && o.code != op::Code::kConnect;
+    if (!known) {
+        int32_t r = attempt(o, !st->plainRw);
+        if (r == -EOPNOTSUPP && isRwOp(o.code)) {
+            // No RWF_NOWAIT for this file (a timerfd, a tty): pollable ones get O_NONBLOCK and plain
+            // reads; the others are run on the pool.
+            if (registerFd(o.fd, *st) < 0 || setNonblocking(o.fd) < 0) { return kBlocking; }
+            st->nonblocking = true;
+            st->plainRw = true;
+            r = attempt(o, false);
+        }
+        if (r != -EAGAIN) {
+            if (r > 0 && st->stream && st->registered && (o.code == op::Code::kRecv || o.code == op::Code::kRead) &&
+                static_cast<uint32_t>(r) < o.len) {
+                st->readReady = false;  // a short read from a stream: drained until the next event
+            }
+            return r;
+        }
+    }
+    if (writes) {
+        st->writeReady = false;
+    } else {
+        st->readReady = false;
+    }
+    return park(req, *st);
+}
+
+int32_t EpollDriver::park(op::IoRequest* req, FdState& st) noexcept {
+    const op::Op& o = req->op;
+    if (const int32_t r = registerFd(o.fd, st); r < 0) {
+        if (r == -EPERM && isRwOp(o.code)) { return kBlocking; }  // a regular file: the pool reads it
+        return r;
+    }
+    req->next = nullptr;
+    req->prev = st.tail;
+    if (st.tail != nullptr) {
+        st.tail->next = req;
+    } else {
+        st.head = req;
+    }
+    st.tail = req;
+    req->driverState = kParked;
+    ++waiting_;
+    if (req->deadlineNs != 0) { heapPush(req); }
+    if (o.code == op::Code::kConnect) { req->savedFlags = 1; }  // connecting: the retry reads SO_ERROR
+    return kPending;
+}
+
+void EpollDriver::unlink(op::IoRequest* req) noexcept {
+    FdState& st = fds_[static_cast<size_t>(req->op.fd)];
+    if (req->prev != nullptr) {
+        req->prev->next = req->next;
+    } else {
+        st.head = req->next;
+    }
+    if (req->next != nullptr) {
+        req->next->prev = req->prev;
+    } else {
+        st.tail = req->prev;
+    }
+    req->next = req->prev = nullptr;
+    req->driverState = 0;
+    --waiting_;
+    if (req->heapIndex != 0) { heapRemove(req); }
+}
+
+void EpollDriver::finish(op::IoRequest* req, int32_t res, uint32_t flags) noexcept {
+    completed_.store(completed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    req->complete(req, res, flags);
+}
+
+void EpollDriver::cancel(op::IoRequest* req) noexcept {
+    if (req->driverState != kParked) { return; }  // completed, or never parked here
+    unlink(req);
+    finish(req, -ECANCELED, 0);
+}
+
+void EpollDriver::cancelAll() noexcept {
+    for (FdState& st : fds_) {
+        while (op::IoRequest* req = st.head) {
+            unlink(req);
+            finish(req, -ECANCELED, 0);
+        }
+    }
+}
+
+void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
+    if (fd < 0 || static_cast<size_t>(fd) >= fds_.size()) { return; }
+    FdState& st = fds_[static_cast<size_t>(fd)];
+    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) { st.readReady = true; }
+    if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) { st.writeReady = true; }
+    // Requests parked after this pass began wait for the next event; each is tried once here.
+    op::IoRequest* last = st.tail;
+    op::IoRequest* req = st.head;
+    while (req != nullptr) {
+        op::IoRequest* next = req == last ? nullptr : req->next;
+        if ((wantedEvents(req->op) & events) != 0) {
+            const op::Op& o = req->op;
+            int32_t r = req->savedFlags == 1 ? connectOutcome(o.fd) : attempt(o, !st.plainRw);
+            if (o.code == op::Code::kAcceptMultishot) {
+                while (r >= 0) {
+                    finish(req, r, op::kMore);
+                    r = attempt(o, true);
+                }
+            }
+            if (r == -EAGAIN) {
+                if (o.writes()) { st.writeReady = false; } else { st.readReady = false; }
+            } else {
+                unlink(req);
+                req->savedFlags = 0;
+                if (r > 0 && st.stream && (o.code == op::Code::kRecv || o.code == op::Code::kRead) &&
+                    static_cast<uint32_t>(r) < o.len) {
+                    st.readReady = false;
+                }
+                finish(req, r, 0);
+            }
+        }
+        req = next;
+    }
+}
+
+void EpollDriver::handleEvents(int count) noexcept {
+    for (int i = 0; i < count; ++i) {
+        const epoll_event ev = events_[i];
+        if (ev.data.u64 == kWakeTag) {
+            uint64_t v;
+            while (::read(wakeFd_, &v, sizeof(v)) > 0) {}
+            continue;
+        }
+        retryWaiters(static_cast<int>(ev.data.u64), ev.events);
+    }
+}
+
+void EpollDriver::expireDeadlines() noexcept {
+    if (deadlines_.empty()) { return; }
+    const uint64_t now = nowNs();
+    while (!deadlines_.empty() && deadlines_.front()->deadlineNs <= now) {
+        op::IoRequest* req = deadlines_.front();
+        unlink(req);  // takes it out of the heap too
+        req->savedFlags = 0;
+        finish(req, -ECANCELED, 0);
+    }
+}
+
+void EpollDriver::poll(bool) noexcept {
+    retryPending();
+    if (waiting_ != 0) {
+        enters_.store(enters_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        const int n = ::epoll_wait(epfd_, events_, kMaxEvents, 0);
+        if (n > 0) { handleEvents(n); }
+    }
+    expireDeadlines();
+}
+
+void EpollDriver::wait(int64_t timeoutNs) noexcept {
+    int ms = -1;
+    if (!retryFds_.empty()) {
+        ms = 0;
+    } else if (timeoutNs > 0) {
+        // Rounded up, so a deadline is never woken for early and spun on.
+        const int64_t m = (timeoutNs + 999'999) / 1'000'000;
+        ms = m > INT32_MAX ? INT32_MAX : static_cast<int>(m);
+    }
+    enters_.store(enters_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    const int n = ::epoll_wait(epfd_, events_, kMaxEvents, ms);
+    if (n < 0 && errno != EINTR) {
+        log::warn("carrier {}: epoll_wait failed: {}", owner_->index(), std::strerror(errno));
+    }
+    pendingEvents_ = n > 0 ? n : 0;
+}
+
+void EpollDriver::retryPending() noexcept {
+    while (!retryFds_.empty()) {
+        const int fd = retryFds_.back();
+        retryFds_.pop_back();
+        retryWaiters(fd, EPOLLIN);
+    }
+}
+
+void EpollDriver::reap() noexcept {
+    retryPending();
+    const int n = std::exchange(pendingEvents_, 0);
+    if (n > 0) { handleEvents(n); }
+    expireDeadlines();
+}
+
+void EpollDriver::wakeFrom(Carrier*) noexcept {
+    const uint64_t one = 1;
+    ssize_t w;
+    do {
+        w = ::write(wakeFd_, &one, sizeof(one));
+    } while (w < 0 && errno == EINTR);
+    // EAGAIN: the counter is saturated, so a wake-up is pending anyway.
+    SPINDLE_CHECK_MSG(w == sizeof(one) || errno == EAGAIN, "eventfd write to wake a carrier failed");
+}
+
+void EpollDriver::drainForExit() noexcept {
+    // Shutdown cancelled every waiter; a request parked since (a multishot re-armed by a handler)
+    // is cancelled here.
+    if (waiting_ != 0) { cancelAll(); }
+}
+
+std::string EpollDriver::describe() const { return "epoll (edge-triggered; files on the offload pool)"; }
+
+Driver::Counters EpollDriver::counters() const noexcept {
+    Counters c;
+    c.enters = enters_.load(std::memory_order_relaxed);
+    c.submitted = started_.load(std::memory_order_relaxed);
+    c.completed = completed_.load(std::memory_order_relaxed);
+    return c;
+}
+
+// ---- the deadline heap ---------------------------------------------------------------------------
+
+void EpollDriver::heapPush(op::IoRequest* req) noexcept {
+    try {
+        deadlines_.push_back(req);
+    } catch (...) {
+        SPINDLE_CHECK_MSG(false, "out of memory for an I/O deadline");
+    }
+    req->heapIndex = deadlines_.size();
+    heapSiftUp(deadlines_.size() - 1);
+}
+
+void EpollDriver::heapRemove(op::IoRequest* req) noexcept {
+    const size_t i = req->heapIndex - 1;
+    req->heapIndex = 0;
+    op::IoRequest* last = deadlines_.back();
+    deadlines_.pop_back();
+    if (i == deadlines_.size()) { return; }
+    deadlines_[i] = last;
+    last->heapIndex = i + 1;
+    heapSiftUp(i);
+    heapSiftDown(last->heapIndex - 1);
+}
+
+void EpollDriver::heapSiftUp(size_t i) noexcept {
+    while (i > 0) {
+        const size_t parent = (i - 1) / 2;
+        if (deadlines_[parent]->deadlineNs <= deadlines_[i]->deadlineNs) { break; }
+        std::swap(deadlines_[parent], deadlines_[i]);
+        deadlines_[parent]->heapIndex = parent + 1;
+        deadlines_[i]->heapIndex = i + 1;
+        i = parent;
+    }
+}
+
+void EpollDriver::heapSiftDown(size_t i) noexcept {
+    const size_t n = deadlines_.size();
+    for (;;) {
+        size_t m = i;
+        const size_t l = 2 * i + 1;
+        const size_t r = l + 1;
+        if (l < n && deadlines_[l]->deadlineNs < deadlines_[m]->deadlineNs) { m = l; }
+        if (r < n && deadlines_[r]->deadlineNs < deadlines_[m]->deadlineNs) { m = r; }
+        if (m == i) { return; }
+        std::swap(deadlines_[m], deadlines_[i]);
+        deadlines_[m]->heapIndex = m + 1;
+        deadlines_[i]->heapIndex = i + 1;
+        i = m;
+    }
+}
+
+// ---- off the carrier -----------------------------------------------------------------------------
+
+int32_t EpollDriver::performBlocking(const op::Op& o, Deadline deadline) noexcept {
+    if ((o.flags & (op::kFixedFile | op::kBufferSelect | op::kFixedBuffer)) != 0 ||
+        o.code == op::Code::kRecvMultishot || o.code == op::Code::kAcceptMultishot) {
+        return -EINVAL;
+    }
+    if (o.code == op::Code::kClose) { bumpCloseGeneration(o.fd); }
+    const bool pollable = !isPathOp(o.code) && o.code != op::Code::kNop && o.code != op::Code::kClose &&
+                          o.code != op::Code::kShutdown;
+    if (!pollable || (!deadline.isSet() && o.code != op::Code::kConnect && o.code != op::Code::kAccept)) {
+        const int32_t r = attempt(o, false);
+        if (r != -EAGAIN || !pollable) { return r; }  // a non-blocking descriptor: wait below
+    }
+    bool connecting = false;
+    for (;;) {
+        int32_t r = connecting ? connectOutcome(o.fd) : attempt(o, true);
+        if (o.code == op::Code::kConnect && r == -EAGAIN && !connecting) {
+            connecting = true;
+        } else if (r != -EAGAIN) {
+            return r;
+        }
+        int ms = -1;
+        if (deadline.isSet()) {
+            const uint64_t now = nowNs();
+            if (deadline.ns() <= now) { return -ETIMEDOUT; }
+            const uint64_t left = (deadline.ns() - now + 999'999) / 1'000'000;
+            ms = left > INT32_MAX ? INT32_MAX : static_cast<int>(left);
+        }
+        pollfd p{o.fd, static_cast<short>(o.writes() ? POLLOUT : POLLIN), 0};
+        if (o.code == op::Code::kPoll) { p.events = static_cast<short>(o.len); }
+        const int n = ::poll(&p, 1, ms);
+        if (n < 0 && errno != EINTR) { return -errno; }
+        if (n == 0 && deadline.isSet() && deadline.expired()) { return -ETIMEDOUT; }
+    }
+}
+
+}  // namespace spindle::detail

@@ -1,0 +1,127 @@
+#pragma once
+/// EpollDriver: the I/O driver where io_uring cannot be used (a seccomp filter, a disabled sysctl,
+/// qemu-user), on one epoll set per carrier.
+///
+/// Sockets, pipes and other pollable descriptors: an operation is tried at once without blocking
+/// (MSG_DONTWAIT, RWF_NOWAIT); only on EAGAIN does its request wait, in the descriptor's waiter list,
+/// for readiness. A descriptor joins this carrier's epoll set edge-triggered on its first EAGAIN and
+/// stays there until spindle::close() (or the kernel's own removal when the file is released); an
+/// event retries the waiters in the carrier's loop and completes those that got an answer. For a
+/// stream socket, a receive that came back short marks it drained, so the next receive waits for an
+/// event instead of costing a system call that would answer EAGAIN.
+/// Regular files (which epoll refuses with EPERM) and the path operations (openat, statx, fsync, ...)
+/// are answered kBlocking: submitAndWait runs them on the offload pool; a read or write is first tried
+/// with RWF_NOWAIT, which the page cache often answers at once.
+/// Multishot accept is emulated (each accepted connection completes with op::kMore); provided-buffer
+/// receives (op::kBufferSelect) are refused with EINVAL, and callers take their per-connection buffer
+/// fallback. Deadlines sit in a heap of their own; park() sleeps until the nearest one.
+/// Wake-ups: an eventfd in the set, written from any thread.
+///
+/// Limitation: a descriptor closed with close(2) directly, not spindle::close(), and reused while
+/// this carrier still counts it as registered is re-added only after spindle::close() of the new one
+/// or when a wait on it finds EEXIST; close through spindle (net::TcpStream does).
+/// Thread-safety: as Driver.
+
+#include <sys/epoll.h>
+
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "core/deadline.h"
+#include "core/driver/driver.h"
+
+namespace spindle::detail {
+
+class RuntimeImpl;
+
+/// start()'s answer for an op that must run as a blocking call off the carrier (the offload pool).
+inline constexpr int32_t kBlocking = INT32_MIN + 1;
+
+class EpollDriver final : public Driver {
+public:
+    explicit EpollDriver(RuntimeImpl* runtime) noexcept : runtime_(runtime) {}
+    ~EpollDriver() override;
+
+    [[nodiscard]] Backend backend() const noexcept override { return Backend::kEpoll; }
+    [[nodiscard]] Result<void> init(Carrier* owner) noexcept override;
+    void close() noexcept override;
+
+    int32_t start(op::IoRequest* req) noexcept override;
+    void cancel(op::IoRequest* req) noexcept override;
+    void cancelAll() noexcept override;
+
+    void poll(bool getEvents) noexcept override;
+    [[nodiscard]] bool hasWork() const noexcept override { return !retryFds_.empty(); }
+    void wait(int64_t timeoutNs) noexcept override;
+    void reap() noexcept override;
+    [[nodiscard]] bool parkCollects() const noexcept override { return false; }
+    [[nodiscard]] uint64_t nextDeadline() const noexcept override {
+        return deadlines_.empty() ? UINT64_MAX : deadlines_.front()->deadlineNs;
+    }
+
+    void wakeFrom(Carrier* from) noexcept override;
+    [[nodiscard]] uint32_t inflight() const noexcept override { return waiting_; }
+    void drainForExit() noexcept override;
+    [[nodiscard]] std::string describe() const override;
+    [[nodiscard]] Counters counters() const noexcept override;
+
+    /// Runs `op` to completion on the calling thread with blocking system calls (waiting in poll(2)
+    /// for a descriptor that answers EAGAIN), honouring `deadline` (-ETIMEDOUT) for pollable
+    /// descriptors. Used off-fiber, and for kBlocking ops on the offload pool.
+    static int32_t performBlocking(const op::Op& op, Deadline deadline) noexcept;
+
+private:
+    // What this carrier knows of one descriptor; indexed by fd.
+    struct FdState {
+        op::IoRequest* head = nullptr;  // waiters, oldest first
+        op::IoRequest* tail = nullptr;
+        uint32_t gen = 0;               // closeGeneration(fd) when this state was made
+        bool known = false;             // the fields below are valid for generation `gen`
+        bool registered = false;        // in this carrier's epoll set
+        bool regular = false;           // epoll refused it (EPERM): a regular file or directory
+        bool stream = false;            // a stream socket: a short receive means drained
+        bool nonblocking = false;       // O_NONBLOCK set (by us, for accept and connect)
+        bool plainRw = false;           // no RWF_NOWAIT here (EOPNOTSUPP): O_NONBLOCK and plain reads
+        bool readReady = true;          // no EAGAIN on input since the last input event
+        bool writeReady = true;
+    };
+
+    FdState* stateFor(int fd) noexcept;
+    // Adds fd to the epoll set if it is not there; -errno (EPERM: not pollable) on failure.
+    int32_t registerFd(int fd, FdState& st) noexcept;
+    int32_t park(op::IoRequest* req, FdState& st) noexcept;
+    void unlink(op::IoRequest* req) noexcept;
+    void finish(op::IoRequest* req, int32_t res, uint32_t flags) noexcept;
+    void handleEvents(int count) noexcept;
+    void retryWaiters(int fd, uint32_t events) noexcept;
+    void expireDeadlines() noexcept;
+    void retryPending() noexcept;
+    void heapPush(op::IoRequest* req) noexcept;
+    void heapRemove(op::IoRequest* req) noexcept;
+    void heapSiftUp(size_t i) noexcept;
+    void heapSiftDown(size_t i) noexcept;
+
+    static constexpr int kMaxEvents = 128;
+
+    RuntimeImpl* runtime_;
+    Carrier* owner_ = nullptr;
+    int epfd_ = -1;
+    int wakeFd_ = -1;
+    uint32_t waiting_ = 0;             // requests parked in fd lists
+    int pendingEvents_ = 0;            // events wait() collected for reap()
+    std::vector<FdState> fds_;
+    std::vector<int> retryFds_;        // descriptors whose new waiters may be ready already (next poll)
+    std::vector<op::IoRequest*> deadlines_;  // a binary min-heap on deadlineNs; req->heapIndex = slot + 1
+    // Owner-written, read racily by Runtime::stats().
+    std::atomic<uint64_t> enters_{0};
+    std::atomic<uint64_t> started_{0};
+    std::atomic<uint64_t> completed_{0};
+    epoll_event events_[kMaxEvents];
+};
+
+/// Bumped by spindle::close() on the epoll backend, so every carrier sees its FdState for that
+/// number as stale (any thread; relaxed).
+void bumpCloseGeneration(int fd) noexcept;
+
+}  // namespace spindle::detail

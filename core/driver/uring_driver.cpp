@@ -1,0 +1,372 @@
+#include "core/driver/uring_driver.h"
+
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "base/check.h"
+#include "base/log.h"
+#include "core/internal/carrier.h"
+
+namespace spindle::detail {
+namespace {
+
+// user_data is the request's address (8-byte aligned) with two low bits: kTimeoutBit for its
+// linked timeout, kQuietBit for a request no injected fault may touch (a multishot operation, the
+// eventfd read); both lie in uring::kNoFaultMask. 0 is a CQE nobody waits for (a cancel, a MSG_RING
+// wake-up).
+constexpr uint64_t kTimeoutBit = 1;
+constexpr uint64_t kQuietBit = 2;
+constexpr uint64_t kBits = 7;
+static_assert((kTimeoutBit | kQuietBit) == uring::kNoFaultMask);
+
+bool isMultishot(op::Code c) noexcept { return c == op::Code::kAcceptMultishot || c == op::Code::kRecvMultishot; }
+
+}  // namespace
+
+UringDriver::~UringDriver() { close(); }
+
+void UringDriver::prepare(io_uring_sqe* sqe, const op::Op& o) noexcept {
+    using op::Code;
+    switch (o.code) {
+        case Code::kNop:
+            io_uring_prep_nop(sqe);
+            break;
+        case Code::kRead:
+            if ((o.flags & op::kFixedBuffer) != 0) {
+                io_uring_prep_read_fixed(sqe, o.fd, o.addr, o.len, o.off, o.bufIndex);
+            } else {
+                io_uring_prep_read(sqe, o.fd, o.addr, o.len, o.off);
+            }
+            break;
+        case Code::kWrite:
+            if ((o.flags & op::kFixedBuffer) != 0) {
+                io_uring_prep_write_fixed(sqe, o.fd, o.addr, o.len, o.off, o.bufIndex);
+            } else {
+                io_uring_prep_write(sqe, o.fd, o.addr, o.len, o.off);
+            }
+            break;
+        case Code::kReadv:
+            io_uring_prep_readv(sqe, o.fd, static_cast<const iovec*>(o.addr), o.len, o.off);
+            break;
+        case Code::kWritev:
+            io_uring_prep_writev(sqe, o.fd, static_cast<const iovec*>(o.addr), o.len, o.off);
+            break;
+        case Code::kFsync:
+            io_uring_prep_fsync(sqe, o.fd, (o.opFlags & op::kDatasync) != 0 ? IORING_FSYNC_DATASYNC : 0);
+            break;
+        case Code::kOpenat:
+            io_uring_prep_openat(sqe, o.fd, static_cast<const char*>(o.addr), static_cast<int>(o.opFlags), o.len);
+            break;
+        case Code::kClose:
+            io_uring_prep_close(sqe, o.fd);
+            break;
+        case Code::kStatx:
+            io_uring_prep_statx(sqe, o.fd, static_cast<const char*>(o.addr), static_cast<int>(o.opFlags), o.len,
+                                static_cast<struct statx*>(o.addr2));
+            break;
+        case Code::kFallocate:
+            // Values past INT64_MAX turn negative here, and the kernel answers EINVAL, as fallocate(2) does.
+            io_uring_prep_fallocate(sqe, o.fd, static_cast<int>(o.opFlags), static_cast<off_t>(o.off),
+                                    static_cast<off_t>(o.off2));
+            break;
+        case Code::kUnlinkat:
+            io_uring_prep_unlinkat(sqe, o.fd, static_cast<const char*>(o.addr), static_cast<int>(o.opFlags));
+            break;
+        case Code::kRenameat:
+            io_uring_prep_renameat(sqe, o.fd, static_cast<const char*>(o.addr), o.fd2, static_cast<const char*>(o.addr2),
+                                   o.opFlags);
+            break;
+        case Code::kMkdirat:
+            io_uring_prep_mkdirat(sqe, o.fd, static_cast<const char*>(o.addr), o.len);
+            break;
+        case Code::kPoll:
+            io_uring_prep_poll_add(sqe, o.fd, o.len);
+            break;
+        case Code::kSplice:
+            // io_uring reads an offset of -1 as "no offset": splice(2)'s NULL.
+            io_uring_prep_splice(sqe, o.fd, static_cast<int64_t>(o.off), o.fd2, static_cast<int64_t>(o.off2), o.len,
+                                 o.opFlags);
+            break;
+        case Code::kTee:
+            io_uring_prep_tee(sqe, o.fd, o.fd2, o.len, o.opFlags);
+            break;
+        case Code::kAccept:
+            io_uring_prep_accept(sqe, o.fd, static_cast<sockaddr*>(o.addr), static_cast<socklen_t*>(o.addr2),
+                                 static_cast<int>(o.opFlags));
+            break;
+        case Code::kAcceptMultishot:
+            io_uring_prep_multishot_accept(sqe, o.fd, nullptr, nullptr, static_cast<int>(o.opFlags));
+            break;
+        case Code::kConnect:
+            io_uring_prep_connect(sqe, o.fd, static_cast<const sockaddr*>(o.addr), o.len);
+            break;
+        case Code::kRecv:
+            io_uring_prep_recv(sqe, o.fd, o.addr, o.len, static_cast<int>(o.opFlags));
+            break;
+        case Code::kRecvMultishot:
+            io_uring_prep_recv_multishot(sqe, o.fd, nullptr, 0, static_cast<int>(o.opFlags));
+            break;
+        case Code::kSend:
+            io_uring_prep_send(sqe, o.fd, o.addr, o.len, static_cast<int>(o.opFlags));
+            break;
+        case Code::kRecvmsg:
+            io_uring_prep_recvmsg(sqe, o.fd, static_cast<msghdr*>(o.addr), o.opFlags);
+            break;
+        case Code::kSendmsg:
+            io_uring_prep_sendmsg(sqe, o.fd, static_cast<const msghdr*>(o.addr), o.opFlags);
+            break;
+        case Code::kShutdown:
+            io_uring_prep_shutdown(sqe, o.fd, static_cast<int>(o.opFlags));
+            break;
+    }
+    if ((o.flags & op::kFixedFile) != 0) { sqe->flags |= IOSQE_FIXED_FILE; }
+    if ((o.flags & op::kBufferSelect) != 0) {
+        sqe->flags |= IOSQE_BUFFER_SELECT;
+        sqe->buf_group = o.bufIndex;
+    }
+}
+
+Result<void> UringDriver::init(Carrier* owner) noexcept {
+    owner_ = owner;
+    if (auto r = ring_.init(options_, &UringDriver::onOverflowReap, this); !r) {
+        log::error("carrier {}: io_uring set-up failed: {}", owner->index(), r.error().message());
+        return r;
+    }
+    eventFd_ = ::eventfd(0, EFD_CLOEXEC);
+    if (eventFd_ < 0) {
+        const int err = errno;
+        log::error("carrier {}: eventfd failed: {}", owner->index(), std::strerror(err));
+        return Error{err};
+    }
+    eventRead_.op = op::read(eventFd_, &eventBuf_, sizeof(eventBuf_), 0);
+    eventRead_.complete = &UringDriver::onEventFd;
+    eventRead_.driverSlot = this;
+    armEventFd();
+    (void)ring_.submit(false);
+    return {};
+}
+
+void UringDriver::close() noexcept {
+    // Only once every carrier thread has been joined (~Carrier): until then another thread may still
+    // wake this one through its eventfd or ring fd, and a descriptor closed earlier could be reused.
+    ring_.close();
+    if (eventFd_ >= 0) {
+        ::close(eventFd_);
+        eventFd_ = -1;
+    }
+}
+
+void UringDriver::armEventFd() noexcept {
+    (void)start(&eventRead_);
+    eventFdArmed_ = true;
+}
+
+void UringDriver::onEventFd(op::IoRequest* req, int32_t, uint32_t) noexcept {
+    auto* self = static_cast<UringDriver*>(req->driverSlot);
+    self->eventFdArmed_ = false;
+    if (!self->exiting_) { self->armEventFd(); }
+}
+
+int32_t UringDriver::start(op::IoRequest* req) noexcept {
+    if (req->deadlineNs == 0) [[likely]] {
+        io_uring_sqe* sqe = ring_.acquireSqe();
+        prepare(sqe, req->op);
+        io_uring_sqe_set_data64(sqe, userData(req));
+        req->driverState = 0;
+        ++inflight_;
+        return kPending;
+    }
+    // The op and its IORING_OP_LINK_TIMEOUT leave in one submission; the request completes once both
+    // CQEs came, so its frame is never reused while the timeout could still cancel by its user_data.
+    ring_.reserveSqes(2);
+    io_uring_sqe* sqe = ring_.acquireSqe();
+    prepare(sqe, req->op);
+    sqe->flags |= IOSQE_IO_LINK;
+    io_uring_sqe_set_data64(sqe, userData(req));
+    req->timeoutSpec[0] = static_cast<int64_t>(req->deadlineNs / 1000000000u);
+    req->timeoutSpec[1] = static_cast<int64_t>(req->deadlineNs % 1000000000u);
+    static_assert(sizeof(req->timeoutSpec) == sizeof(__kernel_timespec));
+    io_uring_sqe* t = ring_.acquireSqe();
+    io_uring_prep_link_timeout(t, reinterpret_cast<__kernel_timespec*>(req->timeoutSpec), IORING_TIMEOUT_ABS);
+    io_uring_sqe_set_data64(t, reinterpret_cast<uint64_t>(req) | kTimeoutBit);
+    req->driverState = 2;
+    inflight_ += 2;
+    return kPending;
+}
+
+void UringDriver::cancel(op::IoRequest* req) noexcept {
+    io_uring_sqe* sqe = ring_.acquireSqe();
+    io_uring_prep_cancel64(sqe, userData(req), 0);
+    io_uring_sqe_set_data64(sqe, 0);
+}
+
+void UringDriver::cancelAll() noexcept {
+    if (inflight() > 0) {
+        if (ring_.features().cancelAny) {
+            io_uring_sqe* sqe = ring_.acquireSqe();
+            io_uring_prep_cancel64(sqe, 0, IORING_ASYNC_CANCEL_ANY);
+            io_uring_sqe_set_data64(sqe, 0);
+        } else {
+            log::warn("carrier {}: this kernel cannot cancel all I/O at once (IORING_ASYNC_CANCEL_ANY, 5.19); "
+                      "shutdown waits for {} operations to finish", owner_->index(), inflight());
+        }
+    }
+    (void)ring_.submit(false);
+}
+
+void UringDriver::dispatch(const io_uring_cqe* cqe) noexcept {
+    const uint64_t ud = cqe->user_data;
+    if (ud == 0) { return; }  // a cancel's or a wake-up's: nobody waits for it
+    if ((cqe->flags & IORING_CQE_F_MORE) == 0) {
+        SPINDLE_ASSERT(inflight_ > 0);
+        --inflight_;
+    }
+    auto* req = reinterpret_cast<op::IoRequest*>(ud & ~kBits);
+    if (req->driverState == 0) [[likely]] {
+        req->complete(req, cqe->res, cqe->flags);
+        return;
+    }
+    if ((ud & kTimeoutBit) == 0) {
+        req->savedRes = cqe->res;
+        req->savedFlags = cqe->flags;
+    }
+    if (--req->driverState == 0) { req->complete(req, req->savedRes, req->savedFlags); }
+}
+
+uint64_t UringDriver::userData(const op::IoRequest* req) const noexcept {
+    const uint64_t ud = reinterpret_cast<uint64_t>(req);
+    return isMultishot(req->op.code) || req == &eventRead_ ? ud | kQuietBit : ud;
+}
+
+void UringDriver::onOverflowReap(void* self, const io_uring_cqe* cqe) { static_cast<UringDriver*>(self)->dispatch(cqe); }
+
+void UringDriver::poll(bool getEvents) noexcept {
+    const uint32_t ours = inflight();
+    if (ring_.pending() == 0 && ours == 0 && !ring_.needsEnter()) {
+        // Nothing of ours in flight; only the eventfd read, whose CQE a wait would show.
+        if (!ring_.features().deferTaskrun) {
+            ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+        }
+        return;
+    }
+    const int r = ring_.submit(getEvents && ours > 0);
+    if (r < 0) { log::warn("carrier {}: io_uring submit failed: {}", owner_->index(), std::strerror(-r)); }
+    ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+}
+
+void UringDriver::wait(int64_t timeoutNs) noexcept {
+    __kernel_timespec ts{};
+    if (timeoutNs > 0) {
+        ts.tv_sec = timeoutNs / 1000000000;
+        ts.tv_nsec = timeoutNs % 1000000000;
+    }
+    const int r = ring_.submitAndWait(timeoutNs > 0 ? &ts : nullptr);
+    if (r < 0 && r != -ETIME && r != -EINTR) {
+        log::warn("carrier {}: io_uring wait failed: {}", owner_->index(), std::strerror(-r));
+    }
+}
+
+void UringDriver::sendWake(int targetRingFd) noexcept {
+    io_uring_sqe* sqe = ring_.acquireSqe();
+    io_uring_prep_msg_ring(sqe, targetRingFd, 0, 0, 0);  // the target's CQE has user_data 0: nothing to do
+    sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;
+    io_uring_sqe_set_data64(sqe, 0);
+    (void)ring_.submit(false);
+}
+
+void UringDriver::wakeFrom(Carrier* from) noexcept {
+    if (from != nullptr && from != owner_ && from->driver().backend() == Backend::kUring) {
+        auto& src = static_cast<UringDriver&>(from->driver());
+        if (src.ring_.initialized() && src.ring_.features().msgRing && !src.exiting_) {
+            // Carrier to carrier: a CQE on the target's ring, sent from our own (SINGLE_ISSUER).
+            src.sendWake(ring_.fd());
+            return;
+        }
+    }
+    // A plain thread (or no MSG_RING): the eventfd whose read is always armed on the target's ring.
+    const uint64_t one = 1;
+    ssize_t w;
+    do {
+        w = ::write(eventFd_, &one, sizeof(one));
+    } while (w < 0 && errno == EINTR);
+    SPINDLE_CHECK_MSG(w == sizeof(one), "eventfd write to wake a carrier failed");
+}
+
+void UringDriver::drainForExit() noexcept {
+    exiting_ = true;
+    // Take the eventfd read back so no completion can outlive the ring.
+    if (eventFdArmed_) { cancel(&eventRead_); }
+    while (inflight_ > 0) {
+        const int r = ring_.submitAndWait(nullptr);
+        if (r < 0 && r != -EINTR && r != -ETIME) {
+            log::error("carrier {}: io_uring wait failed at exit: {}", owner_->index(), std::strerror(-r));
+            break;
+        }
+        ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+    }
+}
+
+int32_t UringDriver::runOnThreadRing(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) noexcept {
+    struct ThreadRing {
+        uring::Ring ring;
+        int setupError = 0;
+    };
+    thread_local ThreadRing tr;
+    if (!tr.ring.initialized()) {
+        if (tr.setupError != 0) { return kPending; }
+        uring::RingOptions opts;
+        opts.entries = 8;
+        if (auto r = tr.ring.init(opts, [](void*, const io_uring_cqe*) {}, nullptr); !r) {
+            tr.setupError = r.errorCode();
+            return kPending;
+        }
+    }
+    // The operation's CQE carries user_data 8, a linked timeout's 16; both are awaited (see start()).
+    tr.ring.reserveSqes(2);
+    io_uring_sqe* sqe = tr.ring.acquireSqe();
+    prepare(sqe, o);
+    io_uring_sqe_set_data64(sqe, 8);
+    __kernel_timespec ts{};
+    if (deadline.isSet()) {
+        sqe->flags |= IOSQE_IO_LINK;
+        ts.tv_sec = static_cast<int64_t>(deadline.ns() / 1000000000u);
+        ts.tv_nsec = static_cast<long long>(deadline.ns() % 1000000000u);
+        io_uring_sqe* t = tr.ring.acquireSqe();
+        io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
+        io_uring_sqe_set_data64(t, 16);
+    }
+    bool done = false;
+    bool timeoutDone = !deadline.isSet();
+    int32_t res = 0;
+    while (!done || !timeoutDone) {
+        const int w = tr.ring.submitAndWait(nullptr);
+        if (w < 0 && w != -EINTR && w != -ETIME) { return w; }
+        tr.ring.reap([&](const io_uring_cqe* cqe) {
+            if (cqe->user_data == 8) {
+                res = cqe->res;
+                if (cqeFlags != nullptr) { *cqeFlags = cqe->flags; }
+                done = true;
+            } else {
+                timeoutDone = true;
+            }
+        });
+    }
+    return res;
+}
+
+std::string UringDriver::describe() const { return "io_uring " + ring_.features().describe(); }
+
+Driver::Counters UringDriver::counters() const noexcept {
+    const uring::RingStats& s = ring_.stats();
+    Counters c;
+    c.enters = s.enters.load(std::memory_order_relaxed);
+    c.submitted = s.sqesSubmitted.load(std::memory_order_relaxed);
+    c.completed = s.cqesReaped.load(std::memory_order_relaxed);
+    c.queueFull = s.sqFull.load(std::memory_order_relaxed);
+    return c;
+}
+
+}  // namespace spindle::detail

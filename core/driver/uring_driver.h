@@ -1,0 +1,82 @@
+#pragma once
+/// UringDriver: the I/O driver on one io_uring ring (the default backend).
+///
+/// Every op becomes one SQE, filled in prepare(), the one place that calls io_uring_prep_* (as
+/// Seastar's prepare_sqe); its user_data is the IoRequest, whose complete() the CQE calls. An op
+/// with a deadline is linked to an IORING_OP_LINK_TIMEOUT whose user_data is the same request with
+/// bit 0 set, and the request completes once both CQEs have come (the kernel cancels by user_data,
+/// and the request's frame may be reused right after). A parked carrier is woken by IORING_OP_MSG_RING
+/// from another carrier's ring (5.18) or by an eventfd whose read is always armed on the ring.
+/// Thread-safety: as Driver.
+
+#include <cstdint>
+
+#include "core/deadline.h"
+#include "core/driver/driver.h"
+#include "uring/ring.h"
+
+namespace spindle::detail {
+
+class UringDriver final : public Driver {
+public:
+    explicit UringDriver(const uring::RingOptions& options) noexcept : options_(options) {}
+    ~UringDriver() override;
+
+    [[nodiscard]] Backend backend() const noexcept override { return Backend::kUring; }
+    [[nodiscard]] Result<void> init(Carrier* owner) noexcept override;
+    void close() noexcept override;
+
+    int32_t start(op::IoRequest* req) noexcept override;
+    void cancel(op::IoRequest* req) noexcept override;
+    void cancelAll() noexcept override;
+
+    void poll(bool getEvents) noexcept override;
+    [[nodiscard]] bool hasWork() const noexcept override {
+        return ring_.pending() != 0 || ring_.cqReady() != 0 || ring_.needsEnter();
+    }
+    void wait(int64_t timeoutNs) noexcept override;
+    void reap() noexcept override {
+        ring_.reap([this](const io_uring_cqe* cqe) { dispatch(cqe); });
+    }
+    [[nodiscard]] bool parkCollects() const noexcept override {
+        return ring_.features().deferTaskrun && ring_.pending() == 0 && !ring_.needsEnter();
+    }
+    [[nodiscard]] uint64_t nextDeadline() const noexcept override { return UINT64_MAX; }
+
+    void wakeFrom(Carrier* from) noexcept override;
+    [[nodiscard]] uint32_t inflight() const noexcept override { return inflight_ - (eventFdArmed_ ? 1 : 0); }
+    void drainForExit() noexcept override;
+
+    [[nodiscard]] uring::Ring* ring() noexcept override { return &ring_; }
+    [[nodiscard]] std::string describe() const override;
+    [[nodiscard]] Counters counters() const noexcept override;
+
+    /// Fills `sqe` for `op` (the one translation from op::Op to io_uring). Also used by a plain
+    /// thread's private ring (core/io.cpp).
+    static void prepare(io_uring_sqe* sqe, const op::Op& op) noexcept;
+    /// Runs `op` synchronously on the calling plain thread's private ring (made on first use, 8
+    /// entries) and returns its result, or kPending when this thread can have no ring (the set-up
+    /// errno is kept, and the caller falls back to the system calls). `cqeFlags` gets the CQE's flags.
+    static int32_t runOnThreadRing(const op::Op& op, Deadline deadline, uint32_t* cqeFlags) noexcept;
+
+private:
+    void dispatch(const io_uring_cqe* cqe) noexcept;
+    [[nodiscard]] uint64_t userData(const op::IoRequest* req) const noexcept;
+    static void onOverflowReap(void* self, const io_uring_cqe* cqe);
+    void armEventFd() noexcept;
+    static void onEventFd(op::IoRequest* req, int32_t res, uint32_t flags) noexcept;
+    // Sends a MSG_RING wake-up to `target`'s ring from this one.
+    void sendWake(int targetRingFd) noexcept;
+
+    uring::RingOptions options_;
+    uring::Ring ring_;
+    Carrier* owner_ = nullptr;
+    uint32_t inflight_ = 0;      // CQEs we still expect for started requests (timeouts and the eventfd read included)
+    int eventFd_ = -1;
+    uint64_t eventBuf_ = 0;
+    op::IoRequest eventRead_;    // the always-armed eventfd read, a plain thread's way in
+    bool eventFdArmed_ = false;
+    bool exiting_ = false;       // drainForExit began: the eventfd read is not re-armed
+};
+
+}  // namespace spindle::detail
