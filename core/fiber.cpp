@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "base/log.h"
+#include "base/relax.h"
 #include "core/internal/carrier.h"
 #include "core/internal/context.h"
 #include "core/internal/proxy_fiber.h"
@@ -142,7 +143,7 @@ FiberPeek::~FiberPeek() { gFiberPeeks.fetch_sub(1, std::memory_order_release); }
 void waitForFiberPeeks() noexcept {
     for (unsigned spins = 0; gFiberPeeks.load(std::memory_order_seq_cst) != 0; ++spins) {
         if (spins < 256) {
-            __builtin_ia32_pause();
+            cpuRelax();
         } else {
             std::this_thread::yield();  // the peeking thread was preempted mid-peek
         }

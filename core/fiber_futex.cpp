@@ -2,6 +2,7 @@
 
 #include <cerrno>
 
+#include "base/relax.h"
 #include "core/internal/waiter_table.h"
 
 namespace spindle {
@@ -31,7 +32,7 @@ int FiberFutex::waitUntil(uint64_t target, const std::chrono::steady_clock::time
         // Nobody is queued: a post may be imminent, and parking costs far more than a short spin.
         if ((s & kHasWaiters) == 0 && spins < kSpinLimit) {
             ++spins;
-            __builtin_ia32_pause();
+            cpuRelax();
             continue;
         }
         std::chrono::nanoseconds left{0};

@@ -5,6 +5,7 @@
 #include <cerrno>
 
 #include "base/check.h"
+#include "base/relax.h"
 #include "core/fiber.h"
 #include "core/internal/carrier.h"
 #include "core/internal/fiber.h"
@@ -119,7 +120,7 @@ size_t FiberFuture::waitForMultiple(FiberFuture* const* futures, size_t count) n
     }
     for (unsigned spins = 0; ms.signals.load(std::memory_order_acquire) < racing; ++spins) {
         if (spins < 256) {
-            __builtin_ia32_pause();
+            cpuRelax();
         } else {
             this_fiber::yield();
         }

@@ -1,6 +1,7 @@
 #include "core/fiber_mutex.h"
 
 #include "base/check.h"
+#include "base/relax.h"
 #include "core/internal/waiter_table.h"
 
 namespace spindle {
@@ -81,7 +82,7 @@ void FiberMutex::lockSlow() noexcept {
         }
         if ((s & kWaiterBits) == 0 && spins < kSpinLimit && ownerRunning(s, self)) {
             ++spins;
-            __builtin_ia32_pause();
+            cpuRelax();
             continue;
         }
         if ((s & kExclusiveWaiters) == 0 &&
@@ -107,7 +108,7 @@ void FiberMutex::lockSharedSlow() noexcept {
         }
         if ((s & kWaiterBits) == 0 && spins < kSpinLimit && ownerRunning(s, self)) {
             ++spins;
-            __builtin_ia32_pause();
+            cpuRelax();
             continue;
         }
         if ((s & kSharedWaiters) == 0 &&

@@ -18,16 +18,9 @@
 #include <chrono>
 #include <cstdint>
 
-namespace spindle::detail {
+#include "base/relax.h"
 
-/// Tells the CPU this is a spin-wait loop (saves power, yields the core's pipeline to an SMT sibling).
-[[gnu::always_inline]] inline void cpuRelax() noexcept {
-#if defined(__x86_64__) || defined(__i386__)
-    __builtin_ia32_pause();
-#elif defined(__aarch64__)
-    asm volatile("yield" ::: "memory");
-#endif
-}
+namespace spindle::detail {
 
 /// An intrusive FIFO of waiter nodes that carry `Node* next` and `Node* prev`,
 /// guarded by its owner's lock. No allocation; every operation is O(1).

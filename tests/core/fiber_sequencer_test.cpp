@@ -23,6 +23,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/relax.h"
 #include "core/fiber.h"
 #include "core/fiber_future.h"
 #include "core/runtime.h"
@@ -45,7 +46,7 @@ template <class Pred>
 void spinUntil(Pred pred) {
     for (unsigned i = 0; !pred(); ++i) {
         if (i < 64) {
-            __builtin_ia32_pause();
+            cpuRelax();
         } else {
             this_fiber::yield();
         }
@@ -293,7 +294,7 @@ struct CancelRace {
             // Vary who comes first: every other round starts its delay only once the incrementer is on its
             // way, so that the two calls really meet.
             if (r % 2 == 0) { spinUntil([&] { return seen.load(std::memory_order_acquire) >= token; }); }
-            for (int i = 0; i < (r % 32) * (r % 32); ++i) { __builtin_ia32_pause(); }
+            for (int i = 0; i < (r % 32) * (r % 32); ++i) { cpuRelax(); }
             f.cancel();
             const int32_t res = f.wait();
             if (res == 0) {

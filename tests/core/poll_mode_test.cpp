@@ -19,6 +19,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/relax.h"
 #include "core/fiber.h"
 #include "core/fiber_future.h"
 #include "core/io.h"
@@ -213,9 +214,7 @@ TEST_P(PollModes, AnIdleCarrierStealsFromABusyOne) {
             if (!h) { return false; }
         }
         while (ran.load() < kFibers) {
-#if defined(__x86_64__)
-            __builtin_ia32_pause();
-#endif
+            cpuRelax();
         }
         return true;
     });
