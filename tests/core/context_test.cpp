@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "base/check.h"
@@ -23,12 +24,15 @@
 #include <sanitizer/tsan_interface.h>
 #endif
 
-// Loads rbx, rbp, r12-r15 with seed+1 .. seed+6, calls spindle_context_switch(saveSp, loadSp), and once this
-// context is resumed returns a mask with bit i set where register i no longer holds its pattern (0 = intact).
+// Loads every callee-saved register with seed+1, seed+2, ... (x86-64: rbx, rbp, r12-r15; AArch64: x19-x29,
+// then d8-d15), calls spindle_context_switch(saveSp, loadSp), and once this context is resumed returns a mask
+// with bit i set where register i no longer holds its pattern (0 = intact; kPatternRegisters names the bits).
 // It saves and restores those registers itself, so it is an ordinary function to its callers. Written in
 // assembly because compiled code gives no way to make sure every callee-saved register holds a live value at
 // the switch.
 extern "C" uint64_t spindle_test_switch_with_pattern(void** saveSp, void* loadSp, uint64_t seed) noexcept;
+#if defined(__x86_64__)
+constexpr const char* kPatternRegisters = "rbx rbp r12 r13 r14 r15";
 asm(R"(
     .text
     .p2align 4
@@ -106,6 +110,155 @@ spindle_test_switch_with_pattern:
     .cfi_endproc
     .size spindle_test_switch_with_pattern, .-spindle_test_switch_with_pattern
 )");
+#elif defined(__aarch64__)
+constexpr const char* kPatternRegisters =
+    "x19 x20 x21 x22 x23 x24 x25 x26 x27 x28 x29 d8 d9 d10 d11 d12 d13 d14 d15";
+asm(R"(
+    .text
+    .p2align 4
+    .type spindle_test_switch_with_pattern, %function
+spindle_test_switch_with_pattern:
+    .cfi_startproc
+    stp x29, x30, [sp, #-176]!
+    .cfi_def_cfa_offset 176
+    .cfi_offset x29, -176
+    .cfi_offset x30, -168
+    stp x19, x20, [sp, #16]
+    .cfi_offset x19, -160
+    .cfi_offset x20, -152
+    stp x21, x22, [sp, #32]
+    .cfi_offset x21, -144
+    .cfi_offset x22, -136
+    stp x23, x24, [sp, #48]
+    .cfi_offset x23, -128
+    .cfi_offset x24, -120
+    stp x25, x26, [sp, #64]
+    .cfi_offset x25, -112
+    .cfi_offset x26, -104
+    stp x27, x28, [sp, #80]
+    .cfi_offset x27, -96
+    .cfi_offset x28, -88
+    stp d8, d9, [sp, #96]
+    .cfi_offset d8, -80
+    .cfi_offset d9, -72
+    stp d10, d11, [sp, #112]
+    .cfi_offset d10, -64
+    .cfi_offset d11, -56
+    stp d12, d13, [sp, #128]
+    .cfi_offset d12, -48
+    .cfi_offset d13, -40
+    stp d14, d15, [sp, #144]
+    .cfi_offset d14, -32
+    .cfi_offset d15, -24
+    str x2, [sp, #160]
+
+    .macro spindle_test_load_x reg, n
+    add \reg, x2, #\n
+    .endm
+    .macro spindle_test_load_d reg, n
+    add x9, x2, #\n
+    fmov \reg, x9
+    .endm
+    spindle_test_load_x x19, 1
+    spindle_test_load_x x20, 2
+    spindle_test_load_x x21, 3
+    spindle_test_load_x x22, 4
+    spindle_test_load_x x23, 5
+    spindle_test_load_x x24, 6
+    spindle_test_load_x x25, 7
+    spindle_test_load_x x26, 8
+    spindle_test_load_x x27, 9
+    spindle_test_load_x x28, 10
+    spindle_test_load_x x29, 11
+    spindle_test_load_d d8, 12
+    spindle_test_load_d d9, 13
+    spindle_test_load_d d10, 14
+    spindle_test_load_d d11, 15
+    spindle_test_load_d d12, 16
+    spindle_test_load_d d13, 17
+    spindle_test_load_d d14, 18
+    spindle_test_load_d d15, 19
+    .purgem spindle_test_load_x
+    .purgem spindle_test_load_d
+
+    bl spindle_context_switch
+
+    ldr x2, [sp, #160]
+    mov x0, #0
+    // Sets bit n-1 of x0 unless the register holds seed + n.
+    .macro spindle_test_check_x reg, n
+    add x9, x2, #\n
+    cmp \reg, x9
+    cset x10, ne
+    orr x0, x0, x10, lsl #(\n - 1)
+    .endm
+    .macro spindle_test_check_d reg, n
+    add x9, x2, #\n
+    fmov x11, \reg
+    cmp x11, x9
+    cset x10, ne
+    orr x0, x0, x10, lsl #(\n - 1)
+    .endm
+    spindle_test_check_x x19, 1
+    spindle_test_check_x x20, 2
+    spindle_test_check_x x21, 3
+    spindle_test_check_x x22, 4
+    spindle_test_check_x x23, 5
+    spindle_test_check_x x24, 6
+    spindle_test_check_x x25, 7
+    spindle_test_check_x x26, 8
+    spindle_test_check_x x27, 9
+    spindle_test_check_x x28, 10
+    spindle_test_check_x x29, 11
+    spindle_test_check_d d8, 12
+    spindle_test_check_d d9, 13
+    spindle_test_check_d d10, 14
+    spindle_test_check_d d11, 15
+    spindle_test_check_d d12, 16
+    spindle_test_check_d d13, 17
+    spindle_test_check_d d14, 18
+    spindle_test_check_d d15, 19
+    .purgem spindle_test_check_x
+    .purgem spindle_test_check_d
+
+    ldp d14, d15, [sp, #144]
+    ldp d12, d13, [sp, #128]
+    ldp d10, d11, [sp, #112]
+    ldp d8, d9, [sp, #96]
+    ldp x27, x28, [sp, #80]
+    ldp x25, x26, [sp, #64]
+    ldp x23, x24, [sp, #48]
+    ldp x21, x22, [sp, #32]
+    ldp x19, x20, [sp, #16]
+    ldp x29, x30, [sp], #176
+    .cfi_def_cfa_offset 0
+    .cfi_restore x19
+    .cfi_restore x20
+    .cfi_restore x21
+    .cfi_restore x22
+    .cfi_restore x23
+    .cfi_restore x24
+    .cfi_restore x25
+    .cfi_restore x26
+    .cfi_restore x27
+    .cfi_restore x28
+    .cfi_restore x29
+    .cfi_restore x30
+    .cfi_restore d8
+    .cfi_restore d9
+    .cfi_restore d10
+    .cfi_restore d11
+    .cfi_restore d12
+    .cfi_restore d13
+    .cfi_restore d14
+    .cfi_restore d15
+    ret
+    .cfi_endproc
+    .size spindle_test_switch_with_pattern, .-spindle_test_switch_with_pattern
+)");
+#else
+#error "context_test: no register-pattern helper for this architecture"
+#endif
 
 namespace spindle::detail {
 namespace {
@@ -286,12 +439,14 @@ struct RegisterRun {
 
 constexpr uint64_t kMainSeed = 0x1111'0000'0000'0000;
 constexpr uint64_t kFiberSeed = 0x2222'0000'0000'0000;
+constexpr uint64_t kSeedStride = 32;  // more than the registers patterned, so no two rounds share a value
 
 void registerEntry(void* arg) {
     auto* run = static_cast<RegisterRun*>(arg);
     afterSwitch(*run->fiber);
     for (int i = 0; i < run->rounds; ++i) {
-        run->fiberMasks |= switchWithPattern(*run->fiber, run->main, kFiberSeed + static_cast<uint64_t>(i) * 8);
+        const uint64_t seed = kFiberSeed + static_cast<uint64_t>(i) * kSeedStride;
+        run->fiberMasks |= switchWithPattern(*run->fiber, run->main, seed);
     }
     finishTo(*run->fiber, run->main);
 }
@@ -303,10 +458,11 @@ TEST(ContextSwitch, CalleeSavedRegistersSurviveWhileTheOtherSideClobbersThem) {
     run.fiber = &fiber.context;
     uint64_t mainMasks = 0;
     for (int i = 0; i <= run.rounds; ++i) {  // one more: the fiber's first entry, then one per fiber round
-        mainMasks |= switchWithPattern(run.main, fiber.context, kMainSeed + static_cast<uint64_t>(i) * 8);
+        const uint64_t seed = kMainSeed + static_cast<uint64_t>(i) * kSeedStride;
+        mainMasks |= switchWithPattern(run.main, fiber.context, seed);
     }
-    EXPECT_EQ(mainMasks, 0u) << "bits: rbx rbp r12 r13 r14 r15";
-    EXPECT_EQ(run.fiberMasks, 0u) << "bits: rbx rbp r12 r13 r14 r15";
+    EXPECT_EQ(mainMasks, 0u) << "bits: " << kPatternRegisters;
+    EXPECT_EQ(run.fiberMasks, 0u) << "bits: " << kPatternRegisters;
 }
 
 // Many locals kept live across switches at -O2, so the compiler spreads them over the callee-saved registers.
@@ -368,19 +524,35 @@ TEST(ContextSwitch, LocalsLiveAcrossSwitchesSurvive) {
 
 // --- floating-point control state ---------------------------------------------------------------------------
 
-[[nodiscard]] uint32_t readMxcsr() noexcept {
-    uint32_t v = 0;
-    asm volatile("stmxcsr %0" : "=m"(v));
-    return v;
+// The floating-point control state a context carries, without the sticky exception flags (caller-saved by
+// the ABI). x86-64: the x87 control word in bits 32-47, the MXCSR less its flags in bits 0-31. AArch64: the
+// FPCR (whose flags live in the FPSR instead).
+#if defined(__x86_64__)
+constexpr uint32_t kMxcsrStatusBits = 0x3F;
+constexpr uint64_t kDefaultFpControl = uint64_t{kDefaultX87ControlWord} << 32 | kDefaultMxcsr;
+
+[[nodiscard]] uint64_t readFpControl() noexcept {
+    uint32_t mxcsr = 0;
+    uint16_t x87 = 0;
+    asm volatile("stmxcsr %0" : "=m"(mxcsr));
+    asm volatile("fnstcw %0" : "=m"(x87));
+    return uint64_t{x87} << 32 | (mxcsr & ~kMxcsrStatusBits);
 }
 
-[[nodiscard]] uint16_t readX87ControlWord() noexcept {
-    uint16_t v = 0;
-    asm volatile("fnstcw %0" : "=m"(v));
-    return v;
+// True when the control state's SSE rounding field (MXCSR bits 13-14) says round down.
+[[nodiscard]] bool controlRoundsDown(uint64_t control) noexcept { return (control & 0x6000u) == 0x2000u; }
+#elif defined(__aarch64__)
+constexpr uint64_t kDefaultFpControl = kDefaultFpcr;
+
+[[nodiscard]] uint64_t readFpControl() noexcept {
+    uint64_t fpcr = 0;
+    asm volatile("mrs %0, fpcr" : "=r"(fpcr));
+    return fpcr;
 }
 
-constexpr uint32_t kMxcsrStatusBits = 0x3F;  // sticky exception flags: caller-saved by the ABI
+// True when the FPCR's RMode field (bits 22-23) says round towards minus infinity.
+[[nodiscard]] bool controlRoundsDown(uint64_t control) noexcept { return ((control >> 22) & 3u) == 2u; }
+#endif
 
 // 1/3 rounded with the current mode; the volatile keeps the division at run time, under the mode in force.
 [[nodiscard]] double oneThird() noexcept {
@@ -392,8 +564,7 @@ constexpr uint32_t kMxcsrStatusBits = 0x3F;  // sticky exception flags: caller-s
 struct FpRun {
     Context main = threadContext();
     Context* fiber = nullptr;
-    uint32_t entryMxcsr = 0;
-    uint16_t entryX87 = 0;
+    uint64_t entryControl = 0;
     int roundAfterResume = -1;
     double thirdAfterResume = 0;
 };
@@ -401,8 +572,7 @@ struct FpRun {
 void fpEntry(void* arg) {
     auto* run = static_cast<FpRun*>(arg);
     afterSwitch(*run->fiber);
-    run->entryMxcsr = readMxcsr() & ~kMxcsrStatusBits;
-    run->entryX87 = readX87ControlWord();
+    run->entryControl = readFpControl();
     std::fesetround(FE_UPWARD);
     switchTo(*run->fiber, run->main);
     run->roundAfterResume = std::fegetround();
@@ -421,13 +591,12 @@ TEST(ContextSwitch, RoundingModeIsPerContext) {
         switchTo(run.main, fiber.context);  // the fiber switches to FE_UPWARD, then back here
         EXPECT_EQ(std::fegetround(), FE_DOWNWARD);
         EXPECT_EQ(oneThird(), downThird);
-        EXPECT_EQ(readMxcsr() & 0x6000u, 0x2000u) << "MXCSR rounding control should be round-down";
+        EXPECT_TRUE(controlRoundsDown(readFpControl())) << "the hardware rounding control should be round-down";
         std::fesetround(FE_TOWARDZERO);  // must not reach the fiber either
         switchTo(run.main, fiber.context);
         EXPECT_EQ(std::fegetround(), FE_TOWARDZERO);
 
-        EXPECT_EQ(run.entryMxcsr, kDefaultMxcsr);
-        EXPECT_EQ(run.entryX87, kDefaultX87ControlWord);
+        EXPECT_EQ(run.entryControl, kDefaultFpControl);
         EXPECT_EQ(run.roundAfterResume, FE_UPWARD);
         EXPECT_GT(run.thirdAfterResume, downThird);
     }
@@ -446,30 +615,46 @@ struct AlignRun {
 };
 
 // The frame address is rbp after the prologue's push: the entry rsp minus 8, hence 16-byte aligned exactly
-// when the caller's rsp was aligned at its call. The empty asm keeps the compiler from folding the check on
-// the assumption that it holds.
+// when the caller's rsp was aligned at its call. On AArch64 it is x29, the frame record at the bottom of a
+// frame whose size is a multiple of 16, hence aligned exactly when sp was at entry. The empty asm keeps the
+// compiler from folding the check on the assumption that it holds.
 [[nodiscard]] inline uintptr_t frameAddress(void* fa) noexcept {
     auto v = reinterpret_cast<uintptr_t>(fa);
     asm("" : "+r"(v));
     return v;
 }
 
+#if defined(__x86_64__)
 // movaps faults on an address that is not 16-byte aligned, and the compiler places slot on the assumption
 // that rsp + 8 was aligned at entry, so a misaligned context crashes here.
-[[gnu::noinline]] uintptr_t alignedSseStore(double x) noexcept {
+[[gnu::noinline]] uintptr_t alignedVectorAccess(double x) noexcept {
     alignas(16) double slot[2];
     asm volatile("movaps %1, %0" : "=m"(slot) : "x"(x));
     asm volatile("" ::"m"(slot));
     return frameAddress(__builtin_frame_address(0));
 }
+#elif defined(__aarch64__)
+// An exclusive load of a 16-byte pair faults unless its address is 16-byte aligned, and the compiler places
+// slot on the assumption that sp was aligned at entry, so a misaligned context crashes here (as it would at
+// any sp-relative access on hardware that checks sp alignment, which Linux turns on).
+[[gnu::noinline]] uintptr_t alignedVectorAccess(double x) noexcept {
+    alignas(16) double slot[2] = {x, x};
+    uint64_t lo = 0;
+    uint64_t hi = 0;
+    asm volatile("ldxp %0, %1, [%2]\n\tclrex" : "=&r"(lo), "=&r"(hi) : "r"(slot) : "memory");
+    asm volatile("" ::"r"(lo), "r"(hi));
+    return frameAddress(__builtin_frame_address(0));
+}
+#endif
 
 void alignEntry(void* arg) {
     auto* run = static_cast<AlignRun*>(arg);
     afterSwitch(*run->fiber);
     run->argSeen = arg;
     run->entryFrame = frameAddress(__builtin_frame_address(0));
-    run->calleeFrame = alignedSseStore(2.5);
-    // printf of a long double moves x87 and SSE values through aligned stack slots in glibc.
+    run->calleeFrame = alignedVectorAccess(2.5);
+    // printf of a long double moves x87 and SSE values (AArch64: 128-bit q registers) through stack slots
+    // in glibc.
     std::snprintf(run->printed, sizeof(run->printed), "%.2f %.1Lf", 0.25, static_cast<long double>(1.5));
     finishTo(*run->fiber, run->main);
 }
@@ -501,11 +686,20 @@ TEST(ContextSwitch, FreshFrameMatchesTheDocumentedLayout) {
     ASSERT_EQ(reinterpret_cast<uintptr_t>(sp), top - sizeof(SwitchFrame));
     SwitchFrame frame;
     std::memcpy(&frame, sp, sizeof(frame));
+#if defined(__x86_64__)
     EXPECT_EQ(frame.mxcsr, kDefaultMxcsr);
     EXPECT_EQ(frame.x87ControlWord, kDefaultX87ControlWord);
     EXPECT_EQ(frame.r12, reinterpret_cast<uintptr_t>(&echoEntry));
     EXPECT_EQ(frame.r13, reinterpret_cast<uintptr_t>(&token));
     EXPECT_EQ(frame.rbp, 0u);
+#elif defined(__aarch64__)
+    EXPECT_EQ(frame.fpcr, kDefaultFpcr);
+    EXPECT_EQ(frame.x19, reinterpret_cast<uintptr_t>(&echoEntry));
+    EXPECT_EQ(frame.x20, reinterpret_cast<uintptr_t>(&token));
+    EXPECT_EQ(frame.x29, 0u);  // ends frame-pointer walks
+    for (uint64_t d : frame.d8ToD15) { EXPECT_EQ(d, 0u); }
+    for (uint64_t x : frame.x21ToX28) { EXPECT_EQ(x, 0u); }
+#endif
     EXPECT_EQ(frame.returnAddress, &spindle_context_trampoline);
 }
 
@@ -584,7 +778,10 @@ void runReturningEntry() {
 }
 
 TEST(ContextSwitchDeathTest, ReturningEntryTraps) {
-    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    // threadsafe re-executes the test binary, which qemu-user cannot do for a foreign one (execve fails with
+    // ENOEXEC), so a style chosen through the environment wins: the aarch64 test preset sets
+    // GTEST_DEATH_TEST_STYLE=fast.
+    if (std::getenv("GTEST_DEATH_TEST_STYLE") == nullptr) { GTEST_FLAG_SET(death_test_style, "threadsafe"); }
     EXPECT_EXIT(runReturningEntry(), testing::KilledBySignal(SIGILL), "");
 }
 
