@@ -86,7 +86,7 @@ int32_t submitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) no
         // cancellable once there (like a regular-file read the kernel has begun); a cancellation stays
         // requested for the next call.
         self->waitOn_.store(nullptr, std::memory_order_relaxed);
-        auto r = offload([&] { return EpollDriver::performBlocking(o, deadline); });
+        auto r = offload([&] { return EpollDriver::runBlocking(o); });
         res = r ? *r : -r.errorCode();
     } else if (res != kPending) {
         // Finished at once (a readiness driver's first try): no completion follows.

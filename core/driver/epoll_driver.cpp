@@ -132,10 +132,12 @@ int32_t attempt(const op::Op& o, bool nonblock) noexcept {
         case Code::kMkdirat:
             return fromSys(::mkdirat(o.fd, static_cast<const char*>(o.addr), static_cast<mode_t>(o.len)));
         case Code::kPoll: {
+            if (o.fd < 0) { return -EBADF; }  // poll(2) would skip it and wait forever
             pollfd p{o.fd, static_cast<short>(o.len), 0};
             const int r = ::poll(&p, 1, nonblock ? 0 : -1);
             if (r < 0) { return -errno; }
             if (r == 0) { return -EAGAIN; }
+            if ((p.revents & POLLNVAL) != 0) { return -EBADF; }
             return static_cast<uint16_t>(p.revents);
         }
         case Code::kSplice: {
@@ -241,6 +243,7 @@ EpollDriver::FdState* EpollDriver::stateFor(int fd) noexcept {
     if (fd < 0) { return nullptr; }
     const auto i = static_cast<size_t>(fd);
     if (i >= fds_.size()) {
+        if (i >= closeGenerations().size) { return nullptr; }  // above RLIMIT_NOFILE's hard limit: EBADF
         try {
             fds_.resize(std::max(i + 1, fds_.size() * 2));
         } catch (...) {
@@ -256,7 +259,6 @@ EpollDriver::FdState* EpollDriver::stateFor(int fd) noexcept {
         st.registered = false;
         st.regular = false;
         st.stream = false;
-        st.nonblocking = false;
         st.readReady = true;
         st.writeReady = true;
     }
@@ -264,14 +266,24 @@ EpollDriver::FdState* EpollDriver::stateFor(int fd) noexcept {
 }
 
 int32_t EpollDriver::registerFd(int fd, FdState& st) noexcept {
-    if (st.registered) { return 0; }
     epoll_event ev{};
     ev.events = kInterest;
     ev.data.u64 = static_cast<uint64_t>(fd);
-    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0 && errno != EEXIST) {
+    // Re-armed on every wait: a MOD that succeeds proves the registration is this file's (a number
+    // closed with close(2) and reused is not in the set any more: ENOENT), and reports the file's
+    // readiness at once if it is ready, so no drained-looking descriptor waits for an edge that came.
+    if (st.registered) {
+        if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0) { return 0; }
+        if (errno != ENOENT) { return -errno; }
+        st.registered = false;
+    }
+    if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
         const int err = errno;
-        if (err == EPERM) { st.regular = true; }
-        return -err;
+        if (err != EEXIST) {
+            if (err == EPERM) { st.regular = true; }
+            return -err;
+        }
+        if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) != 0) { return -errno; }
     }
     st.registered = true;
     int type = 0;
@@ -282,6 +294,12 @@ int32_t EpollDriver::registerFd(int fd, FdState& st) noexcept {
 
 int32_t EpollDriver::start(op::IoRequest* req) noexcept {
     started_.store(started_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    const int32_t r = startOp(req);
+    if (r != kPending) { completed_.store(completed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
+    return r;
+}
+
+int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
     op::Op& o = req->op;
     req->driverState = 0;
     if ((o.flags & (op::kFixedFile | op::kBufferSelect | op::kFixedBuffer)) != 0) {
@@ -302,32 +320,25 @@ int32_t EpollDriver::start(op::IoRequest* req) noexcept {
     if (isPathOp(o.code)) { return kBlocking; }
 
     FdState* st = stateFor(o.fd);
-    if (st == nullptr) { return o.fd < 0 ? -EBADF : -ENOMEM; }
+    if (st == nullptr) { return o.fd < 0 || static_cast<size_t>(o.fd) >= closeGenerations().size ? -EBADF : -ENOMEM; }
     const bool writes = o.writes();
     if (o.code == op::Code::kAccept || o.code == op::Code::kAcceptMultishot || o.code == op::Code::kConnect) {
-        if (!st->nonblocking) {
-            if (const int32_t r = setNonblocking(o.fd); r < 0) { return r; }
-            st->nonblocking = true;
-        }
+        // Checked each time (one fcntl): a blocking listener reached here would block the carrier.
+        if (const int32_t r = setNonblocking(o.fd); r < 0) { return r; }
     }
     if (st->regular && isRwOp(o.code)) {
         const int32_t r = attempt(o, true);  // the page cache may answer at once
-        return r == -EAGAIN || r == -EOPNOTSUPP ? kBlocking : r;
+        if (r != -EAGAIN && r != -EOPNOTSUPP) { return r; }
+        struct stat sb {};
+        if (::fstat(o.fd, &sb) == 0 && (S_ISREG(sb.st_mode) || S_ISBLK(sb.st_mode) || S_ISDIR(sb.st_mode))) {
+            return kBlocking;
+        }
+        st->regular = false;  // the number was closed and reused for something pollable
     }
     if (o.code == op::Code::kAcceptMultishot) {
-        // Every result comes through the completion, from the loop: park, and have the next poll
-        // try the descriptor at once if it may be ready already.
-        const int32_t p = park(req, *st);
-        if (p == kPending && st->readReady) {
-            try {
-                retryFds_.push_back(o.fd);
-            } catch (...) {
-                st->registered = false;  // re-adding it reports its readiness as an event
-                (void)::epoll_ctl(epfd_, EPOLL_CTL_DEL, o.fd, nullptr);
-                (void)registerFd(o.fd, *st);
-            }
-        }
-        return p;
+        // Every result comes through the completion, from the loop: park; arming the registration
+        // reports a listener with connections waiting at the next poll.
+        return park(req, *st);
     }
     // Known not ready since the last EAGAIN, with no event since: wait without asking again.
     const bool known = st->registered && (writes ? !st->writeReady : !st->readReady) &&
@@ -338,7 +349,6 @@ int32_t EpollDriver::start(op::IoRequest* req) noexcept {
             // No RWF_NOWAIT for this file (a timerfd, a tty): pollable ones get O_NONBLOCK and plain
             // reads; the others are run on the pool.
             if (registerFd(o.fd, *st) < 0 || setNonblocking(o.fd) < 0) { return kBlocking; }
-            st->nonblocking = true;
             st->plainRw = true;
             r = attempt(o, false);
         }
@@ -476,7 +486,6 @@ void EpollDriver::expireDeadlines() noexcept {
 }
 
 void EpollDriver::poll(bool) noexcept {
-    retryPending();
     if (waiting_ != 0) {
         enters_.store(enters_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         const int n = ::epoll_wait(epfd_, events_, kMaxEvents, 0);
@@ -487,9 +496,7 @@ void EpollDriver::poll(bool) noexcept {
 
 void EpollDriver::wait(int64_t timeoutNs) noexcept {
     int ms = -1;
-    if (!retryFds_.empty()) {
-        ms = 0;
-    } else if (timeoutNs > 0) {
+    if (timeoutNs > 0) {
         // Rounded up, so a deadline is never woken for early and spun on.
         const int64_t m = (timeoutNs + 999'999) / 1'000'000;
         ms = m > INT32_MAX ? INT32_MAX : static_cast<int>(m);
@@ -502,16 +509,7 @@ void EpollDriver::wait(int64_t timeoutNs) noexcept {
     pendingEvents_ = n > 0 ? n : 0;
 }
 
-void EpollDriver::retryPending() noexcept {
-    while (!retryFds_.empty()) {
-        const int fd = retryFds_.back();
-        retryFds_.pop_back();
-        retryWaiters(fd, EPOLLIN);
-    }
-}
-
 void EpollDriver::reap() noexcept {
-    retryPending();
     const int n = std::exchange(pendingEvents_, 0);
     if (n > 0) { handleEvents(n); }
     expireDeadlines();
@@ -596,14 +594,22 @@ void EpollDriver::heapSiftDown(size_t i) noexcept {
 
 // ---- off the carrier -----------------------------------------------------------------------------
 
+int32_t EpollDriver::runBlocking(const op::Op& o) noexcept { return attempt(o, false); }
+
 int32_t EpollDriver::performBlocking(const op::Op& o, Deadline deadline) noexcept {
     if ((o.flags & (op::kFixedFile | op::kBufferSelect | op::kFixedBuffer)) != 0 ||
         o.code == op::Code::kRecvMultishot || o.code == op::Code::kAcceptMultishot) {
         return -EINVAL;
     }
     if (o.code == op::Code::kClose) { bumpCloseGeneration(o.fd); }
-    const bool pollable = !isPathOp(o.code) && o.code != op::Code::kNop && o.code != op::Code::kClose &&
-                          o.code != op::Code::kShutdown;
+    bool pollable = !isPathOp(o.code) && o.code != op::Code::kNop && o.code != op::Code::kClose &&
+                    o.code != op::Code::kShutdown;
+    if (pollable && isRwOp(o.code)) {
+        // Regular files and block devices are always "ready": a plain blocking call, no deadline.
+        struct stat sb {};
+        if (::fstat(o.fd, &sb) != 0) { return -errno; }
+        pollable = !S_ISREG(sb.st_mode) && !S_ISBLK(sb.st_mode) && !S_ISDIR(sb.st_mode);
+    }
     if (!pollable || (!deadline.isSet() && o.code != op::Code::kConnect && o.code != op::Code::kAccept)) {
         const int32_t r = attempt(o, false);
         if (r != -EAGAIN || !pollable) { return r; }  // a non-blocking descriptor: wait below

@@ -17,9 +17,10 @@
 /// fallback. Deadlines sit in a heap of their own; park() sleeps until the nearest one.
 /// Wake-ups: an eventfd in the set, written from any thread.
 ///
-/// Limitation: a descriptor closed with close(2) directly, not spindle::close(), and reused while
-/// this carrier still counts it as registered is re-added only after spindle::close() of the new one
-/// or when a wait on it finds EEXIST; close through spindle (net::TcpStream does).
+/// A descriptor's registration is re-armed (EPOLL_CTL_MOD) each time a request starts waiting on it:
+/// one system call per wait, which also makes a number closed with close(2) and reused safe (MOD then
+/// answers ENOENT and the new file is added) and reports a file that became ready meanwhile at once.
+/// Accept and connect set O_NONBLOCK on their socket (checked on each call).
 /// Thread-safety: as Driver.
 
 #include <sys/epoll.h>
@@ -52,7 +53,7 @@ public:
     void cancelAll() noexcept override;
 
     void poll(bool getEvents) noexcept override;
-    [[nodiscard]] bool hasWork() const noexcept override { return !retryFds_.empty(); }
+    [[nodiscard]] bool hasWork() const noexcept override { return false; }
     void wait(int64_t timeoutNs) noexcept override;
     void reap() noexcept override;
     [[nodiscard]] bool parkCollects() const noexcept override { return false; }
@@ -70,6 +71,8 @@ public:
     /// for a descriptor that answers EAGAIN), honouring `deadline` (-ETIMEDOUT) for pollable
     /// descriptors. Used off-fiber, and for kBlocking ops on the offload pool.
     static int32_t performBlocking(const op::Op& op, Deadline deadline) noexcept;
+    /// Runs a kBlocking op (a file or path operation) with the plain blocking call; on the pool.
+    static int32_t runBlocking(const op::Op& op) noexcept;
 
 private:
     // What this carrier knows of one descriptor; indexed by fd.
@@ -81,12 +84,12 @@ private:
         bool registered = false;        // in this carrier's epoll set
         bool regular = false;           // epoll refused it (EPERM): a regular file or directory
         bool stream = false;            // a stream socket: a short receive means drained
-        bool nonblocking = false;       // O_NONBLOCK set (by us, for accept and connect)
         bool plainRw = false;           // no RWF_NOWAIT here (EOPNOTSUPP): O_NONBLOCK and plain reads
         bool readReady = true;          // no EAGAIN on input since the last input event
         bool writeReady = true;
     };
 
+    int32_t startOp(op::IoRequest* req) noexcept;
     FdState* stateFor(int fd) noexcept;
     // Adds fd to the epoll set if it is not there; -errno (EPERM: not pollable) on failure.
     int32_t registerFd(int fd, FdState& st) noexcept;
@@ -96,7 +99,6 @@ private:
     void handleEvents(int count) noexcept;
     void retryWaiters(int fd, uint32_t events) noexcept;
     void expireDeadlines() noexcept;
-    void retryPending() noexcept;
     void heapPush(op::IoRequest* req) noexcept;
     void heapRemove(op::IoRequest* req) noexcept;
     void heapSiftUp(size_t i) noexcept;
@@ -111,7 +113,6 @@ private:
     uint32_t waiting_ = 0;             // requests parked in fd lists
     int pendingEvents_ = 0;            // events wait() collected for reap()
     std::vector<FdState> fds_;
-    std::vector<int> retryFds_;        // descriptors whose new waiters may be ready already (next poll)
     std::vector<op::IoRequest*> deadlines_;  // a binary min-heap on deadlineNs; req->heapIndex = slot + 1
     // Owner-written, read racily by Runtime::stats().
     std::atomic<uint64_t> enters_{0};

@@ -27,6 +27,7 @@ RuntimeOptions uringOnly(unsigned carriers) {
 }
 
 TEST(FaultInjection, ARingThatCannotBeSetUpFailsStartWithItsErrno) {
+    SPINDLE_REQUIRE_URING("ring set-up faults and the backend probe");
     {
         ArmedFault f(inject::Point::kRingSetup, ENOMEM);
         auto rt = Runtime::start(uringOnly(1));
@@ -38,6 +39,7 @@ TEST(FaultInjection, ARingThatCannotBeSetUpFailsStartWithItsErrno) {
 }
 
 TEST(FaultInjection, AutoFallsBackToEpollWhenNoRingCanBeSetUp) {
+    SPINDLE_REQUIRE_URING("ring set-up faults and the backend probe");
     // ENOMEM (RLIMIT_MEMLOCK), EPERM (seccomp, the sysctl) and ENOSYS (qemu-user) say io_uring cannot
     // be used here at all: the probe sees it, and the carriers come up on epoll.
     for (int err : {ENOMEM, EPERM, ENOSYS}) {
@@ -54,6 +56,7 @@ TEST(FaultInjection, AutoFallsBackToEpollWhenNoRingCanBeSetUp) {
 }
 
 TEST(FaultInjection, AutoDoesNotFallBackOnOtherSetUpErrors) {
+    SPINDLE_REQUIRE_URING("ring set-up faults and the backend probe");
     ArmedFault f(inject::Point::kRingSetup, EFAULT, /*count=*/1);
     RuntimeOptions o = withCarriers(1);
     o.backend = Backend::kAuto;
@@ -63,6 +66,7 @@ TEST(FaultInjection, AutoDoesNotFallBackOnOtherSetUpErrors) {
 }
 
 TEST(FaultInjection, ALaterCarrierFailingStopsTheOnesAlreadyRunning) {
+    SPINDLE_REQUIRE_URING("ring set-up faults and the backend probe");
     // Carrier 0 comes up, carrier 1's ring fails: start() must stop and join carrier 0.
     {
         // The first set-up is start()'s probe ring, the second carrier 0's.
@@ -77,6 +81,7 @@ TEST(FaultInjection, ALaterCarrierFailingStopsTheOnesAlreadyRunning) {
 }
 
 TEST(FaultInjection, RunReportsAStartFailure) {
+    SPINDLE_REQUIRE_URING("ring set-up faults and the backend probe");
     ArmedFault f(inject::Point::kRingSetup, ENOSYS);
     bool ran = false;
     auto r = Runtime::run([&] { ran = true; }, uringOnly(1));

@@ -84,6 +84,7 @@ struct ScratchDirFile {
 class FixedIoTest : public testing_support::WithScratchDir {
 protected:
     void SetUp() override {
+        SPINDLE_REQUIRE_URING("registered buffers and files");
         WithScratchDir::SetUp();
         if (HasFatalFailure()) { return; }
         fd_ = makeFile("data");
@@ -417,6 +418,7 @@ private:
 };
 
 TEST(FixedIoFallback, RefusedBufferRegistrationWarnsAndIoStaysCorrect) {
+    SPINDLE_REQUIRE_URING("registration refused by the ring");
     ScratchDirFile file;
     ASSERT_TRUE(file.ok());
     std::optional<Runtime> rt;
@@ -648,6 +650,7 @@ TEST(FixedIoOptions, NoFileTableGivesEnotsup) {
 }
 
 TEST(FixedIoFallback, RefusedFileTableWarnsAndFixedFilesUseThePlainFd) {
+    SPINDLE_REQUIRE_URING("registration refused by the ring");
     ScratchDirFile file;
     ASSERT_TRUE(file.ok());
     std::optional<Runtime> rt;

@@ -39,7 +39,13 @@ using inject::ArmedFault;
 
 using testing_support::Pipe;
 
-class IoFaultTest : public testing_support::WithScratchDir {};
+class IoFaultTest : public testing_support::WithScratchDir {
+protected:
+    void SetUp() override {
+        SPINDLE_REQUIRE_URING("fault injection in the ring (uring/inject.h)");
+        WithScratchDir::SetUp();
+    }
+};
 
 // ---- submission failure ---------------------------------------------------------------------------------------
 
@@ -248,6 +254,7 @@ TEST_F(IoFaultTest, PipesAreNeverShortened) {
 // ---- SQ full --------------------------------------------------------------------------------------------------
 
 TEST(IoFaultSqFull, EachInjectedPassTakesTheSqFullPathOnce) {
+    SPINDLE_REQUIRE_URING("the SQ-full path");
     // One carrier and one fiber doing nops one at a time: the SQ never fills by itself, so every
     // sqFull counted is an injected one, and each pass counts exactly once.
     auto rt = Runtime::start(withCarriers(1));
@@ -271,6 +278,7 @@ TEST(IoFaultSqFull, EachInjectedPassTakesTheSqFullPathOnce) {
 }
 
 TEST(IoFaultSqFull, AnEightEntryRingKeepsEveryCallAndChainWhileReportedFull) {
+    SPINDLE_REQUIRE_URING("the SQ-full path");
     // Many fibers on a ring of 8 entries, half of their calls with a deadline (a two-SQE chain that
     // must leave in one submission), while the SQ also claims to be full: all answer correctly.
     RuntimeOptions o = withCarriers(1);

@@ -321,6 +321,7 @@ TEST(IoOffFiber, WorksWithoutAnyRuntime) {
 // ---- a ring far smaller than the I/O in flight ---------------------------------------------------------------
 
 TEST(IoSmallRing, TenTimesTheRingInFlightAllComplete) {
+    SPINDLE_REQUIRE_URING("the SQ-full path of a small ring");
     constexpr unsigned kRing = 8;
     constexpr int kReaders = 10 * kRing;
     RuntimeOptions o;

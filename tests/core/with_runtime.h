@@ -29,6 +29,7 @@
 #include "core/fiber.h"
 #include "core/fiber_semaphore.h"
 #include "core/internal/waiter_table.h"
+#include "core/driver/backend.h"
 #include "core/runtime.h"
 
 namespace spindle::testing_support {
@@ -39,6 +40,20 @@ inline constexpr bool kSanitized = true;
 #else
 inline constexpr bool kSanitized = false;
 #endif
+
+/// The backend this test process runs on: SPINDLE_BACKEND's (ctest runs every suite once with
+/// "epoll"), else io_uring where it can be set up.
+inline Backend testBackend() { return detail::threadBackend(); }
+
+/// Skips the calling test on a backend without the io_uring mechanism it exercises, naming it; the
+/// skip message starts with "io_uring only" so that scripts/test can count these skips.
+#define SPINDLE_REQUIRE_URING(what)                                                                       \
+    do {                                                                                                \
+        if (::spindle::testing_support::testBackend() != ::spindle::Backend::kUring) {                  \
+            GTEST_SKIP() << "io_uring only: " << (what) << " (backend "                                \
+                         << ::spindle::toString(::spindle::testing_support::testBackend()) << ")";   \
+        }                                                                                               \
+    } while (0)
 
 /// Options for a runtime of `n` carriers and defaults otherwise.
 inline RuntimeOptions withCarriers(unsigned n) {
