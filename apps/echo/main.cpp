@@ -2,9 +2,9 @@
 // any other echo server). The logic lives in apps/echo/echo.{h,cpp}; this file parses flags.
 //
 //   spindle-echo [server] [--address 0.0.0.0] [--port 7000] [--carriers N] [--reuse-port|--single-listener]
-//                         [--poll-mode block|spin|hybrid] ...
+//                         [--poll-mode block|spin|hybrid] [--backend auto|io_uring|epoll] ...
 //   spindle-echo client --address 127.0.0.1 --port 7000 --connections N --duration S --size BYTES
-//                       --warmup S [--carriers N] [--json] ...
+//                       --warmup S [--carriers N] [--backend auto|io_uring|epoll] [--json] ...
 //
 // The server runs until SIGINT or SIGTERM (read from a signalfd by a fiber), then stops accepting,
 // ends its connections and exits 0. The client prints one line of key=value pairs (or one JSON object
@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "apps/common/backend_flag.h"
 #include "apps/echo/echo.h"
 #include "core/io.h"
 #include "core/runtime.h"
@@ -41,6 +42,7 @@ struct RuntimeFlags {
     unsigned spinMicros = 50;
     unsigned ringEntries = 256;
     bool noBind = false;
+    std::string backend = "auto";
 
     void addTo(CLI::App& app) {
         app.add_option("--carriers", carriers, "carriers (0: one per core of the process cpuset)");
@@ -50,6 +52,7 @@ struct RuntimeFlags {
             ->check(CLI::Range(1u, 1000000u));
         app.add_option("--ring-entries", ringEntries, "SQ entries per carrier ring")->check(CLI::Range(8u, 32768u));
         app.add_flag("--no-bind", noBind, "do not pin carrier threads (taskset still applies)");
+        spindle::apps::addBackendFlag(app, backend);
     }
 
     spindle::RuntimeOptions options() const {
@@ -61,6 +64,7 @@ struct RuntimeFlags {
         o.spinMicros = spinMicros;
         o.ringEntries = ringEntries;
         o.bindCarriers = !noBind;
+        o.backend = spindle::apps::backendFromFlag(backend);
         // Sockets use no registered buffers: do not pin 4 MiB per carrier for nothing.
         o.fixedBufferCount = 0;
         return o;
@@ -105,7 +109,8 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
     }
     auto rt = spindle::Runtime::start(rtFlags.options());
     if (!rt) {
-        std::fprintf(stderr, "spindle-echo: the runtime did not start: %s\n", rt.error().message().c_str());
+        std::fprintf(stderr, "spindle-echo: the runtime did not start: %s%s\n", rt.error().message().c_str(),
+                     spindle::apps::startFailureNote(rtFlags.backend).c_str());
         return kExitFailure;
     }
     options.address = *address;
@@ -117,10 +122,10 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
         rt->join();
         return kExitFailure;
     }
-    std::fprintf(stderr, "spindle-echo: listening on %s (%u listener%s, %u carrier%s, poll mode %s)\n",
+    std::fprintf(stderr, "spindle-echo: listening on %s (%u listener%s, %u carrier%s, backend %s, poll mode %s)\n",
                  (*server)->localAddress().toString().c_str(), (*server)->listenerCount(),
                  (*server)->listenerCount() == 1 ? "" : "s", rt->carrierCount(), rt->carrierCount() == 1 ? "" : "s",
-                 rtFlags.pollMode.c_str());
+                 spindle::toString(rt->backend()), rtFlags.pollMode.c_str());
     auto waiter = rt->spawn(
         [sfd]() -> int {
             for (;;) {
@@ -140,7 +145,8 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
     const int signo = waiter->join();
     (*server)->stop();
     const spindle::echo::ServerStats stats = (*server)->stats();
-    // What the rings did, for syscalls per message: enters are io_uring_enter calls.
+    // What the driver did, for syscalls per message: enters are io_uring_enter calls, or epoll_wait
+    // calls on the epoll backend (whose sqes and cqes count operations started and completed).
     for (const spindle::CarrierStats& c : rt->stats()) {
         std::fprintf(stderr,
                      "spindle-echo: carrier %u (pu %d): enters %llu parks %llu idle spins %llu sqes %llu cqes %llu "
@@ -172,7 +178,8 @@ int runClient(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
     options.duration = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(duration));
     auto rt = spindle::Runtime::start(rtFlags.options());
     if (!rt) {
-        std::fprintf(stderr, "spindle-echo: the runtime did not start: %s\n", rt.error().message().c_str());
+        std::fprintf(stderr, "spindle-echo: the runtime did not start: %s%s\n", rt.error().message().c_str(),
+                     spindle::apps::startFailureNote(rtFlags.backend).c_str());
         return kExitFailure;
     }
     auto report = spindle::echo::runClient(*rt, options);

@@ -1,8 +1,9 @@
 // spindle-httpd: an HTTP/1.1 server on spindle fibers (apps/httpd/server.h).
 //
-// With no flags it serves "Hello, World!" on 0.0.0.0:8080 with one carrier per core; --root DIR
-// serves files from DIR too. SIGINT or SIGTERM begins a graceful shutdown: no new connections,
-// requests in flight finish, idle connections close, and the process exits 0 within the drain time.
+// With no flags it serves "Hello, World!" on 0.0.0.0:8080 with one carrier per core, on io_uring
+// (or epoll where io_uring cannot be used; --backend picks one); --root DIR serves files from DIR
+// too. SIGINT or SIGTERM begins a graceful shutdown: no new connections, requests in flight
+// finish, idle connections close, and the process exits 0 within the drain time.
 //
 // Exit status: 0 after a graceful shutdown; 1 when the server cannot start; 2 for a bad flag.
 
@@ -17,6 +18,7 @@
 
 #include <fmt/format.h>
 
+#include "apps/common/backend_flag.h"
 #include "apps/httpd/server.h"
 #include "core/io.h"
 #include "core/runtime.h"
@@ -48,6 +50,7 @@ int main(int argc, char** argv) {
     unsigned ringEntries = 4096;
     std::string pollMode = "block";
     unsigned spinMicros = 50;
+    std::string backend = "auto";
 
     CLI::App app{"spindle-httpd: HTTP/1.1 on spindle fibers (hello route, static files)"};
     app.add_option("--address", address, "numeric IPv4 or IPv6 address to listen on")->capture_default_str();
@@ -74,6 +77,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1u, 32768u))->capture_default_str();
     app.add_option("--ring-entries", ringEntries, "io_uring SQ entries per carrier (the CQ has twice as many)")
         ->check(CLI::Range(64u, 32768u))->capture_default_str();
+    spindle::apps::addBackendFlag(app, backend);
     app.add_option("--poll-mode", pollMode, "idle carriers: block, spin, or hybrid (spin --spin-us, then block)")
         ->check(CLI::IsMember({"block", "spin", "hybrid"}))->capture_default_str();
     app.add_option("--spin-us", spinMicros, "hybrid: microseconds an idle carrier spins before it blocks")
@@ -118,9 +122,11 @@ int main(int argc, char** argv) {
                   : pollMode == "hybrid" ? spindle::PollMode::kHybrid
                                          : spindle::PollMode::kBlock;
     ro.spinMicros = spinMicros;
+    ro.backend = spindle::apps::backendFromFlag(backend);
     auto rt = spindle::Runtime::start(ro);
     if (!rt) {
-        std::fprintf(stderr, "spindle-httpd: the runtime did not start: %s\n", rt.error().message().c_str());
+        std::fprintf(stderr, "spindle-httpd: the runtime did not start: %s%s\n", rt.error().message().c_str(),
+                     spindle::apps::startFailureNote(backend).c_str());
         return 1;
     }
 
@@ -147,11 +153,12 @@ int main(int argc, char** argv) {
     }
     spindle::httpd::Server* s = server->get();
     std::fprintf(stderr, "%s\n",
-                 fmt::format("spindle-httpd: listening on {} with {} carrier(s){}", s->localAddress().toString(),
-                             rt->carrierCount(), root.empty() ? std::string() : ", root " + root)
+                 fmt::format("spindle-httpd: listening on {} with {} carrier(s), backend {}{}",
+                             s->localAddress().toString(), rt->carrierCount(), spindle::toString(rt->backend()),
+                             root.empty() ? std::string() : ", root " + root)
                      .c_str());
 
-    // The signal watcher: one poll on the signalfd through the ring.
+    // The signal watcher: one poll on the signalfd through the backend.
     auto watcher = rt->spawn(
         [s, sfd] {
             for (;;) {

@@ -2,7 +2,8 @@
 // runtime with N carriers in the chosen mode, optionally with one fiber per
 // carrier that wakes every T ms (a mostly idle daemon), sleeps D seconds, and
 // prints the process CPU time spent meanwhile as a percentage of one CPU per
-// carrier, with the share of the kernel's SQPOLL threads (iou-sqp-*) apart.
+// carrier, with the share of the kernel's SQPOLL threads (iou-sqp-*) apart, and
+// the backend the runtime ran on (--backend; SPINDLE_BACKEND with auto).
 #include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -21,6 +22,7 @@
 
 #include <fmt/format.h>
 
+#include "apps/common/backend_flag.h"
 #include "core/io.h"
 #include "core/runtime.h"
 
@@ -71,6 +73,7 @@ int main(int argc, char** argv) {
     unsigned tickMs = 0;
     bool sqpoll = false;
     unsigned sqIdleMs = 10;
+    std::string backend = "auto";
     CLI::App app{"spindle-idle: CPU used by an idle runtime in each poll mode"};
     app.add_option("--mode", mode, "block, spin or hybrid")->check(CLI::IsMember({"block", "spin", "hybrid"}));
     app.add_option("--carriers", carriers, "carriers to start (0: one per core)");
@@ -81,6 +84,7 @@ int main(int argc, char** argv) {
     app.add_flag("--sqpoll", sqpoll, "rings with IORING_SETUP_SQPOLL");
     app.add_option("--sq-idle-ms", sqIdleMs, "with --sqpoll: SQ thread idle time before it sleeps")
         ->check(CLI::Range(1u, 60000u));
+    spindle::apps::addBackendFlag(app, backend);
     CLI11_PARSE(app, argc, argv);
 
     spindle::RuntimeOptions o;
@@ -91,12 +95,15 @@ int main(int argc, char** argv) {
     o.spinMicros = spinMicros;
     o.sqpoll = sqpoll;
     o.sqThreadIdleMs = sqIdleMs;
+    o.backend = spindle::apps::backendFromFlag(backend);
     auto rt = spindle::Runtime::start(o);
     if (!rt) {
-        std::fprintf(stderr, "spindle-idle: the runtime did not start: %s\n", rt.error().message().c_str());
+        std::fprintf(stderr, "spindle-idle: the runtime did not start: %s%s\n", rt.error().message().c_str(),
+                     spindle::apps::startFailureNote(backend).c_str());
         return 1;
     }
     const unsigned n = rt->carrierCount();
+    const spindle::Backend used = rt->backend();
     std::atomic<bool> stop{false};
     std::vector<spindle::FiberHandle<int>> tickers;
     if (tickMs > 0) {
@@ -134,9 +141,10 @@ int main(int argc, char** argv) {
     rt->join();
     uint64_t parks = 0;
     for (const auto& s : stats) { parks += s.parks; }
-    std::printf("%s\n", fmt::format("mode={} sqpoll={} carriers={} tick_ms={} wall_s={:.2f} cpu_s={:.3f} "
+    std::printf("%s\n", fmt::format("backend={} mode={} sqpoll={} carriers={} tick_ms={} wall_s={:.2f} cpu_s={:.3f} "
                                     "cpu_pct_per_carrier={:.1f} sq_thread_cpu_pct_per_carrier={:.1f} parks={} ticks={}",
-                                    mode, sqpoll ? 1 : 0, n, tickMs, wall, cpu, 100.0 * cpu / wall / n,
+                                    spindle::toString(used), mode, sqpoll ? 1 : 0, n, tickMs, wall, cpu,
+                                    100.0 * cpu / wall / n,
                                     100.0 * sq / wall / n, parks, ticks)
                             .c_str());
     return 0;

@@ -26,6 +26,7 @@
 
 #include <fmt/format.h>
 
+#include "apps/common/backend_flag.h"
 #include "core/fiber.h"
 #include "core/runtime.h"
 #include "numa/placement.h"
@@ -48,6 +49,7 @@ struct Common {
     numa::PlacementSpec placement;  // parsed from placementText
     unsigned carriers = 0;
     unsigned threshold = 2;
+    std::string backend = "auto";
 };
 
 struct Experiment {
@@ -67,6 +69,7 @@ RuntimeOptions runtimeOptions(const Common& c, StealPolicy policy) {
     o.carriers = c.carriers;
     o.stealPolicy = policy;
     o.crossNodeStealThreshold = c.threshold;
+    o.backend = spindle::apps::backendFromFlag(c.backend);
     o.fixedBufferCount = 0;  // not used here; many simulated carriers should not pin memory
     o.fixedFileSlots = 0;
     return o;
@@ -87,7 +90,8 @@ std::string cpuList(std::vector<unsigned> os) {
 int showTopology(const Common& c) {
     auto rt = Runtime::start(runtimeOptions(c, StealPolicy::kNuma));
     if (!rt) {
-        fmt::print(stderr, "spindle-topo: the runtime did not start: {}\n", rt.error().message());
+        fmt::print(stderr, "spindle-topo: the runtime did not start: {}{}\n", rt.error().message(),
+                   spindle::apps::startFailureNote(c.backend));
         return kExitError;
     }
     const numa::Topology* t = rt->topology();
@@ -106,7 +110,7 @@ int showTopology(const Common& c) {
     }
     const std::vector<CarrierStats> stats = rt->stats();
     const bool simulated = t != nullptr && t->isSynthetic();
-    fmt::print("\ncarriers: {}{}\n", stats.size(),
+    fmt::print("\ncarriers: {}, backend {}{}\n", stats.size(), spindle::toString(rt->backend()),
                simulated ? fmt::format(" (simulation: unbound, sharing this machine's {} CPUs)", sysconf(_SC_NPROCESSORS_ONLN))
                          : "");
     for (const CarrierStats& s : stats) {
@@ -161,7 +165,8 @@ struct RunResult {
 int runOnce(const Common& c, const Experiment& e, StealPolicy policy, RunResult& out) {
     auto rt = Runtime::start(runtimeOptions(c, policy));
     if (!rt) {
-        fmt::print(stderr, "spindle-topo: the runtime did not start: {}\n", rt.error().message());
+        fmt::print(stderr, "spindle-topo: the runtime did not start: {}{}\n", rt.error().message(),
+                   spindle::apps::startFailureNote(c.backend));
         return kExitError;
     }
     const std::vector<CarrierStats> before = rt->stats();
@@ -236,17 +241,19 @@ int runExperiment(const Common& c, const Experiment& e) {
     {
         auto probe = Runtime::start(runtimeOptions(c, StealPolicy::kNuma));
         if (!probe) {
-            fmt::print(stderr, "spindle-topo: the runtime did not start: {}\n", probe.error().message());
+            fmt::print(stderr, "spindle-topo: the runtime did not start: {}{}\n", probe.error().message(),
+                       spindle::apps::startFailureNote(c.backend));
             return kExitError;
         }
         const numa::Topology* t = probe->topology();
         fmt::print("machine: {} online CPUs; topology: {}\n", sysconf(_SC_NPROCESSORS_ONLN),
                    t != nullptr ? t->describe() : std::string("unknown"));
-        fmt::print("carriers: {}{}; workload: {} fibers x {} us CPU in {} slices, skew {}, threshold {}, "
+        fmt::print("carriers: {}{}, backend {}; workload: {} fibers x {} us CPU in {} slices, skew {}, threshold {}, "
                    "{} repetitions (median makespan; other rows from the median run)\n",
                    probe->carrierCount(),
                    t != nullptr && t->isSynthetic() ? " (SIMULATION: unbound threads sharing this machine's CPUs)" : "",
-                   e.fibers, e.workUs, e.slices, e.skew, c.threshold, e.repetitions);
+                   spindle::toString(probe->backend()), e.fibers, e.workUs, e.slices, e.skew, c.threshold,
+                   e.repetitions);
     }
     std::vector<RunResult> results;
     std::vector<double> spreads;
@@ -300,6 +307,7 @@ int main(int argc, char** argv) {
             ->check(CLI::Range(0u, 4096u));
         a->add_option("--threshold", c.threshold, "numa policy: a remote victim needs more than this many queued")
             ->check(CLI::Range(0u, 1'000'000u));
+        spindle::apps::addBackendFlag(*a, c.backend);
     };
     addCommon(&app);
     CLI::App* exp = app.add_subcommand("experiment", "run a skewed workload under each steal policy");
