@@ -1,14 +1,11 @@
 #include "core/internal/carrier.h"
 
 #include <pthread.h>
-#include <signal.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #include <cerrno>
+#include <cstdio>
+#include <system_error>
 #include <utility>
-#include <cstring>
-#include <mutex>
 
 #include "base/log.h"
 #include "base/relax.h"
@@ -23,84 +20,12 @@ namespace {
 
 thread_local Carrier* tlsCarrier = nullptr;
 
-constexpr size_t kAltStackSize = 64 * 1024;
-
-// ---- stack-overflow reporting ------------------------------------------------
-// A fault inside the running fiber's guard page is a stack overflow: say so, with
-// the fiber's name and id, from the alternate signal stack, then abort. Any other
-// fault goes to the handler that was installed before ours.
-
-struct sigaction gPreviousSegv;
-struct sigaction gPreviousBus;
-
-void putStr(char*& out, char* end, const char* s) noexcept {
-    while (*s != '\0' && out < end) { *out++ = *s++; }
-}
-void putNum(char*& out, char* end, uint64_t v, unsigned base) noexcept {
-    char tmp[24];
-    int n = 0;
-    do {
-        unsigned d = static_cast<unsigned>(v % base);
-        tmp[n++] = static_cast<char>(d < 10 ? '0' + d : 'a' + d - 10);
-        v /= base;
-    } while (v != 0 && n < 24);
-    if (base == 16) { putStr(out, end, "0x"); }
-    while (n > 0 && out < end) { *out++ = tmp[--n]; }
-}
-
-void chain(const struct sigaction& prev, int sig, siginfo_t* info, void* uctx) noexcept {
-    if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
-        prev.sa_sigaction(sig, info, uctx);
-        return;
-    }
-    if (prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN && prev.sa_handler != nullptr) {
-        prev.sa_handler(sig);
-        return;
-    }
-    // Default action: restore it and return; the faulting instruction faults again.
-    struct sigaction dfl {};
-    dfl.sa_handler = SIG_DFL;
-    sigemptyset(&dfl.sa_mask);
-    ::sigaction(sig, &dfl, nullptr);
-}
-
-void onFault(int sig, siginfo_t* info, void* uctx) noexcept {
+// The stack-overflow reporter's view of this thread (RunningFiberFn): async-signal-safe, one TLS read.
+Fiber* runningForFaultReport(unsigned* carrierIndex) noexcept {
     Carrier* c = tlsCarrier;
-    Fiber* f = c != nullptr ? c->running() : nullptr;
-    char* addr = static_cast<char*>(info->si_addr);
-    if (f != nullptr && addr >= f->stack_.base && addr < f->stack_.usableBottom()) {
-        char buf[512];
-        char* out = buf;
-        char* end = buf + sizeof(buf) - 1;
-        putStr(out, end, "spindle: stack overflow in fiber '");
-        putStr(out, end, f->name_[0] != '\0' ? f->name_ : "(unnamed)");
-        putStr(out, end, "' (id ");
-        putNum(out, end, f->id_, 10);
-        putStr(out, end, ") on carrier ");
-        putNum(out, end, c->index(), 10);
-        putStr(out, end, ": fault at ");
-        putNum(out, end, reinterpret_cast<uintptr_t>(addr), 16);
-        putStr(out, end, " in the guard page below its ");
-        putNum(out, end, f->stack_.usableSize(), 10);
-        putStr(out, end, "-byte stack; raise SpawnOptions::stackSize\n");
-        *out = '\0';
-        ssize_t ignored = ::write(STDERR_FILENO, buf, static_cast<size_t>(out - buf));
-        (void)ignored;
-        ::abort();
-    }
-    chain(sig == SIGBUS ? gPreviousBus : gPreviousSegv, sig, info, uctx);
-}
-
-void installFaultHandler() noexcept {
-    static std::once_flag once;
-    std::call_once(once, [] {
-        struct sigaction sa {};
-        sa.sa_sigaction = &onFault;
-        sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
-        sigemptyset(&sa.sa_mask);
-        ::sigaction(SIGSEGV, &sa, &gPreviousSegv);
-        ::sigaction(SIGBUS, &sa, &gPreviousBus);
-    });
+    if (c == nullptr) { return nullptr; }
+    *carrierIndex = c->index();
+    return c->running();
 }
 
 }  // namespace
@@ -138,7 +63,7 @@ Carrier::~Carrier() {
 }
 
 Result<void> Carrier::start() noexcept {
-    installFaultHandler();
+    installStackOverflowReporter(&runningForFaultReport);
     try {
         thread_ = std::thread([this] { threadMain(); });
     } catch (const std::system_error& e) {
@@ -185,17 +110,9 @@ Result<void> Carrier::setUp() noexcept {
     }
     setUpNodeMemory();
 
-    // The alternate stack on which a stack overflow is reported.
-    altStack_ = ::mmap(nullptr, kAltStackSize, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (altStack_ == MAP_FAILED) {
-        altStack_ = nullptr;
+    if (!altStack_.install()) {
         log::warn("carrier {}: no alternate signal stack; stack overflows will be reported as a bare SIGSEGV",
                   config_.index);
-    } else {
-        stack_t ss{};
-        ss.ss_sp = altStack_;
-        ss.ss_size = kAltStackSize;
-        ::sigaltstack(&ss, nullptr);
     }
 
     pthread_attr_t attr;
@@ -256,13 +173,7 @@ void Carrier::tearDown() noexcept {
         fixedBuffers_.unregister();
         fixedFiles_.unregister();
     }
-    if (altStack_ != nullptr) {
-        stack_t ss{};
-        ss.ss_flags = SS_DISABLE;
-        ::sigaltstack(&ss, nullptr);
-        ::munmap(altStack_, kAltStackSize);
-        altStack_ = nullptr;
-    }
+    altStack_.remove();
 }
 
 // ---- the loop ------------------------------------------------------------------

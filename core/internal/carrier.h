@@ -31,6 +31,7 @@
 #include "core/internal/fiber.h"
 #include "core/internal/fixed_pool.h"
 #include "core/internal/mpsc_queue.h"
+#include "core/internal/stack_overflow.h"
 #include "core/internal/stack_pool.h"
 #include "core/runtime.h"
 #include "numa/topology.h"
@@ -285,7 +286,7 @@ private:
     const void* schedStackBottom_ = nullptr;  // for ASan's switch annotations
     size_t schedStackSize_ = 0;
     void* tsanSched_ = nullptr;
-    void* altStack_ = nullptr;
+    AltSignalStack altStack_;           // a stack overflow is reported on it (core/internal/stack_overflow.h)
 };
 
 }  // namespace spindle::detail
