@@ -565,7 +565,6 @@ uint64_t Carrier::nextRandom() noexcept {
 }
 
 Fiber* Carrier::stealFrom(const StealVictim& v) noexcept {
-    if (!v.carrier->hasStealable()) { return nullptr; }
     const auto cls = static_cast<size_t>(v.distance);
     Stats::bump(stats_.stealAttempts[cls]);
     Fiber* f = v.carrier->stealOne();
@@ -576,60 +575,29 @@ Fiber* Carrier::stealFrom(const StealVictim& v) noexcept {
     return f;
 }
 
+namespace {
+size_t queuedAt(const StealVictim& v) noexcept { return v.carrier->queuedApprox(); }
+}  // namespace
+
 // The idle path: no allocation, one pass over the victims at most. Pinned fibers never reach a deque
 // (pushReady and maintenance's hand-off keep them in the owner-only FIFO), so none can be stolen here.
 Fiber* Carrier::trySteal() noexcept {
-    const size_t n = victims_.size();
-    switch (config_.stealPolicy) {
-        case StealPolicy::kNone:
-            return nullptr;
-        case StealPolicy::kRandom: {
-            if (n == 0) { return nullptr; }
-            const size_t start = static_cast<size_t>(nextRandom() % n);
-            for (size_t k = 0; k < n; ++k) {
-                if (Fiber* f = stealFrom(victims_[(start + k) % n])) { return f; }
-            }
-            return nullptr;
-        }
-        case StealPolicy::kLocalOnly:
-        case StealPolicy::kNuma:
-            for (size_t i = 0; i < localVictims_; ++i) {
-                if (Fiber* f = stealFrom(victims_[i])) { return f; }
-            }
-            if (config_.stealPolicy == StealPolicy::kLocalOnly) { return nullptr; }
-            // Every victim on this node looked empty: cross only for a victim with a real backlog, so
-            // a fiber leaves its node (and its stack's memory) only when it would otherwise wait.
-            for (size_t i = localVictims_; i < n; ++i) {
-                if (victims_[i].carrier->queuedApprox() > config_.crossNodeThreshold) {
-                    if (Fiber* f = stealFrom(victims_[i])) { return f; }
-                }
-            }
-            return nullptr;
-    }
-    return nullptr;
+    Fiber* got = nullptr;
+    stealPass(config_.stealPolicy, config_.crossNodeThreshold, victims_, localVictims_, queuedAt,
+              [this] { return nextRandom(); },
+              [this, &got](const StealVictim& v) { return (got = stealFrom(v)) != nullptr; });
+    return got;
 }
 
 bool Carrier::mayStealFrom(const Carrier* victim) const noexcept {
-    if (victim == this) { return false; }
-    switch (config_.stealPolicy) {
-        case StealPolicy::kNone:
-            return false;
-        case StealPolicy::kRandom:
-            return victim->hasStealable();
-        case StealPolicy::kLocalOnly:
-            return victim->config_.node == config_.node && victim->hasStealable();
-        case StealPolicy::kNuma:
-            return victim->config_.node == config_.node ? victim->hasStealable()
-                                                        : victim->queuedApprox() > config_.crossNodeThreshold;
-    }
-    return false;
+    return victim != this && stealAllowed(config_.stealPolicy, victim->config_.node != config_.node,
+                                          victim->queuedApprox(), config_.crossNodeThreshold);
 }
 
 bool Carrier::canStealAny() const noexcept {
-    for (const StealVictim& v : victims_) {
-        if (mayStealFrom(v.carrier)) { return true; }
-    }
-    return false;
+    // Any victim will do, so kRandom's pass may start at the first.
+    return stealPass(config_.stealPolicy, config_.crossNodeThreshold, victims_, localVictims_, queuedAt,
+                     [] { return uint64_t{0}; }, [](const StealVictim&) { return true; });
 }
 
 bool Carrier::otherwiseIdle() noexcept {

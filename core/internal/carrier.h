@@ -33,6 +33,7 @@
 #include "core/internal/mpsc_queue.h"
 #include "core/internal/stack_overflow.h"
 #include "core/internal/stack_pool.h"
+#include "core/internal/steal_policy.h"
 #include "core/runtime.h"
 #include "numa/topology.h"
 #include "uring/ring.h"
@@ -65,12 +66,6 @@ struct CarrierConfig {
     unsigned node = 0;            // logical NUMA node of logicalPu (0 without a topology)
     StealPolicy stealPolicy = StealPolicy::kNuma;
     unsigned crossNodeThreshold = 2;  // RuntimeOptions::crossNodeStealThreshold
-};
-
-/// A carrier to steal from, and how far it is from the thief (numa::Distance from logical PUs).
-struct StealVictim {
-    class Carrier* carrier = nullptr;
-    numa::Distance distance = numa::Distance::kRemotePackage;
 };
 
 class alignas(64) Carrier {
@@ -224,10 +219,11 @@ private:
     void idle() noexcept;
     void endSpin() noexcept;
     void park() noexcept;
+    // One stealPass() over victims_ (core/internal/steal_policy.h).
     Fiber* trySteal() noexcept;
-    /// Takes a fiber from victims_[i] if it looks non-empty, counting the attempt and the success.
+    /// Takes a fiber from `victim`, which the policy allowed, counting the attempt and the success.
     Fiber* stealFrom(const StealVictim& victim) noexcept;
-    /// Whether trySteal() could find something now (park()'s last look; policy-aware).
+    /// Whether trySteal() could find something now (park()'s last look): the same pass, taking nothing.
     bool canStealAny() const noexcept;
     /// A cheap per-carrier xorshift64 (kRandom's victim choice). Owner only.
     uint64_t nextRandom() noexcept;
