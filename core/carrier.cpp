@@ -28,6 +28,55 @@ Fiber* runningForFaultReport(unsigned* carrierIndex) noexcept {
     return c->running();
 }
 
+// ---- the switch ------------------------------------------------------------------------
+// Every switch between the scheduler and a fiber, or between two fibers, is one switchTo().
+
+// Where a switch lands: the context's saved sp, the stack it runs on (for ASan) and its TSan fiber.
+struct SwitchTarget {
+    void* sp;
+    const void* stackBottom;
+    size_t stackSize;
+    void* tsanFiber;
+};
+
+[[gnu::always_inline]] inline SwitchTarget targetOf(const Fiber* fiber) noexcept {
+#if defined(SPINDLE_TSAN)
+    void* tsan = fiber->tsanFiber_;
+#else
+    void* tsan = nullptr;
+#endif
+    return SwitchTarget{fiber->sp_, fiber->stack_.usableBottom(), fiber->stack_.usableSize(), tsan};
+}
+
+// Where `fiber` keeps ASan's fake stack while switched out; nullptr without ASan.
+[[gnu::always_inline]] inline void** fakeStackOf([[maybe_unused]] Fiber* fiber) noexcept {
+#if defined(SPINDLE_ASAN)
+    return &fiber->asanFakeStack_;
+#else
+    return nullptr;
+#endif
+}
+
+// Which assembly entry a switch takes (core/internal/context.h): kFull, spindle_context_switch; kSibling,
+// spindle_context_switch_sibling, only from one fiber to another, both suspended through the same call chain.
+enum class SwitchEntry : uint8_t { kFull, kSibling };
+
+// Saves the running context's sp in *saveSp and resumes `to`; returns when some context switches back,
+// perhaps on another carrier. fakeStack: where the leaving context keeps ASan's fake stack meanwhile
+// (nullptr: it never comes back). Touches nothing of the carrier after the switch, so a fiber that
+// resumes elsewhere is safe here.
+template <SwitchEntry kEntry>
+[[gnu::always_inline]] inline void switchTo(void** saveSp, const SwitchTarget& to, void** fakeStack) noexcept {
+    san::startSwitch(fakeStack, to.stackBottom, to.stackSize);
+    san::tsanSwitchTo(to.tsanFiber);
+    if constexpr (kEntry == SwitchEntry::kSibling) {
+        spindle_context_switch_sibling(saveSp, to.sp);
+    } else {
+        spindle_context_switch(saveSp, to.sp);
+    }
+    san::finishSwitch(fakeStack != nullptr ? *fakeStack : nullptr, nullptr, nullptr);
+}
+
 }  // namespace
 
 // Deliberately out of line: a fiber can resume on another thread, and an inlined
@@ -272,13 +321,8 @@ void Carrier::runPendingAction() noexcept {
 
 void Carrier::runFiber(Fiber* fiber) noexcept {
     prepareToRun(fiber);
-    san::startSwitch(&schedFakeStack_, fiber->stack_.usableBottom(), fiber->stack_.usableSize());
-#if defined(SPINDLE_TSAN)
-    san::tsanSwitchTo(fiber->tsanFiber_);
-#endif
-    spindle_context_switch(&schedSp_, fiber->sp_);
+    switchTo<SwitchEntry::kFull>(&schedSp_, targetOf(fiber), &schedFakeStack_);
     // Back on the scheduler: from `fiber`, or from another fiber it switched to.
-    san::finishSwitch(schedFakeStack_, nullptr, nullptr);
     current_ = nullptr;
     runPendingAction();
 }
@@ -292,18 +336,11 @@ void Carrier::switchAway(Fiber* from, void** fakeStackSave) noexcept {
     if (next != nullptr) {
         ++sinceMaintenance_;
         prepareToRun(next);
-        san::startSwitch(fakeStackSave, next->stack_.usableBottom(), next->stack_.usableSize());
-#if defined(SPINDLE_TSAN)
-        san::tsanSwitchTo(next->tsanFiber_);
-#endif
-        spindle_context_switch_sibling(&from->sp_, next->sp_);
+        switchTo<SwitchEntry::kSibling>(&from->sp_, targetOf(next), fakeStackSave);
         return;
     }
-    san::startSwitch(fakeStackSave, schedStackBottom_, schedStackSize_);
-#if defined(SPINDLE_TSAN)
-    san::tsanSwitchTo(tsanSched_);
-#endif
-    spindle_context_switch(&from->sp_, schedSp_);
+    switchTo<SwitchEntry::kFull>(&from->sp_, SwitchTarget{schedSp_, schedStackBottom_, schedStackSize_, tsanSched_},
+                                 fakeStackSave);
 }
 
 void Carrier::suspendRunning(SuspendAction action) noexcept {
@@ -313,15 +350,8 @@ void Carrier::suspendRunning(SuspendAction action) noexcept {
     f->state_.store(FiberState::kSuspended, std::memory_order_relaxed);
     c->action_ = action;
     c->actionFiber_ = f;
-#if defined(SPINDLE_ASAN)
-    c->switchAway(f, &f->asanFakeStack_);
-#else
-    c->switchAway(f, nullptr);
-#endif
+    c->switchAway(f, fakeStackOf(f));
     // Resumed, possibly by another carrier: `c` is stale from here on.
-#if defined(SPINDLE_ASAN)
-    san::finishSwitch(f->asanFakeStack_, nullptr, nullptr);
-#endif
     current()->runPendingAction();
 }
 
@@ -335,16 +365,7 @@ void Carrier::yieldRunning() noexcept {
         // no one can pick us up until this thread has switched away.
         pushYielded(f);
         prepareToRun(next);
-#if defined(SPINDLE_ASAN)
-        san::startSwitch(&f->asanFakeStack_, next->stack_.usableBottom(), next->stack_.usableSize());
-#endif
-#if defined(SPINDLE_TSAN)
-        san::tsanSwitchTo(next->tsanFiber_);
-#endif
-        spindle_context_switch_sibling(&f->sp_, next->sp_);
-#if defined(SPINDLE_ASAN)
-        san::finishSwitch(f->asanFakeStack_, nullptr, nullptr);
-#endif
+        switchTo<SwitchEntry::kSibling>(&f->sp_, targetOf(next), fakeStackOf(f));
         current()->runPendingAction();
         return;
     }

@@ -203,6 +203,8 @@ private:
     void loop() noexcept;
     Fiber* nextLocal() noexcept;
     void runFiber(Fiber* fiber) noexcept;
+    // The bookkeeping of a switch into `fiber` (current_, its carrier_ and state, the counters); the
+    // switch itself is switchTo() in carrier.cpp.
     void prepareToRun(Fiber* fiber) noexcept;
     void runPendingAction() noexcept;
     void switchAway(Fiber* from, void** fakeStackSave) noexcept;
