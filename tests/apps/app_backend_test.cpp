@@ -1,0 +1,398 @@
+// The epoll fallback end to end, in the real binaries: spindle-hello and spindle-httpd run in a child
+// whose io_uring_setup a seccomp filter answers with EPERM (as a container's profile or
+// kernel.io_uring_disabled would), and must then run on epoll, say why once, and exit 0; with
+// --backend io_uring they must refuse to start and say why.
+//
+// Why fork and exec: a seccomp filter outlives the test and would change every test after it; the
+// child takes it to its grave, and the binaries are the ones a user runs. Between fork and exec the
+// child makes only system calls (prctl, dup2, execve); everything it needs is built before the fork.
+// The child's environment drops SPINDLE_BACKEND (so --backend auto means the probe, whichever
+// backend this suite's ctest entry names) and sets SPINDLE_LOG=warn (so the fallback's warning is
+// the only log line expected).
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <linux/audit.h>
+#include <linux/filter.h>
+#include <linux/seccomp.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstddef>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#ifndef SPINDLE_HELLO_BIN
+#error "tests/CMakeLists.txt passes SPINDLE_HELLO_BIN, the path of spindle-hello"
+#endif
+#ifndef SPINDLE_HTTPD_BIN
+#error "tests/CMakeLists.txt passes SPINDLE_HTTPD_BIN, the path of spindle-httpd"
+#endif
+
+extern char** environ;
+
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+#ifndef SYS_io_uring_setup
+#define SYS_io_uring_setup 425  // the same number on x86-64 and AArch64 (5.1)
+#endif
+
+// The child's exit status when it could not install the filter; its stderr then says why.
+constexpr int kNoFilterExit = 125;
+constexpr std::string_view kNoFilterTag = "app_backend_test: no seccomp filter: ";
+constexpr std::string_view kFallbackWords = "io_uring unavailable";
+
+// Makes io_uring_setup fail with EPERM in this process and every process it execs; any other call,
+// and any call from another architecture's ABI, passes. Returns 0 or the errno of the prctl that
+// failed (ENOSYS: no filter for this CPU in the test). Async-signal-safe: it runs between fork and exec.
+int denyIoUringSetup() noexcept {
+#if defined(__x86_64__)
+    constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
+#elif defined(__aarch64__)
+    constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
+#else
+    return ENOSYS;
+#endif
+#if defined(__x86_64__) || defined(__aarch64__)
+    sock_filter filter[] = {
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
+        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 0, 1),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
+        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
+    };
+    sock_fprog prog{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
+    // Without CAP_SYS_ADMIN a filter needs no_new_privs, which exec keeps (and set-uid binaries lose).
+    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) { return errno; }
+    if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) { return errno; }
+    return 0;
+#endif
+}
+
+// The environment of the test process without SPINDLE_BACKEND and SPINDLE_LOG, plus SPINDLE_LOG=warn
+// and `extra` ("NAME=value" entries).
+std::vector<std::string> childEnvironment(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+        const std::string_view entry(*e);
+        if (entry.starts_with("SPINDLE_BACKEND=") || entry.starts_with("SPINDLE_LOG=")) { continue; }
+        env.emplace_back(entry);
+    }
+    env.emplace_back("SPINDLE_LOG=warn");
+    env.insert(env.end(), extra.begin(), extra.end());
+    return env;
+}
+
+// A program started by spawn(): its pid and the read ends of its stdout and stderr, with everything
+// read from them so far.
+struct Child {
+    pid_t pid = -1;
+    int out = -1;
+    int err = -1;
+    std::string stdoutText;
+    std::string stderrText;
+    std::optional<int> status;  // waitpid's status once reaped
+
+    Child() = default;
+    Child(const Child&) = delete;
+    Child& operator=(const Child&) = delete;
+    ~Child() {
+        if (pid > 0 && !status) {
+            ::kill(pid, SIGKILL);
+            int st = 0;
+            ::waitpid(pid, &st, 0);
+        }
+        if (out >= 0) { ::close(out); }
+        if (err >= 0) { ::close(err); }
+    }
+
+    // Reads what stdout and stderr have for up to `wait` (less once both are at EOF); true when
+    // `done` is satisfied, checked after every read.
+    template <class Done>
+    bool readUntil(Done&& done, std::chrono::milliseconds wait) {
+        const auto until = Clock::now() + wait;
+        while (!done()) {
+            pollfd fds[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
+            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
+            if (left <= 0ms || (out < 0 && err < 0)) { return false; }
+            const int n = ::poll(fds, 2, static_cast<int>(left.count()));
+            if (n < 0 && errno != EINTR) { return false; }
+            for (int i = 0; i < 2 && n > 0; ++i) {
+                if (fds[i].fd < 0 || fds[i].revents == 0) { continue; }
+                char buf[4096];
+                const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
+                if (got > 0) {
+                    (i == 0 ? stdoutText : stderrText).append(buf, static_cast<size_t>(got));
+                } else if (got == 0 || errno != EINTR) {
+                    ::close(fds[i].fd);
+                    (i == 0 ? out : err) = -1;
+                }
+            }
+        }
+        return true;
+    }
+
+    // Reads both pipes to EOF and reaps the child, within `wait`; then status holds its status.
+    // Returns false (the child is killed by the destructor) when it does not exit in time.
+    bool finish(std::chrono::milliseconds wait) {
+        const auto until = Clock::now() + wait;
+        readUntil([this] { return out < 0 && err < 0; }, wait);
+        while (!status) {
+            int st = 0;
+            const pid_t r = ::waitpid(pid, &st, WNOHANG);
+            if (r == pid) {
+                status = st;
+            } else if (Clock::now() >= until) {
+                return false;
+            } else {
+                std::this_thread::sleep_for(10ms);
+            }
+        }
+        return true;
+    }
+
+    [[nodiscard]] bool filterMissing() const {
+        return status && WIFEXITED(*status) && WEXITSTATUS(*status) == kNoFilterExit &&
+               stderrText.find(kNoFilterTag) != std::string::npos;
+    }
+};
+
+// Starts `argv` with `env`, under the io_uring_setup filter when `filtered`. Precondition: argv[0]
+// is a path. Fails the test (and returns pid -1) when fork or a pipe fails.
+void spawn(Child& child, const std::vector<std::string>& argv, const std::vector<std::string>& env, bool filtered) {
+    std::vector<char*> args, envp;
+    for (const std::string& a : argv) { args.push_back(const_cast<char*>(a.c_str())); }
+    args.push_back(nullptr);
+    for (const std::string& e : env) { envp.push_back(const_cast<char*>(e.c_str())); }
+    envp.push_back(nullptr);
+    int outPipe[2], errPipe[2];
+    ASSERT_EQ(::pipe2(outPipe, O_CLOEXEC), 0) << std::strerror(errno);
+    ASSERT_EQ(::pipe2(errPipe, O_CLOEXEC), 0) << std::strerror(errno);
+    const pid_t pid = ::fork();
+    ASSERT_GE(pid, 0) << "fork: " << std::strerror(errno);
+    if (pid == 0) {
+        // dup2 clears O_CLOEXEC on the copies, so 1 and 2 survive the exec and the pipes' ends do not.
+        if (::dup2(outPipe[1], STDOUT_FILENO) < 0 || ::dup2(errPipe[1], STDERR_FILENO) < 0) { ::_exit(127); }
+        if (filtered) {
+            if (const int e = denyIoUringSetup(); e != 0) {
+                (void)!::write(STDERR_FILENO, kNoFilterTag.data(), kNoFilterTag.size());
+                const char* why = ::strerrordesc_np(e);
+                (void)!::write(STDERR_FILENO, why, std::strlen(why));
+                ::_exit(kNoFilterExit);
+            }
+        }
+        ::execve(args[0], args.data(), envp.data());
+        ::_exit(127);
+    }
+    ::close(outPipe[1]);
+    ::close(errPipe[1]);
+    child.pid = pid;
+    child.out = outPipe[0];
+    child.err = errPipe[0];
+}
+
+// A scratch file holding `text`, removed with the object.
+class ScratchFile {
+public:
+    explicit ScratchFile(std::string_view text) {
+        char tmpl[] = "/tmp/spindle-app-backend-XXXXXX";
+        const int fd = ::mkstemp(tmpl);
+        if (fd < 0) { return; }
+        path_ = tmpl;
+        const bool written = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+        ::close(fd);
+        if (!written) {
+            ::unlink(path_.c_str());
+            path_.clear();
+        }
+    }
+    ScratchFile(const ScratchFile&) = delete;
+    ScratchFile& operator=(const ScratchFile&) = delete;
+    ~ScratchFile() {
+        if (!path_.empty()) { ::unlink(path_.c_str()); }
+    }
+    [[nodiscard]] const std::string& path() const { return path_; }  // "" when it could not be written
+
+private:
+    std::string path_;
+};
+
+constexpr std::string_view kFileText = "spindle app backend test\n";  // 25 bytes
+
+// The lines of `text` that contain `words`.
+std::vector<std::string> linesWith(const std::string& text, std::string_view words) {
+    std::vector<std::string> lines;
+    size_t start = 0;
+    while (start < text.size()) {
+        size_t end = text.find('\n', start);
+        if (end == std::string::npos) { end = text.size(); }
+        const std::string line = text.substr(start, end - start);
+        if (line.find(words) != std::string::npos) { lines.push_back(line); }
+        start = end + 1;
+    }
+    return lines;
+}
+
+std::string describeStatus(int status) {
+    if (WIFEXITED(status)) { return "exit " + std::to_string(WEXITSTATUS(status)); }
+    if (WIFSIGNALED(status)) { return std::string("killed by ") + ::strsignal(WTERMSIG(status)); }
+    return "status " + std::to_string(status);
+}
+
+// The port in spindle-httpd's "listening on 127.0.0.1:PORT ..." line, or 0.
+uint16_t listeningPort(const std::string& text) {
+    constexpr std::string_view kWords = "listening on 127.0.0.1:";
+    const size_t at = text.find(kWords);
+    if (at == std::string::npos) { return 0; }
+    const unsigned long port = std::strtoul(text.c_str() + at + kWords.size(), nullptr, 10);
+    return port > 0 && port <= 65535 ? static_cast<uint16_t>(port) : 0;
+}
+
+// Sends one GET to 127.0.0.1:port over a plain blocking socket and returns the response's head
+// (up to its blank line), or "error: ..." when the connection, the send or the receive fails.
+std::string getRoot(uint16_t port) {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) { return std::string("error: socket: ") + std::strerror(errno); }
+    timeval tv{5, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(port);
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    std::string result;
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) != 0) {
+        result = std::string("error: connect: ") + std::strerror(errno);
+    } else {
+        constexpr std::string_view kRequest = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+        if (::send(fd, kRequest.data(), kRequest.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(kRequest.size())) {
+            result = std::string("error: send: ") + std::strerror(errno);
+        } else {
+            char buf[4096];
+            while (result.find("\r\n\r\n") == std::string::npos) {
+                const ssize_t got = ::recv(fd, buf, sizeof buf, 0);
+                if (got <= 0) {
+                    result = std::string("error: recv: ") + (got == 0 ? "closed" : std::strerror(errno)) +
+                             " after '" + result + "'";
+                    break;
+                }
+                result.append(buf, static_cast<size_t>(got));
+            }
+        }
+    }
+    ::close(fd);
+    return result;
+}
+
+// The read line names epoll, and the fallback's reason is logged exactly once.
+TEST(AppBackend, HelloFallsBackToEpollWhenIoUringIsRefused) {
+    ScratchFile file(kFileText);
+    ASSERT_FALSE(file.path().empty()) << "cannot write a file in /tmp";
+    Child child;
+    ASSERT_NO_FATAL_FAILURE(spawn(child, {SPINDLE_HELLO_BIN, file.path()}, childEnvironment(), true));
+    ASSERT_TRUE(child.finish(30s)) << "spindle-hello did not exit; stderr:\n" << child.stderrText;
+    if (child.filterMissing()) { GTEST_SKIP() << child.stderrText; }
+    EXPECT_TRUE(WIFEXITED(*child.status) && WEXITSTATUS(*child.status) == 0)
+        << describeStatus(*child.status) << "; stderr:\n" << child.stderrText;
+    EXPECT_EQ(child.stdoutText, "read " + std::to_string(kFileText.size()) + " bytes of " + file.path() +
+                                    " through epoll\n");
+    const auto reasons = linesWith(child.stderrText, kFallbackWords);
+    ASSERT_EQ(reasons.size(), 1u) << "stderr:\n" << child.stderrText;
+    EXPECT_NE(reasons[0].find("backend: epoll"), std::string::npos) << reasons[0];
+    EXPECT_NE(reasons[0].find("Operation not permitted"), std::string::npos) << reasons[0];
+}
+
+// The daemon comes up on epoll, answers a request, and drains on SIGTERM.
+TEST(AppBackend, HttpdFallsBackToEpollAndServesWhenIoUringIsRefused) {
+    Child child;
+    ASSERT_NO_FATAL_FAILURE(spawn(child,
+                                  {SPINDLE_HTTPD_BIN, "--address", "127.0.0.1", "--port", "0", "--drain-timeout",
+                                   "2"},
+                                  childEnvironment(), true));
+    const bool up = child.readUntil([&] { return listeningPort(child.stderrText) != 0; }, 30s);
+    if (!up) {
+        child.finish(5s);
+        if (child.filterMissing()) { GTEST_SKIP() << child.stderrText; }
+        FAIL() << "spindle-httpd did not say where it listens; stderr:\n" << child.stderrText;
+    }
+    const uint16_t port = listeningPort(child.stderrText);
+    const std::string head = getRoot(port);
+    EXPECT_TRUE(head.starts_with("HTTP/1.1 200 ")) << "response to GET /: " << head;
+    ASSERT_EQ(::kill(child.pid, SIGTERM), 0) << std::strerror(errno);
+    ASSERT_TRUE(child.finish(30s)) << "spindle-httpd did not exit after SIGTERM; stderr:\n" << child.stderrText;
+    EXPECT_TRUE(WIFEXITED(*child.status) && WEXITSTATUS(*child.status) == 0)
+        << describeStatus(*child.status) << "; stderr:\n" << child.stderrText;
+    EXPECT_EQ(linesWith(child.stderrText, "listening on").size(), 1u) << child.stderrText;
+    EXPECT_EQ(linesWith(child.stderrText, "backend epoll").size(), 1u) << child.stderrText;
+    const auto reasons = linesWith(child.stderrText, kFallbackWords);
+    ASSERT_EQ(reasons.size(), 1u) << "stderr:\n" << child.stderrText;
+    EXPECT_NE(reasons[0].find("Operation not permitted"), std::string::npos) << reasons[0];
+}
+
+// --backend io_uring rules the fallback out: the daemon refuses to start and says why.
+TEST(AppBackend, HttpdWithBackendIoUringFailsWhenIoUringIsRefused) {
+    Child child;
+    ASSERT_NO_FATAL_FAILURE(spawn(
+        child, {SPINDLE_HTTPD_BIN, "--address", "127.0.0.1", "--port", "0", "--backend", "io_uring"},
+        childEnvironment(), true));
+    ASSERT_TRUE(child.finish(30s)) << "spindle-httpd did not exit; stderr:\n" << child.stderrText;
+    if (child.filterMissing()) { GTEST_SKIP() << child.stderrText; }
+    EXPECT_TRUE(WIFEXITED(*child.status) && WEXITSTATUS(*child.status) != 0)
+        << describeStatus(*child.status) << "; stderr:\n" << child.stderrText;
+    EXPECT_EQ(child.stderrText.find("listening on"), std::string::npos) << child.stderrText;
+    EXPECT_TRUE(linesWith(child.stderrText, kFallbackWords).empty()) << child.stderrText;
+    const auto failures = linesWith(child.stderrText, "io_uring");
+    bool named = false;
+    for (const std::string& line : failures) {
+        named = named || line.find("Operation not permitted") != std::string::npos;
+    }
+    EXPECT_TRUE(named) << "no line names io_uring and EPERM; stderr:\n" << child.stderrText;
+}
+
+// Without a filter, SPINDLE_BACKEND reaches the binaries and an explicit --backend wins over it.
+TEST(AppBackend, TheFlagWinsOverSpindleBackend) {
+    Child child;
+    ASSERT_NO_FATAL_FAILURE(spawn(child,
+                                  {SPINDLE_HTTPD_BIN, "--address", "127.0.0.1", "--port", "0", "--backend", "epoll",
+                                   "--drain-timeout", "2"},
+                                  childEnvironment({"SPINDLE_BACKEND=io_uring"}), false));
+    ASSERT_TRUE(child.readUntil([&] { return listeningPort(child.stderrText) != 0; }, 30s))
+        << "spindle-httpd did not say where it listens; stderr:\n" << child.stderrText;
+    EXPECT_EQ(linesWith(child.stderrText, "backend epoll").size(), 1u) << child.stderrText;
+    EXPECT_TRUE(getRoot(listeningPort(child.stderrText)).starts_with("HTTP/1.1 200 "));
+    ASSERT_EQ(::kill(child.pid, SIGTERM), 0) << std::strerror(errno);
+    ASSERT_TRUE(child.finish(30s)) << "spindle-httpd did not exit after SIGTERM; stderr:\n" << child.stderrText;
+    EXPECT_TRUE(WIFEXITED(*child.status) && WEXITSTATUS(*child.status) == 0)
+        << describeStatus(*child.status) << "; stderr:\n" << child.stderrText;
+
+    ScratchFile file(kFileText);
+    ASSERT_FALSE(file.path().empty()) << "cannot write a file in /tmp";
+    Child hello;
+    ASSERT_NO_FATAL_FAILURE(
+        spawn(hello, {SPINDLE_HELLO_BIN, file.path()}, childEnvironment({"SPINDLE_BACKEND=epoll"}), false));
+    ASSERT_TRUE(hello.finish(30s)) << "spindle-hello did not exit; stderr:\n" << hello.stderrText;
+    EXPECT_NE(hello.stdoutText.find(" through epoll\n"), std::string::npos) << hello.stdoutText << hello.stderrText;
+    EXPECT_TRUE(hello.stderrText.empty()) << hello.stderrText;
+}
+
+}  // namespace
