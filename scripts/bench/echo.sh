@@ -1,36 +1,42 @@
 #!/usr/bin/env bash
-# Runs spindle-echo's server (one carrier) and the reference C epoll loop (scripts/bench/epoll_echo.c,
-# one thread) under the same load: spindle-echo's ping-pong client with 64-byte messages at 1, 10, 100
-# and 1000 connections. Both servers are pinned to one CPU and the client (one carrier) to another;
-# each run starts a fresh server, warms up, then measures. Runs alternate (spindle, epoll; then epoll,
-# spindle) for each repetition, and the table gives medians [min..max] and the ratios.
+# Runs spindle-echo's server (one carrier) on each of its I/O backends (io_uring, epoll) and the
+# reference C epoll loop (scripts/bench/epoll_echo.c, one thread) under the same load: spindle-echo's
+# ping-pong client with 64-byte messages at 1, 10, 100 and 1000 connections. The servers are pinned to
+# one CPU and the client (one carrier, default backend) to another; each run starts a fresh server,
+# warms up, then measures. Each repetition runs every server once, in turn (spindle io_uring, spindle
+# epoll, epoll_echo; then the reverse order), and the table gives medians [min..max] and the ratios.
 #
 # usage: scripts/bench/echo.sh [--repetitions N] [--duration S] [--warmup S] [--connections "1 10 100 1000"]
 #                              [--size BYTES] [--port N] [--poll-mode block|spin|hybrid] [--epoll-mode lt|et]
-#                              [--epoll-busy-poll-us N]
+#                              [--epoll-busy-poll-us N] [--backends "io_uring epoll"]
 #                              [--server-flags "..."] [--server-cpu N] [--client-cpu N] [--nice N] [--no-build]
-#   --repetitions N   A/B rounds per connection count; the median is reported (default 3)
+#   --repetitions N   rounds per connection count, each running every server once; medians are reported
+#                     (default 3)
 #   --duration S      measured seconds per run, after the warm-up (default 5)
 #   --warmup S        seconds of load before measuring (default 1)
 #   --connections L   connection counts (default "1 10 100 1000")
 #   --size BYTES      message size (default 64)
-#   --port N          TCP port both servers listen on, one at a time (default 7400)
+#   --port N          TCP port the servers listen on, one at a time (default 7400)
 #   --poll-mode M     spindle-echo server's poll mode (default block; the client always blocks)
 #   --epoll-mode M    epoll_echo's triggering: lt (level, default) or et (edge)
 #   --epoll-busy-poll-us N  epoll_echo polls (epoll_wait timeout 0) for N µs after its last event before it
 #                     blocks (default 0: never); the match for --poll-mode hybrid, whose window is
 #                     spindle-echo's --spin-us (50 unless --server-flags sets it)
+#   --backends L      spindle-echo server's backends to measure, each its own row run with --backend B
+#                     (default "io_uring epoll"; "io_uring" alone leaves the epoll backend out)
 #   --server-flags F  more flags for spindle-echo server, e.g. "--inline-send" (word-split)
-#   --server-cpu N    CPU both servers are pinned to (default 0)
+#   --server-cpu N    CPU the servers are pinned to (default 0)
 #   --client-cpu N    CPU the client is pinned to (default 1)
 #   --nice N          run servers and client under `nice -n N` (e.g. -20 on a shared machine)
 #   --no-build        use the existing build/release and build/bench-echo/epoll_echo
 #
-# Columns: messages/s (round trips completed in the measured window / its length), p99 round-trip
-# latency as the client sees it, and server CPU per message: the server's utime + stime from
-# /proc/PID/stat (all its threads, 1/CLK_TCK resolution) over the whole client run (warm-up included),
-# divided by every round trip of that run. "ratio" is spindle / epoll for messages/s (>1: spindle
-# faster) and epoll / spindle for CPU per message (>1: spindle cheaper).
+# Rows, one per server and connection count: messages/s (round trips completed in the measured window
+# / its length), p99 round-trip latency as the client sees it, and server CPU per message: the server's
+# utime + stime from /proc/PID/stat (all its threads, 1/CLK_TCK resolution) over the whole client run
+# (warm-up included), divided by every round trip of that run. Ratio lines, of medians: for io_uring,
+# spindle / epoll_echo for messages/s (>1: spindle faster) and epoll_echo / spindle for CPU per message
+# (>1: spindle cheaper); for the epoll backend, the same messages/s ratio and spindle epoll CPU/msg ÷
+# epoll_echo CPU/msg (the loop it should cost no more than: target <= 1.10).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -44,6 +50,7 @@ port=7400
 poll_mode=block
 epoll_mode=lt
 epoll_busy_poll_us=0
+backends="io_uring epoll"
 server_flags=""
 server_cpu=0
 client_cpu=1
@@ -60,12 +67,13 @@ while (($# > 0)); do
     --poll-mode) poll_mode="$2"; shift ;;
     --epoll-mode) epoll_mode="$2"; shift ;;
     --epoll-busy-poll-us) epoll_busy_poll_us="$2"; shift ;;
+    --backends) backends="$2"; shift ;;
     --server-flags) server_flags="$2"; shift ;;
     --server-cpu) server_cpu="$2"; shift ;;
     --client-cpu) client_cpu="$2"; shift ;;
     --nice) nice="$2"; shift ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,33p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "echo.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -74,6 +82,18 @@ done
 [[ "$poll_mode" =~ ^(block|spin|hybrid)$ ]] || { echo "echo.sh: --poll-mode takes block, spin or hybrid" >&2; exit 2; }
 [[ "$epoll_mode" =~ ^(lt|et)$ ]] || { echo "echo.sh: --epoll-mode takes lt or et" >&2; exit 2; }
 [[ "$epoll_busy_poll_us" =~ ^[0-9]+$ ]] || { echo "echo.sh: --epoll-busy-poll-us needs a whole number" >&2; exit 2; }
+read -r -a backend_list <<<"$backends"
+((${#backend_list[@]} > 0)) || { echo "echo.sh: --backends needs io_uring, epoll or both" >&2; exit 2; }
+declare -A seen_backend=()
+for b in "${backend_list[@]}"; do
+  [[ "$b" =~ ^(io_uring|epoll)$ ]] || { echo "echo.sh: --backends takes io_uring and epoll, not '$b'" >&2; exit 2; }
+  [[ -z "${seen_backend[$b]:-}" ]] || { echo "echo.sh: --backends names $b twice" >&2; exit 2; }
+  seen_backend[$b]=1
+done
+# The servers of the rotation: spindle-<backend> for each backend, then the raw loop.
+impls=()
+for b in "${backend_list[@]}"; do impls+=("spindle-$b"); done
+impls+=(epoll_echo)
 command -v python3 >/dev/null || { echo "echo.sh: python3 is needed to read the JSON results" >&2; exit 1; }
 
 root="$SPINDLE_REPO_ROOT"
@@ -95,8 +115,9 @@ fi
 # A thousand connections take two descriptors each when both ends live on this machine.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "machine: $(bench_machine_line)"
-echo "runs: $reps A/B rounds x ${duration}s (+${warmup}s warm-up), ${size}-byte messages; servers on CPU $server_cpu, client on CPU $client_cpu"
-echo "spindle-echo server --carriers 1 --poll-mode $poll_mode $server_flags; epoll_echo --mode $epoll_mode --busy-poll-us $epoll_busy_poll_us; client: spindle-echo client --carriers 1"
+echo "runs: $reps rounds of ${#impls[@]} servers x ${duration}s (+${warmup}s warm-up), ${size}-byte messages; servers on CPU $server_cpu, client on CPU $client_cpu"
+echo "spindle-echo server --carriers 1 --poll-mode $poll_mode${server_flags:+ $server_flags} --backend B, B in: ${backend_list[*]}"
+echo "epoll_echo --mode $epoll_mode --busy-poll-us $epoll_busy_poll_us; client: spindle-echo client --carriers 1 (default backend)"
 echo "nice: $nice; ulimit -n: $(ulimit -n); load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 read -r -a extra <<<"$server_flags"
@@ -127,15 +148,20 @@ cpu_ticks() {
 
 run_one() {  # impl conns tag
   local impl=$1 conns=$2 tag=$3 t0 t1
-  if [[ "$impl" == spindle ]]; then
+  if [[ "$impl" == spindle-* ]]; then
     nice -n "$nice" taskset -c "$server_cpu" "$bin" server --carriers 1 --port "$port" --address 127.0.0.1 \
-      --poll-mode "$poll_mode" "${extra[@]}" 2>"$out/$tag.server.log" &
+      --poll-mode "$poll_mode" --backend "${impl#spindle-}" "${extra[@]}" 2>"$out/$tag.server.log" &
   else
     nice -n "$nice" taskset -c "$server_cpu" "$epoll_bin" --port "$port" --address 127.0.0.1 --mode "$epoll_mode" \
       --busy-poll-us "$epoll_busy_poll_us" 2>"$out/$tag.server.log" &
   fi
   server_pid=$!
   wait_for_port
+  # The startup line names the backend the runtime chose: a server on another one measures nothing asked for.
+  if [[ "$impl" == spindle-* ]] && ! grep -q "backend ${impl#spindle-}," "$out/$tag.server.log"; then
+    echo "echo.sh: $impl does not run on ${impl#spindle-}: $(cat "$out/$tag.server.log")" >&2
+    exit 1
+  fi
   t0=$(cpu_ticks "$server_pid")
   if ! nice -n "$nice" taskset -c "$client_cpu" "$bin" client --carriers 1 --port "$port" --connections "$conns" \
       --size "$size" --duration "$duration" --warmup "$warmup" --json >"$out/$tag.json" 2>"$out/$tag.client.log"; then
@@ -157,16 +183,23 @@ fi
 
 for c in $connections; do
   for ((r = 1; r <= reps; ++r)); do
-    if ((r % 2 == 1)); then order="spindle epoll"; else order="epoll spindle"; fi
-    for impl in $order; do run_one "$impl" "$c" "${impl}_c${c}_r${r}"; done
+    # Forward on odd rounds, backward on even ones, so no server always follows the same one.
+    order=("${impls[@]}")
+    if ((r % 2 == 0)); then
+      order=()
+      for ((i = ${#impls[@]} - 1; i >= 0; i--)); do order+=("${impls[i]}"); done
+    fi
+    for impl in "${order[@]}"; do run_one "$impl" "$c" "${impl}_c${c}_r${r}"; done
   done
   echo "  done: $c connections" >&2
 done
 
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$out" "$reps" "$connections" "$(getconf CLK_TCK)" <<'PY'
+python3 - "$out" "$reps" "$connections" "$(getconf CLK_TCK)" "${impls[*]}" <<'PY'
 import json, os, statistics, sys
 out, reps, conns, hz = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4])
+impls = sys.argv[5].split()
+names = {"spindle-io_uring": "spindle io_uring", "spindle-epoll": "spindle epoll", "epoll_echo": "epoll_echo"}
 
 def run(impl, c, r):
     tag = os.path.join(out, f"{impl}_c{c}_r{r}")
@@ -178,21 +211,32 @@ def run(impl, c, r):
 def med(vals):
     return statistics.median(vals), min(vals), max(vals)
 
-hdr = (f"{'conns':>5s} {'spindle msg/s':>30s} {'epoll msg/s':>30s} {'ratio':>6s}"
-       f" {'spindle p99':>11s} {'epoll p99':>10s} {'spindle CPU/msg':>15s} {'epoll CPU/msg':>13s} {'ratio':>6s}")
+def ratio(a, b):
+    return f"{a / b:.3f}" if b else "n/a"
+
+hdr = f"{'conns':>5s} {'server':<16s} {'msg/s median [min..max]':>30s} {'p99':>10s} {'CPU/msg':>10s}"
 print()
 print(hdr)
 print("-" * len(hdr))
 for c in conns:
-    s = [run("spindle", c, r) for r in range(1, reps + 1)]
-    e = [run("epoll", c, r) for r in range(1, reps + 1)]
-    sm, em = med([x[0] for x in s]), med([x[0] for x in e])
-    sp, ep = med([x[1] for x in s]), med([x[1] for x in e])
-    sc, ec = med([x[2] for x in s]), med([x[2] for x in e])
-    fmt = lambda m: f"{m[0]:.0f} [{m[1]:.0f}..{m[2]:.0f}]"
-    print(f"{c:>5s} {fmt(sm):>30s} {fmt(em):>30s} {sm[0] / em[0]:6.3f}"
-          f" {sp[0]:9.1f}us {ep[0]:8.1f}us {sc[0]:13.2f}us {ec[0]:11.2f}us {ec[0] / sc[0]:6.3f}")
+    m = {}
+    for impl in impls:
+        runs = [run(impl, c, r) for r in range(1, reps + 1)]
+        m[impl] = [med([x[k] for x in runs]) for k in range(3)]
+        rate, p99, cpu = m[impl]
+        print(f"{c:>5s} {names[impl]:<16s} {f'{rate[0]:.0f} [{rate[1]:.0f}..{rate[2]:.0f}]':>30s}"
+              f" {p99[0]:8.1f}us {cpu[0]:8.2f}us")
+    raw = m["epoll_echo"]
+    if "spindle-io_uring" in m:
+        s = m["spindle-io_uring"]
+        print(f"{'':>5s} io_uring: msg/s ratio {ratio(s[0][0], raw[0][0])} (spindle / epoll_echo),"
+              f" CPU ratio {ratio(raw[2][0], s[2][0])} (epoll_echo / spindle)")
+    if "spindle-epoll" in m:
+        s = m["spindle-epoll"]
+        print(f"{'':>5s} epoll:    msg/s ratio {ratio(s[0][0], raw[0][0])} (spindle / epoll_echo),"
+              f" CPU/msg {ratio(s[2][0], raw[2][0])} of epoll_echo's (target <= 1.10)")
 print()
-print("msg/s ratio = spindle / epoll (medians; >1: spindle faster); CPU ratio = epoll / spindle (>1: spindle cheaper).")
+print("Ratios of medians. msg/s ratio: >1 spindle faster. io_uring CPU ratio: >1 spindle cheaper.")
+print("epoll backend CPU/msg of epoll_echo's: spindle epoll's CPU per message / epoll_echo's (<= 1.10 wanted).")
 print("CPU/msg: server utime+stime over the whole client run (warm-up included) / every round trip of it.")
 PY
