@@ -1,29 +1,36 @@
 #!/usr/bin/env bash
-# spindle-httpd against nginx on the hello route, both on one CPU, with wrk on another. Builds the
-# spindle-httpd target of the release preset, installs wrk and nginx-light when missing, then for
-# each connection count N: one warm-up run of each server, then R alternating A/B runs of
+# spindle-httpd on each of its I/O backends against nginx on the hello route, all on one CPU, with
+# wrk on another. Builds the spindle-httpd target of the release preset, installs wrk and nginx-light
+# when missing, then for each connection count N: one warm-up run of each server, then R runs of
 #   taskset -c 1 wrk -t1 -cN -dD --latency http://127.0.0.1:PORT/hello
-# against spindle-httpd --carriers 1 and nginx (one worker process), each pinned with taskset -c 0.
+# against each server in turn (forward, then backward), each pinned with taskset -c 0:
+# spindle-httpd --carriers 1 --backend io_uring (spindle-uring), spindle-httpd --carriers 1
+# --backend epoll (spindle-epoll), nginx (one worker process), and with the epoll backend the raw
+# epoll loop of scripts/bench/raw_http.c (raw-epoll), its reference.
 # Prints per N and server: requests/s median [min..max], server CPU µs per request (utime + stime
 # from /proc/PID/stat over the run, divided by the requests wrk counted), p99 latency (median of the
-# runs), and the ratios spindle/nginx.
-# --floor: also runs scripts/bench/raw_http.c in both its modes (raw-epoll, raw-uring) in the same
-# rotation: loops that answer the same bytes and do nothing else, so what they cost per request is
-# what the kernel charges any server here (the floor), and the extra ratio lines say how far nginx
-# and spindle-httpd are above it.
-# --rss: instead, opens --rss-connections keep-alive connections to each server (one request on
-# each, then idle) and prints the server's VmRSS before and after, and the growth per connection.
+# runs), and the ratios: each spindle backend / nginx, and spindle-epoll's CPU per request over
+# raw-epoll's (target <= 1.10).
+# --floor: also runs raw_http.c's io_uring loop (raw-uring) in the same rotation: the raw loops answer
+# the same bytes and do nothing else, so what they cost per request is what the kernel charges any
+# server here (the floor), and the extra ratio lines say how far nginx and spindle-httpd are above it.
+# --rss: instead, opens --rss-connections keep-alive connections to each spindle-httpd and nginx (one
+# request on each, then idle) and prints the server's VmRSS before and after, and the growth per
+# connection.
 #
 # usage: scripts/bench/http.sh [--connections "10 100 1000 10000"] [--duration D] [--warmup W]
 #                              [--repetitions R] [--server-cpu C] [--client-cpu C] [--floor]
-#                              [--rss [--rss-connections N]]
+#                              [--backends "io_uring epoll"] [--rss [--rss-connections N]]
 #   --connections L   connection counts to sweep (default "10 100 1000 10000")
 #   --duration D      seconds per measured run (default 10)
 #   --warmup W        seconds of the warm-up run per server and N (default 3)
-#   --repetitions R   measured runs per server and N, alternating (default 3)
-#   --server-cpu C    CPU both servers are pinned to (default 0)
+#   --repetitions R   measured runs per server and N, in alternating order (default 3)
+#   --server-cpu C    CPU the servers are pinned to (default 0)
 #   --client-cpu C    CPU wrk is pinned to (default 1)
-#   --floor           add the raw loops of scripts/bench/raw_http.c (needs cc and liburing-dev)
+#   --floor           add raw_http.c's io_uring loop beside its epoll loop
+#   --backends L      spindle-httpd's backends to measure, each its own server run with --backend B
+#                     (default "io_uring epoll"; raw-epoll runs when epoll is among them or with --floor;
+#                     raw_http.c needs cc and liburing-dev)
 #   --rss             memory mode (see above)
 #   --rss-connections N  connections in memory mode (default 10000)
 set -euo pipefail
@@ -39,6 +46,7 @@ client_cpu=1
 rss=0
 rss_conns=10000
 floor=0
+backends="io_uring epoll"
 while (($# > 0)); do
   case "$1" in
     --connections) conns="$2"; shift ;;
@@ -49,14 +57,25 @@ while (($# > 0)); do
     --client-cpu) client_cpu="$2"; shift ;;
     --rss) rss=1 ;;
     --floor) floor=1 ;;
+    --backends) backends="$2"; shift ;;
     --rss-connections) rss_conns="$2"; shift ;;
-    -h|--help) sed -n '2,28p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "http.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
 done
+read -r -a backend_list <<<"$backends"
+((${#backend_list[@]} > 0)) || { echo "http.sh: --backends needs io_uring, epoll or both" >&2; exit 2; }
+declare -A seen_backend=()
+for b in "${backend_list[@]}"; do
+  [[ "$b" =~ ^(io_uring|epoll)$ ]] || { echo "http.sh: --backends takes io_uring and epoll, not '$b'" >&2; exit 2; }
+  [[ -z "${seen_backend[$b]:-}" ]] || { echo "http.sh: --backends names $b twice" >&2; exit 2; }
+  seen_backend[$b]=1
+done
 
-spindle_port=18080
+# spindle-httpd's server name and port for each backend.
+declare -A spindle_name=([io_uring]=spindle-uring [epoll]=spindle-epoll)
+declare -A spindle_port=([io_uring]=18080 [epoll]=18084)
 nginx_port=18081
 raw_epoll_port=18082
 raw_uring_port=18083
@@ -92,8 +111,14 @@ build_httpd
 httpd="$SPINDLE_REPO_ROOT/build/release/apps/spindle-httpd"
 [[ -x "$httpd" ]] || { echo "http.sh: $httpd was not built" >&2; exit 1; }
 raw_http="$SPINDLE_REPO_ROOT/build/bench-http/raw_http"
-((rss)) && floor=0  # memory mode measures spindle-httpd and nginx only
-if ((floor)); then
+# The raw loops: raw-epoll is the epoll backend's reference, raw-uring only the floor. Memory mode
+# measures spindle-httpd and nginx only.
+raw_modes=()
+if ((!rss)); then
+  if ((floor)) || [[ -n "${seen_backend[epoll]:-}" ]]; then raw_modes+=(epoll); fi
+  if ((floor)); then raw_modes+=(uring); fi
+fi
+if ((${#raw_modes[@]} > 0)); then
   mkdir -p "$(dirname "$raw_http")"
   cc -O2 -o "$raw_http" "$SPINDLE_REPO_ROOT/scripts/bench/raw_http.c" -luring ||
     { echo "http.sh: cannot build scripts/bench/raw_http.c" >&2; exit 1; }
@@ -154,25 +179,35 @@ wait_port() {
 
 # A server left over from another run would share the port (spindle-httpd listens with SO_REUSEPORT)
 # and take part of the load, out of sight of the CPU figures: refuse to measure then.
-for p in "$spindle_port" "$nginx_port" "$raw_epoll_port" "$raw_uring_port"; do
+for p in "${spindle_port[@]}" "$nginx_port" "$raw_epoll_port" "$raw_uring_port"; do
   if (exec 3<>"/dev/tcp/127.0.0.1/$p") 2>/dev/null; then
     echo "http.sh: something already listens on port $p; stop it first" >&2
     exit 1
   fi
 done
-taskset -c "$server_cpu" "$httpd" --carriers 1 --address 127.0.0.1 --port "$spindle_port" 2>"$tmp/spindle.log" &
-spindle_pid=$!
-pids+=("$spindle_pid")
+# The servers of the rotation: name, pid, port.
+servers=()
+declare -A pid_of=() port_of=()
+for b in "${backend_list[@]}"; do
+  name=${spindle_name[$b]}
+  taskset -c "$server_cpu" "$httpd" --carriers 1 --backend "$b" --address 127.0.0.1 --port "${spindle_port[$b]}" \
+    2>"$tmp/$name.log" &
+  pids+=("$!")
+  servers+=("$name")
+  pid_of[$name]=$! port_of[$name]=${spindle_port[$b]}
+  wait_port "${spindle_port[$b]}"
+  # Its startup line names the backend the runtime chose: another one would measure nothing asked for.
+  grep -q "backend $b" "$tmp/$name.log" || { echo "http.sh: $name does not run on $b: $(cat "$tmp/$name.log")" >&2; exit 1; }
+done
+spindle_servers=("${servers[@]}")
 taskset -c "$server_cpu" nginx -p "$tmp" -c "$tmp/nginx.conf" 2>"$tmp/nginx.stderr" &
 nginx_pid=$!
 pids+=("$nginx_pid")
-wait_port "$spindle_port"
 wait_port "$nginx_port"
-# The servers of the rotation: name, pid, port.
-servers=(spindle nginx)
-declare -A pid_of=([spindle]=$spindle_pid [nginx]=$nginx_pid) port_of=([spindle]=$spindle_port [nginx]=$nginx_port)
-if ((floor)); then
-  for mode in epoll uring; do
+servers+=(nginx)
+pid_of[nginx]=$nginx_pid port_of[nginx]=$nginx_port
+if ((${#raw_modes[@]} > 0)); then
+  for mode in "${raw_modes[@]}"; do
     if [[ $mode == epoll ]]; then port=$raw_epoll_port; else port=$raw_uring_port; fi
     taskset -c "$server_cpu" "$raw_http" --mode "$mode" --address 127.0.0.1 --port "$port" 2>"$tmp/raw-$mode.log" &
     pids+=("$!")
@@ -187,12 +222,14 @@ cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
 echo "machine: $(bench_machine_line)"
-echo "spindle-httpd pid $spindle_pid, $(nginx -v 2>&1) pid $nginx_pid; servers on CPU $server_cpu, wrk on CPU $client_cpu"
+spindle_pids=""
+for name in "${spindle_servers[@]}"; do spindle_pids+="$name pid ${pid_of[$name]}, "; done
+echo "spindle-httpd: ${spindle_pids}$(nginx -v 2>&1) pid $nginx_pid; servers on CPU $server_cpu, wrk on CPU $client_cpu"
 
 if ((rss)); then
   command -v python3 >/dev/null || { echo "http.sh: python3 is needed for --rss" >&2; exit 1; }
-  for server in spindle nginx; do
-    if [[ $server == spindle ]]; then pid=$spindle_pid port=$spindle_port; else pid=$nginx_pid port=$nginx_port; fi
+  for server in "${spindle_servers[@]}" nginx; do
+    pid=${pid_of[$server]} port=${port_of[$server]}
     before=$(rss_kib "$pid")
     rm -f "$tmp/ready" "$tmp/release"
     taskset -c "$client_cpu" python3 "$SPINDLE_REPO_ROOT/scripts/bench/http_idle_clients.py" \
@@ -209,7 +246,7 @@ if ((rss)); then
     touch "$tmp/release"
     wait "$client" || true
     awk -v s="$server" -v n="$rss_conns" -v b="$before" -v a="$after" 'BEGIN {
-      printf "%-8s %6d idle keep-alive connections: VmRSS %d KiB -> %d KiB, %.2f KiB per connection\n",
+      printf "%-13s %6d idle keep-alive connections: VmRSS %d KiB -> %d KiB, %.2f KiB per connection\n",
              s, n, b, a, (a - b) / n }'
     sleep 2
   done
@@ -238,7 +275,7 @@ run_wrk() {
 # stats V...: "median min max" of the values.
 stats() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%s %s %s\n", v[int((NR + 1) / 2)], v[1], v[NR] }'; }
 
-printf '%-6s %-9s %28s %10s %10s %7s\n' N server "req/s median [min..max]" "cpu us/req" "p99 us" errors
+printf '%-6s %-13s %28s %10s %10s %7s\n' N server "req/s median [min..max]" "cpu us/req" "p99 us" errors
 for n in $conns; do
   for server in "${servers[@]}"; do run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$warmup" >/dev/null; done
   declare -A rps=() cpu=() p99=() errs=()
@@ -263,14 +300,24 @@ for n in $conns; do
     # shellcheck disable=SC2086
     read -r pm _ _ < <(stats ${p99[$server]})
     med[$server]=$m medcpu[$server]=$cm
-    printf '%-6s %-9s %12.0f [%.0f..%.0f] %10.2f %10.0f %7d\n' "$n" "$server" "$m" "$lo" "$hi" "$cm" "$pm" "${errs[$server]}"
+    printf '%-6s %-13s %12.0f [%.0f..%.0f] %10.2f %10.0f %7d\n' "$n" "$server" "$m" "$lo" "$hi" "$cm" "$pm" "${errs[$server]}"
   done
-  printf '%-6s ratio spindle/nginx: req/s %s, cpu/req %s\n' "$n" \
-    "$(ratio "${med[spindle]}" "${med[nginx]}")" "$(ratio "${medcpu[spindle]}" "${medcpu[nginx]}")"
+  for server in "${spindle_servers[@]}"; do
+    printf '%-6s ratio %s/nginx: req/s %s, cpu/req %s\n' "$n" "$server" \
+      "$(ratio "${med[$server]}" "${med[nginx]}")" "$(ratio "${medcpu[$server]}" "${medcpu[nginx]}")"
+  done
+  if [[ -n "${seen_backend[epoll]:-}" ]]; then
+    printf '%-6s ratio spindle-epoll/raw-epoll: req/s %s, cpu/req %s (target <= 1.10)\n' "$n" \
+      "$(ratio "${med[spindle-epoll]}" "${med[raw-epoll]}")" "$(ratio "${medcpu[spindle-epoll]}" "${medcpu[raw-epoll]}")"
+  fi
   if ((floor)); then
-    printf '%-6s floor: raw-uring/nginx cpu/req %s, raw-epoll/nginx %s; spindle/raw-uring %s, nginx/raw-epoll %s\n' "$n" \
+    printf '%-6s floor: raw-uring/nginx cpu/req %s, raw-epoll/nginx %s; nginx/raw-epoll %s' "$n" \
       "$(ratio "${medcpu[raw-uring]}" "${medcpu[nginx]}")" "$(ratio "${medcpu[raw-epoll]}" "${medcpu[nginx]}")" \
-      "$(ratio "${medcpu[spindle]}" "${medcpu[raw-uring]}")" "$(ratio "${medcpu[nginx]}" "${medcpu[raw-epoll]}")"
+      "$(ratio "${medcpu[nginx]}" "${medcpu[raw-epoll]}")"
+    if [[ -n "${seen_backend[io_uring]:-}" ]]; then
+      printf '; spindle-uring/raw-uring %s' "$(ratio "${medcpu[spindle-uring]}" "${medcpu[raw-uring]}")"
+    fi
+    printf '\n'
   fi
   unset rps cpu p99 errs med medcpu
 done
