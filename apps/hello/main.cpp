@@ -1,6 +1,6 @@
 // spindle-hello: the README's first program. Reads the start of a file from a fiber, through
-// io_uring or, where io_uring cannot be used, epoll's runtime (SPINDLE_BACKEND picks one), names
-// the backend that did it, and says why when it cannot.
+// io_uring or (where io_uring cannot be used, or SPINDLE_BACKEND says so) epoll, names the backend
+// that did it, and says why when it cannot.
 #include <fcntl.h>
 
 #include <cstdio>
