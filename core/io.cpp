@@ -89,8 +89,10 @@ int32_t submitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) no
         auto r = offload([&] { return EpollDriver::runBlocking(o); });
         res = r ? *r : -r.errorCode();
     } else if (res != kPending) {
-        // Finished at once (a readiness driver's first try): no completion follows.
+        // Finished at once (a readiness driver's first try): no completion follows. As a parked call
+        // would, let the carrier's other work (ready fibers, a due timer, its inbox) have its turn.
         self->waitOn_.store(nullptr, std::memory_order_relaxed);
+        if (!c->otherwiseIdle()) { c->yieldRunning(); }
     } else {
         self->waitReason_ = deadline.isSet() ? "io (deadline)" : "io";
         res = io.done.waitLocal();
@@ -134,7 +136,11 @@ Result<void> cancelMultishot(MultishotCompletion* completion) noexcept {
     }
     auto* m = new (std::nothrow) detail::Message;
     if (m == nullptr) { return Error{ENOMEM}; }
-    m->kind = detail::Message::Kind::kCancelOp;
+    // A heap message: two cancels of one operation may be on their way at once (a pause and a stop).
+    m->run = [](detail::Message* self) noexcept {
+        detail::Carrier::current()->cancelOpHere(static_cast<op::IoRequest*>(self->target));
+        delete self;
+    };
     m->target = static_cast<op::IoRequest*>(completion);
     owner->post(m);
     return {};
@@ -180,8 +186,7 @@ bool carrierOtherwiseIdle() noexcept {
 
 uring::Ring* currentRing() noexcept {
     detail::Carrier* c = detail::Carrier::current();
-    if (c == nullptr || c->running() == nullptr) { return nullptr; }
-    return c->ring();
+    return c != nullptr ? c->ring() : nullptr;
 }
 
 namespace {

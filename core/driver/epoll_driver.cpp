@@ -275,7 +275,10 @@ int32_t EpollDriver::registerFd(int fd, FdState& st) noexcept {
     if (st.registered) {
         if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0) { return 0; }
         if (errno != ENOENT) { return -errno; }
+        // Not in the set: the file we knew was closed (with close(2)); forget what we knew of it.
         st.registered = false;
+        st.plainRw = false;
+        st.regular = false;
     }
     if (::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd, &ev) != 0) {
         const int err = errno;
@@ -344,7 +347,7 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
     const bool known = st->registered && (writes ? !st->writeReady : !st->readReady) &&
                        o.code != op::Code::kPoll && o.code != op::Code::kConnect;
     if (!known) {
-        int32_t r = attempt(o, !st->plainRw);
+        int32_t r = tryOnce(o, *st);
         if (r == -EOPNOTSUPP && isRwOp(o.code)) {
             // No RWF_NOWAIT for this file (a timerfd, a tty): pollable ones get O_NONBLOCK and plain
             // reads; the others are run on the pool.
@@ -366,6 +369,14 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
         st->readReady = false;
     }
     return park(req, *st);
+}
+
+int32_t EpollDriver::tryOnce(const op::Op& o, FdState& st) noexcept {
+    if (!st.plainRw || !isRwOp(o.code)) { return attempt(o, true); }
+    // No RWF_NOWAIT for this file: the plain call on a descriptor made O_NONBLOCK, checked each time,
+    // since the number may have been closed with close(2) and reused for a blocking file.
+    if (const int32_t r = setNonblocking(o.fd); r < 0) { return r; }
+    return attempt(o, false);
 }
 
 int32_t EpollDriver::park(op::IoRequest* req, FdState& st) noexcept {
@@ -439,7 +450,7 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
         op::IoRequest* next = req == last ? nullptr : req->next;
         if ((wantedEvents(req->op) & events) != 0) {
             const op::Op& o = req->op;
-            int32_t r = req->savedFlags == 1 ? connectOutcome(o.fd) : attempt(o, !st.plainRw);
+            int32_t r = req->savedFlags == 1 ? connectOutcome(o.fd) : tryOnce(o, st);
             if (o.code == op::Code::kAcceptMultishot) {
                 while (r >= 0) {
                     finish(req, r, op::kMore);
@@ -615,8 +626,14 @@ int32_t EpollDriver::performBlocking(const op::Op& o, Deadline deadline) noexcep
         if (r != -EAGAIN || !pollable) { return r; }  // a non-blocking descriptor: wait below
     }
     bool connecting = false;
+    bool polled = false;  // plain: poll(2) said ready, so the blocking call returns at once
+    bool plain = false;   // no RWF_NOWAIT here (EOPNOTSUPP, as qemu-user answers): poll, then the plain call
     for (;;) {
-        int32_t r = connecting ? connectOutcome(o.fd) : attempt(o, true);
+        int32_t r = connecting ? connectOutcome(o.fd) : attempt(o, !(plain && polled));
+        if (r == -EOPNOTSUPP && isRwOp(o.code) && !plain) {
+            plain = true;
+            r = -EAGAIN;
+        }
         if (o.code == op::Code::kConnect && r == -EAGAIN && !connecting) {
             connecting = true;
         } else if (r != -EAGAIN) {
@@ -634,6 +651,7 @@ int32_t EpollDriver::performBlocking(const op::Op& o, Deadline deadline) noexcep
         const int n = ::poll(&p, 1, ms);
         if (n < 0 && errno != EINTR) { return -errno; }
         if (n == 0 && deadline.isSet() && deadline.expired()) { return -ETIMEDOUT; }
+        polled = n > 0;
     }
 }
 

@@ -90,6 +90,8 @@ private:
     };
 
     int32_t startOp(op::IoRequest* req) noexcept;
+    // One non-blocking attempt at `o` on the descriptor `st` describes.
+    int32_t tryOnce(const op::Op& o, FdState& st) noexcept;
     FdState* stateFor(int fd) noexcept;
     // Adds fd to the epoll set if it is not there; -errno (EPERM: not pollable) on failure.
     int32_t registerFd(int fd, FdState& st) noexcept;

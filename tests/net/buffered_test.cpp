@@ -72,8 +72,15 @@ TEST_F(Buffered, ReaderParsesInPlaceAndCarriesSplitMessagesWithAndWithoutAPool) 
         });
     }
     const ProvidedBufferStats st = (*pool)->stats();
-    EXPECT_GT(st.providedRecvs, 0u);
-    EXPECT_GE(st.carriersRegistered, 1u);
+    if (testing_support::testBackend() == Backend::kUring) {
+        EXPECT_GT(st.providedRecvs, 0u);
+        EXPECT_GE(st.carriersRegistered, 1u);
+    } else {
+        // No io_uring ring, so no buffer ring: every receive of the pooled pass took a heap buffer.
+        EXPECT_EQ(st.providedRecvs, 0u);
+        EXPECT_EQ(st.carriersRegistered, 0u);
+        EXPECT_GT(st.fallbackRecvs, 0u);
+    }
     EXPECT_EQ(st.registerError, 0);
 }
 
@@ -166,7 +173,9 @@ TEST_F(Buffered, PoolFallsBackToHeapBuffersWhenRegistrationIsRefused) {
         });
     }
     const ProvidedBufferStats st = (*pool)->stats();
-    EXPECT_EQ(st.registerError, EINVAL);
+    // On epoll no registration is ever attempted (there is no ring to register with): the fault is
+    // not reached, and the fallback is the same.
+    EXPECT_EQ(st.registerError, testing_support::testBackend() == Backend::kUring ? EINVAL : 0);
     EXPECT_EQ(st.carriersRegistered, 0u);
     EXPECT_GE(st.fallbackRecvs, 1u);
     EXPECT_EQ(st.providedRecvs, 0u);
