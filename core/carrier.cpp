@@ -445,30 +445,7 @@ void Carrier::drainInbox() noexcept {
         // Read the link first: once handled, the node may be reused by another thread.
         MpscNode* next = n->next;
         auto* m = static_cast<Message*>(n);
-        switch (m->kind) {
-            case Message::Kind::kRunFiber:
-                pushReady(static_cast<Fiber*>(m->target));
-                break;
-            case Message::Kind::kCancelTimer: {
-                auto* e = static_cast<TimerEntry*>(m->target);
-                if (e->inHeap()) {
-                    timers_.remove(e);
-                    fireTimer(e, -ECANCELED);
-                }
-                e->cancelAck.set(0);  // the last touch of e
-                break;
-            }
-            case Message::Kind::kCancelWait:
-                handleCancelWait(static_cast<Fiber*>(m->target));
-                break;
-            case Message::Kind::kRemoveFixedFile:
-                static_cast<FixedFileTable*>(m->target)->onRemoveMessage(m);
-                break;
-            case Message::Kind::kCancelOp:
-                cancelOpHere(static_cast<op::IoRequest*>(m->target));
-                delete m;
-                break;
-        }
+        m->run(m);
         n = next;
     }
 }
@@ -543,7 +520,14 @@ void Carrier::cancelTimer(TimerEntry* entry) noexcept {
         }
         return;
     }
-    entry->cancelMsg.kind = Message::Kind::kCancelTimer;
+    entry->cancelMsg.run = [](Message* m) noexcept {
+        auto* e = static_cast<TimerEntry*>(m->target);
+        if (e->inHeap()) {
+            current()->timers_.remove(e);
+            fireTimer(e, -ECANCELED);
+        }
+        e->cancelAck.set(0);  // the last touch of e
+    };
     entry->cancelMsg.target = entry;
     entry->cancelAck.reset();
     entry->owner->post(&entry->cancelMsg);
@@ -758,6 +742,40 @@ void Carrier::removePoller(Poller* poller) noexcept {
 }  // namespace spindle::detail
 
 namespace spindle {
+
+namespace detail {
+
+Result<void> runOnCarrier(RuntimeImpl* rt, unsigned carrier, void (*call)(void* ctx) noexcept, void* ctx) noexcept {
+    if (rt == nullptr || carrier >= rt->carriers().size()) { return Error{EINVAL}; }
+    Carrier* target = rt->carriers()[carrier].get();
+    Carrier* self = Carrier::current();
+    if (self == target) {
+        call(ctx);
+        return {};
+    }
+    // A fiber of this runtime keeps live() above zero, so its carriers cannot exit before the message
+    // is handled; anyone else could post to a carrier that has already left its loop.
+    const bool ownFiber = self != nullptr && self->running() != nullptr && self->runtime() == rt;
+    if (rt->stopping() && !ownFiber) { return Error{ECANCELED}; }
+    struct Call : Message {
+        void (*fn)(void*) noexcept;
+        void* ctx;
+        FiberFuture done;
+    } m;
+    m.fn = call;
+    m.ctx = ctx;
+    m.target = &m;
+    m.run = [](Message* msg) noexcept {
+        auto* c = static_cast<Call*>(msg->target);
+        c->fn(c->ctx);
+        c->done.set(0);  // the last touch of the message
+    };
+    target->post(&m);
+    (void)m.done.wait();
+    return {};
+}
+
+}  // namespace detail
 
 Result<unsigned> addPoller(Poller* poller) noexcept {
     detail::Carrier* c = detail::Carrier::current();

@@ -164,7 +164,7 @@ void requestCancel(Fiber* fiber) noexcept {
     // A message already queued reads the fiber's state afresh when handled, and so sees this request.
     if (fiber->cancelMsgQueued_.exchange(true, std::memory_order_seq_cst)) { return; }
     fiber->refs_.fetch_add(1, std::memory_order_relaxed);  // dropped by the carrier that handles it
-    fiber->cancelMsg_.kind = Message::Kind::kCancelWait;
+    fiber->cancelMsg_.run = [](Message* m) noexcept { Carrier::current()->handleCancelWait(static_cast<Fiber*>(m->target)); };
     fiber->cancelMsg_.target = fiber;
     on->post(&fiber->cancelMsg_);
 }
@@ -258,7 +258,7 @@ Result<Fiber*> createFiber(RuntimeImpl* rt, const SpawnOptions& options, size_t 
     f->id_ = gNextFiberId.fetch_add(1, std::memory_order_relaxed);
     f->setName(options.name);
     f->pinCount_ = options.pinned ? 1 : 0;
-    f->msg_.kind = Message::Kind::kRunFiber;
+    f->msg_.run = [](Message* m) noexcept { Carrier::current()->pushReady(static_cast<Fiber*>(m->target)); };
     f->msg_.target = f;
     f->sp_ = makeContext(payloadAt, &fiberEntry, f);
 #if defined(SPINDLE_TSAN)

@@ -200,7 +200,7 @@ Result<void> FixedFileTable::setUp(Carrier* owner, uring::Ring* ring, unsigned s
     }
     slots_ = slots;
     for (unsigned i = 0; i < slots; ++i) {
-        slot_[i].kind = Message::Kind::kRemoveFixedFile;
+        slot_[i].run = [](Message* m) noexcept { static_cast<FixedFileTable*>(m->target)->onRemoveMessage(m); };
         slot_[i].target = this;
         slot_[i].nextFree = i + 1 < slots ? static_cast<int32_t>(i + 1) : -1;
     }

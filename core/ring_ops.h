@@ -80,9 +80,10 @@ struct MultishotCompletion : op::IoRequest {
 /// Cost: six loads on the carrier's own lines and the ring's, and a clock read when a timer is set.
 [[nodiscard]] bool carrierOtherwiseIdle() noexcept;
 
-/// The ring of the carrier running the calling fiber, for registrations that must come from its
-/// owner's thread (SINGLE_ISSUER). Valid until the fiber next blocks (it may migrate); null off-fiber
-/// and on the epoll backend (callers then take their fallback: heap receive buffers, plain fds).
+/// The ring of the carrier whose thread calls (a fiber running there, or a function run there by
+/// Runtime::runOnCarrier), for registrations that must come from its owner's thread (SINGLE_ISSUER).
+/// Valid until a fiber next blocks (it may migrate); null on a plain thread and on the epoll backend
+/// (callers then take their fallback: heap receive buffers, plain fds).
 [[nodiscard]] uring::Ring* currentRing() noexcept;
 
 }  // namespace spindle

@@ -176,6 +176,10 @@ void launchFiber(Fiber* fiber) noexcept;
 /// The runtime of the fiber running on this thread, or nullptr.
 RuntimeImpl* currentRuntime() noexcept;
 
+/// Has `call(ctx)` run on carrier `carrier`'s thread and waits until it ran (see Runtime::runOnCarrier).
+[[nodiscard]] Result<void> runOnCarrier(RuntimeImpl* rt, unsigned carrier, void (*call)(void* ctx) noexcept,
+                                        void* ctx) noexcept;
+
 template <class F>
 auto spawnOn(RuntimeImpl* rt, F&& fn, const SpawnOptions& options)
     -> Result<FiberHandle<std::invoke_result_t<std::decay_t<F>>>> {
@@ -236,6 +240,20 @@ public:
     template <class F>
     auto spawn(F&& fn, const SpawnOptions& options = {}) -> Result<FiberHandle<std::invoke_result_t<std::decay_t<F>>>> {
         return detail::spawnOn(impl_.get(), std::forward<F>(fn), options);
+    }
+
+    /// Runs fn() on carrier `carrier`'s own thread, in its loop between fibers, and returns once it has
+    /// run: the one way to have work done by a given carrier (a registration only its thread may make,
+    /// state that only it touches). fn must be quick, must not block (it holds up every fiber there)
+    /// and must not throw. From a fiber this parks the fiber; from a plain thread it blocks the thread;
+    /// from the target carrier's own thread it runs fn at once.
+    /// Memory ordering: what the caller wrote before is visible to fn; what fn wrote, after the return.
+    /// Errors: EINVAL for a carrier index out of range; ECANCELED once shutdown has begun, unless the
+    /// caller is one of this runtime's fibers (whose carrier cannot exit under it).
+    template <class F>
+    Result<void> runOnCarrier(unsigned carrier, F&& fn) {
+        auto call = [](void* ctx) noexcept { (*static_cast<std::remove_reference_t<F>*>(ctx))(); };
+        return detail::runOnCarrier(impl_.get(), carrier, call, static_cast<void*>(std::addressof(fn)));
     }
 
     /// Blocks until no fiber is left (new ones may be spawned afterwards).

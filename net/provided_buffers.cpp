@@ -117,20 +117,18 @@ Result<std::unique_ptr<ProvidedBufferPool>> ProvidedBufferPool::create(const Pro
 }
 
 ProvidedBufferPool::~ProvidedBufferPool() {
-    // Each registration is dropped by its own carrier's thread (SINGLE_ISSUER): a pinned fiber there.
+    // Each registration is dropped by its own carrier's thread (SINGLE_ISSUER).
     for (auto& r : impl_->rings) {
         if (!r) { continue; }
         detail::PbufRing* ring = r.get();
         auto drop = [ring] {
             if (uring::Ring* here = currentRing()) { (void)here->unregisterBufRing(ring->bgid); }
         };
-        if (this_fiber::carrierIndex() == static_cast<int>(ring->carrier) && this_fiber::inFiber()) {
-            drop();
-        } else if (impl_->runtime != nullptr) {
-            auto h = spindle::detail::spawnOn(impl_->runtime, drop,
-                                              SpawnOptions{.name = "pbuf-unregister", .carrier = static_cast<int>(ring->carrier), .pinned = true});
+        if (impl_->runtime != nullptr) {
             // ECANCELED: the runtime is shutting down, and the ring goes with its carrier.
-            if (h) { h->join(); }
+            (void)spindle::detail::runOnCarrier(impl_->runtime, ring->carrier,
+                                                [](void* ctx) noexcept { (*static_cast<decltype(drop)*>(ctx))(); },
+                                                &drop);
         }
         unmapRing(ring);
     }

@@ -134,6 +134,9 @@ public:
     /// fires its timer with -ECANCELED. Precondition: on this carrier's thread, and fiber->waitOn_
     /// names this carrier (kCancelWait handling, or a cancel() made on this carrier).
     void cancelWaitHere(Fiber* fiber) noexcept;
+    /// The carrier's side of a cancel() posted from elsewhere (fiber->cancelMsg_): ends the wait if it
+    /// is still on here, passes the message on if the fiber now waits elsewhere. Owner thread.
+    void handleCancelWait(Fiber* fiber) noexcept;
 
     // --- timers ---
     /// Arms `entry` to fire at `deadlineNs`. Returns false (nothing armed) during shutdown.
@@ -217,7 +220,6 @@ private:
     void expireTimers() noexcept;
     /// Ends a timer wait (owner thread): clears its fiber's cancellable wait, then sets `fired`.
     static void fireTimer(TimerEntry* entry, int32_t res) noexcept;
-    void handleCancelWait(Fiber* fiber) noexcept;
     void idle() noexcept;
     void endSpin() noexcept;
     void park() noexcept;

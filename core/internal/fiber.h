@@ -40,12 +40,15 @@ struct Stack {
     [[nodiscard]] size_t usableSize() const noexcept { return mapSize - guardSize; }
 };
 
-/// Work handed to a carrier by another thread through its inbox.
+/// Work handed to a carrier through its inbox (Carrier::post): the one way to have something run on
+/// another carrier's thread. The carrier calls run(self) in its maintenance, on its own thread, in
+/// posting order per poster; run() must not block, and it is the last touch of the message unless it
+/// says otherwise (the poster may free or reuse it once run() has begun, as the message's owner decides).
+/// Users: a fiber made runnable on its carrier, a cross-carrier cancel of a wait, a timer disarm, a
+/// cancel of a multishot operation, a registered-file removal, runOnCarrier().
 struct Message : MpscNode {
-    enum class Kind : uint8_t { kRunFiber, kCancelTimer, kCancelWait, kRemoveFixedFile, kCancelOp };
-    Kind kind = Kind::kRunFiber;
-    void* target = nullptr;  // the Fiber* (kRunFiber, kCancelWait), TimerEntry* or FixedFileTable* it concerns,
-                             // or (kCancelOp, a heap message the handler deletes) the user_data to cancel
+    void (*run)(Message* self) noexcept = nullptr;
+    void* target = nullptr;  // what run() acts on (a Fiber*, a TimerEntry*, ...), as its poster chose
 };
 
 /// A callback the scheduler runs right after a fiber has switched out, on the
