@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <string>
 
 #include "core/io.h"
 #include "core/runtime.h"
@@ -19,6 +21,23 @@ namespace {
 using testing_support::withCarriers;
 
 using inject::ArmedFault;
+
+/// Unsets SPINDLE_BACKEND for its lifetime (ctest sets it for each backend's run), so kAuto probes.
+class NoBackendEnv {
+public:
+    NoBackendEnv() {
+        if (const char* v = std::getenv("SPINDLE_BACKEND")) { saved_ = v; }
+        ::unsetenv("SPINDLE_BACKEND");
+    }
+    ~NoBackendEnv() {
+        if (!saved_.empty()) { ::setenv("SPINDLE_BACKEND", saved_.c_str(), 1); }
+    }
+    NoBackendEnv(const NoBackendEnv&) = delete;
+    NoBackendEnv& operator=(const NoBackendEnv&) = delete;
+
+private:
+    std::string saved_;
+};
 
 RuntimeOptions uringOnly(unsigned carriers) {
     RuntimeOptions o = withCarriers(carriers);
@@ -42,6 +61,7 @@ TEST(FaultInjection, AutoFallsBackToEpollWhenNoRingCanBeSetUp) {
     SPINDLE_REQUIRE_URING("ring set-up faults and the backend probe");
     // ENOMEM (RLIMIT_MEMLOCK), EPERM (seccomp, the sysctl) and ENOSYS (qemu-user) say io_uring cannot
     // be used here at all: the probe sees it, and the carriers come up on epoll.
+    NoBackendEnv noEnv;
     for (int err : {ENOMEM, EPERM, ENOSYS}) {
         ArmedFault f(inject::Point::kRingSetup, err, /*count=*/1);
         RuntimeOptions o = withCarriers(1);
@@ -57,6 +77,7 @@ TEST(FaultInjection, AutoFallsBackToEpollWhenNoRingCanBeSetUp) {
 
 TEST(FaultInjection, AutoDoesNotFallBackOnOtherSetUpErrors) {
     SPINDLE_REQUIRE_URING("ring set-up faults and the backend probe");
+    NoBackendEnv noEnv;
     ArmedFault f(inject::Point::kRingSetup, EFAULT, /*count=*/1);
     RuntimeOptions o = withCarriers(1);
     o.backend = Backend::kAuto;

@@ -357,6 +357,7 @@ TEST(PollMode, SqpollThreadSitsNextToItsCarrier) {
 
 #if defined(SPINDLE_FAULT_INJECTION)
 TEST(PollMode, RefusedSqpollFallsBackToAPlainRing) {
+    SPINDLE_REQUIRE_URING("SQPOLL");
     inject::arm(inject::Point::kSqpollSetup, EPERM, /*count=*/2);
     RuntimeOptions o;
     o.carriers = 2;
