@@ -1,0 +1,97 @@
+#!/usr/bin/env bash
+# Measures the core hot paths of two commits in the same run: builds REF in its own worktree
+# (build/bench-ref/), then runs each core benchmark binary of REF and of the working tree
+# alternately (REF, tree; tree, REF; ...), pinned to one CPU, and prints for every benchmark the
+# median before and after, each side's range over the rounds, and the ratio after/before of the
+# time per iteration (< 1: faster now). A change is outside the noise when the ranges do not overlap.
+#
+# usage: scripts/bench/compare.sh [--ref REV] [--rounds N] [--cpu C] [--min-time S] [--filter RE] [--no-build]
+#   --ref REV       the commit to compare against (default: HEAD~1)
+#   --rounds N      A/B rounds; each round runs every binary once per side (default 5)
+#   --cpu C         CPU both sides are confined to (default 1)
+#   --min-time S    Google Benchmark's --benchmark_min_time (default 0.2)
+#   --filter RE     --benchmark_filter for every binary (default: the issue-14 set: switch, yield,
+#                   spawn+join, NOP through 1/8/64 fibers and raw liburing, future round trips)
+#   --no-build      reuse both builds as they are
+set -euo pipefail
+# shellcheck source-path=SCRIPTDIR source=lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
+
+ref=HEAD~1
+rounds=5
+cpu=1
+min_time=0.2
+filter='BM_SpindleSwitch|BM_BoostJumpFcontext|BM_SpindleYieldRoundTrip|BM_SpindleSpawnJoin|BM_SpindleFiberNop|BM_RawLiburingNop|BM_FiberFutureRoundTrip'
+build=1
+while (($# > 0)); do
+  case "$1" in
+    --ref) ref="$2"; shift ;;
+    --rounds) rounds="$2"; shift ;;
+    --cpu) cpu="$2"; shift ;;
+    --min-time) min_time="$2"; shift ;;
+    --filter) filter="$2"; shift ;;
+    --no-build) build=0 ;;
+    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+  shift
+done
+[[ "$rounds" =~ ^[1-9][0-9]*$ ]] || { echo "compare.sh: --rounds needs a positive integer" >&2; exit 2; }
+command -v python3 >/dev/null || { echo "compare.sh: python3 is needed to read the JSON results" >&2; exit 1; }
+
+root="$SPINDLE_REPO_ROOT"
+refdir="$root/build/bench-ref/src"
+refsha=$(git -C "$root" rev-parse --verify "$ref^{commit}") || { echo "compare.sh: no commit '$ref'" >&2; exit 2; }
+if ((build)); then
+  bench_build
+  if [[ -d "$refdir" ]]; then
+    git -C "$refdir" checkout -q --detach "$refsha"
+  else
+    mkdir -p "$(dirname "$refdir")"
+    git -C "$root" worktree add -f --detach "$refdir" "$refsha" >/dev/null
+  fi
+  cmake -S "$refdir" -B "$refdir/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPINDLE_BUILD_TESTS=OFF \
+    -DSPINDLE_BUILD_APPS=OFF >/dev/null
+  cmake --build "$refdir/build" -j "$(nproc)" >/dev/null
+fi
+new="$root/build/release/perf"
+old="$refdir/build/perf"
+out=$(mktemp -d)
+trap 'rm -rf "$out"' EXIT
+
+echo "machine: $(bench_machine_line)"
+echo "before: $(git -C "$refdir" log -1 --format='%h %s' | cut -c1-100)"
+echo "after:  working tree at $(git -C "$root" log -1 --format='%h %s' | cut -c1-90)"
+echo "CPU $cpu, $rounds rounds alternating, median [min..max] per side"
+for ((r = 0; r < rounds; r++)); do
+  if ((r % 2 == 0)); then order="old new"; else order="new old"; fi
+  for side in $order; do
+    dir=$old; [[ $side == new ]] && dir=$new
+    for b in switch scheduler nop future; do
+      taskset -c "$cpu" "$dir/spindle_${b}_bench" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
+        --benchmark_format=json --benchmark_out="$out/$side-$b-$r.json" --benchmark_out_format=json >/dev/null
+    done
+  done
+done
+
+python3 - "$out" <<'PY'
+import json, os, statistics, sys
+out = sys.argv[1]
+runs = {"old": {}, "new": {}}
+for f in sorted(os.listdir(out)):
+    side = f.split("-")[0]
+    for b in json.load(open(os.path.join(out, f)))["benchmarks"]:
+        if b.get("run_type") != "iteration":
+            continue
+        # The switch is timed on the thread's CPU clock (ns/switch); everything else by real time.
+        v = b.get("ns/switch", b["real_time"])
+        runs[side].setdefault(b["run_name"], []).append(v)
+names = sorted(set(runs["old"]) & set(runs["new"]))
+print(f"\n{'benchmark':52s} {'before ns':>22s} {'after ns':>22s} {'after/before':>12s}")
+for n in names:
+    o, w = runs["old"][n], runs["new"][n]
+    mo, mw = statistics.median(o), statistics.median(w)
+    overlap = not (max(w) < min(o) or min(w) > max(o))
+    note = "" if overlap else ("  faster" if mw < mo else "  SLOWER")
+    print(f"{n:52s} {mo:9.1f} [{min(o):.1f}..{max(o):.1f}] {mw:9.1f} [{min(w):.1f}..{max(w):.1f}] {mw / mo:11.3f}{note}")
+PY
