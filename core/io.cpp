@@ -47,6 +47,8 @@ int32_t threadSubmitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFla
 
 // The fiber's side of one operation: the request, the future its completion sets, and the flags.
 struct FiberIo : op::IoRequest {
+    explicit FiberIo(const op::Op& o) noexcept : IoRequest(&o, &FiberIo::onComplete) {}
+
     FiberFuture done;
     uint32_t flags = 0;
 
@@ -65,9 +67,7 @@ int32_t submitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) no
     if (c == nullptr || c->running() == nullptr) { return threadSubmitAndWait(o, deadline, cqeFlags); }
     if (c->stopping()) { return -ECANCELED; }
     Fiber* self = c->running();
-    FiberIo io;
-    io.op = o;
-    io.complete = &FiberIo::onComplete;
+    FiberIo io(o);
     // Before the operation starts: a cancellation found here costs nothing to undo. The cancel point
     // is the request, which the driver's cancel matches.
     if (!beginCancellableWait(self, c, CancelPoint::Kind::kIo, static_cast<op::IoRequest*>(&io))) {
@@ -114,7 +114,8 @@ Result<unsigned> armMultishot(const op::Op& o, MultishotCompletion* completion) 
     detail::Carrier* c = detail::Carrier::current();
     if (c == nullptr || c->running() == nullptr) { return Error{EPERM}; }
     if (c->stopping()) { return Error{ECANCELED}; }
-    completion->op = o;
+    completion->opStorage = o;
+    completion->op = &completion->opStorage;
     completion->deadlineNs = 0;
     completion->complete = [](op::IoRequest* req, int32_t res, uint32_t flags) noexcept {
         auto* m = static_cast<MultishotCompletion*>(req);

@@ -39,6 +39,7 @@ struct OpResult {
 struct MultishotCompletion : op::IoRequest {
     void (*fn)(MultishotCompletion* self, int32_t res, uint32_t flags) = nullptr;
     void* owner = nullptr;  // set by armMultishot: the carrier that holds it (for cancelMultishot)
+    op::Op opStorage;       // armMultishot's copy of the op, which the request points at
 };
 
 /// Starts a multishot operation (op::acceptMultishot, op::recvMultishot) on the calling fiber's

@@ -303,7 +303,7 @@ int32_t EpollDriver::start(op::IoRequest* req) noexcept {
 }
 
 int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
-    op::Op& o = req->op;
+    const op::Op& o = *req->op;
     req->driverState = 0;
     if ((o.flags & (op::kFixedFile | op::kBufferSelect | op::kFixedBuffer)) != 0) {
         // Registered resources belong to io_uring; the callers' fallbacks never send these here.
@@ -380,7 +380,7 @@ int32_t EpollDriver::tryOnce(const op::Op& o, FdState& st) noexcept {
 }
 
 int32_t EpollDriver::park(op::IoRequest* req, FdState& st) noexcept {
-    const op::Op& o = req->op;
+    const op::Op& o = *req->op;
     if (const int32_t r = registerFd(o.fd, st); r < 0) {
         if (r == -EPERM && isRwOp(o.code)) { return kBlocking; }  // a regular file: the pool reads it
         return r;
@@ -395,13 +395,14 @@ int32_t EpollDriver::park(op::IoRequest* req, FdState& st) noexcept {
     st.tail = req;
     req->driverState = kParked;
     ++waiting_;
+    req->heapIndex = 0;
     if (req->deadlineNs != 0) { heapPush(req); }
-    if (o.code == op::Code::kConnect) { req->savedFlags = 1; }  // connecting: the retry reads SO_ERROR
+    req->savedFlags = o.code == op::Code::kConnect ? 1 : 0;  // connecting: the retry reads SO_ERROR
     return kPending;
 }
 
 void EpollDriver::unlink(op::IoRequest* req) noexcept {
-    FdState& st = fds_[static_cast<size_t>(req->op.fd)];
+    FdState& st = fds_[static_cast<size_t>(req->op->fd)];
     if (req->prev != nullptr) {
         req->prev->next = req->next;
     } else {
@@ -448,8 +449,8 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
     op::IoRequest* req = st.head;
     while (req != nullptr) {
         op::IoRequest* next = req == last ? nullptr : req->next;
-        if ((wantedEvents(req->op) & events) != 0) {
-            const op::Op& o = req->op;
+        if ((wantedEvents(*req->op) & events) != 0) {
+            const op::Op& o = *req->op;
             int32_t r = req->savedFlags == 1 ? connectOutcome(o.fd) : tryOnce(o, st);
             if (o.code == op::Code::kAcceptMultishot) {
                 while (r >= 0) {

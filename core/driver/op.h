@@ -170,24 +170,30 @@ inline Op shutdown(int fd, int how) noexcept {
 
 /// An op in flight and the one completion kind every driver calls: `complete(req, res, flags)` on the
 /// carrier that holds it, once (or, for a multishot op, once per result while `flags` has kMore).
-/// `res` >= 0 is the op's value, < 0 a -errno. The request lives until its last completion: a
-/// readiness-driven driver keeps it queued and retries `op` from it.
+/// `res` >= 0 is the op's value, < 0 a -errno. The request, and the op it points at, live until its
+/// last completion: a readiness-driven driver keeps it queued and retries the op from it. (The op is
+/// pointed at, not copied: a call builds it in its own frame just before, and a copy would load what
+/// was just stored in pieces, which the CPU cannot forward.)
 /// Thread-safety: owner carrier only.
 struct IoRequest {
     using CompleteFn = void (*)(IoRequest* req, int32_t res, uint32_t flags) noexcept;
 
-    Op op;
+    IoRequest() noexcept = default;
+    IoRequest(const Op* o, CompleteFn fn) noexcept : op(o), complete(fn) {}
+
+    const Op* op = nullptr;
     CompleteFn complete = nullptr;
     uint64_t deadlineNs = 0;       // absolute CLOCK_MONOTONIC; 0: none. The driver cancels the op then (-ECANCELED)
-    // ---- driver state; untouched above the seam ----
-    IoRequest* next = nullptr;     // epoll: the fd's waiter list, the offload return queue
-    IoRequest* prev = nullptr;
-    void* driverSlot = nullptr;    // epoll: the fd record it waits on; io_uring: unused
-    uint32_t driverState = 0;      // io_uring: CQEs still due (op + linked timeout); epoll: where it is
-    int32_t savedRes = 0;          // io_uring with a deadline: the op's result, kept until the timeout's CQE
-    uint32_t savedFlags = 0;
-    uint64_t heapIndex = 0;        // epoll: position in the driver's deadline heap (+1; 0: not in it)
-    int64_t timeoutSpec[2] = {0, 0};  // io_uring: the linked timeout's timespec, read at submission
+    // ---- driver state: left uninitialised here (a request is built on the I/O path), written by the
+    // driver before it reads any of it; untouched above the seam ----
+    IoRequest* next;               // epoll: the fd's waiter list
+    IoRequest* prev;
+    void* driverSlot;              // the io_uring driver's eventfd read: the driver
+    uint32_t driverState;          // io_uring: CQEs still due (op + linked timeout); epoll: parked or not
+    int32_t savedRes;              // io_uring with a deadline: the op's result, kept until the timeout's CQE
+    uint32_t savedFlags;           // ... and its flags; epoll: 1 while a connect is in progress
+    uint64_t heapIndex;            // epoll: position in the driver's deadline heap (+1; 0: not in it)
+    int64_t timeoutSpec[2];        // io_uring: the linked timeout's timespec, read at submission
 };
 
 }  // namespace spindle::op

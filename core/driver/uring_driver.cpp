@@ -13,12 +13,14 @@
 namespace spindle::detail {
 namespace {
 
-// user_data is the request's address (8-byte aligned) with two low bits: kTimeoutBit for its
+// user_data is the request's address (8-byte aligned) with three low bits: kTimeoutBit for its
 // linked timeout, kQuietBit for a request no injected fault may touch (a multishot operation, the
-// eventfd read); both lie in uring::kNoFaultMask. 0 is a CQE nobody waits for (a cancel, a MSG_RING
-// wake-up).
+// eventfd read; both lie in uring::kNoFaultMask), kLinkedBit for an op that has a linked timeout (so
+// the common CQE is told apart without reading the request). 0 is a CQE nobody waits for (a cancel,
+// a MSG_RING wake-up).
 constexpr uint64_t kTimeoutBit = 1;
 constexpr uint64_t kQuietBit = 2;
+constexpr uint64_t kLinkedBit = 4;
 constexpr uint64_t kBits = 7;
 static_assert((kTimeoutBit | kQuietBit) == uring::kNoFaultMask);
 
@@ -141,7 +143,8 @@ Result<void> UringDriver::init(Carrier* owner) noexcept {
         log::error("carrier {}: eventfd failed: {}", owner->index(), std::strerror(err));
         return Error{err};
     }
-    eventRead_.op = op::read(eventFd_, &eventBuf_, sizeof(eventBuf_), 0);
+    eventOp_ = op::read(eventFd_, &eventBuf_, sizeof(eventBuf_), 0);
+    eventRead_.op = &eventOp_;
     eventRead_.complete = &UringDriver::onEventFd;
     eventRead_.driverSlot = this;
     armEventFd();
@@ -173,9 +176,8 @@ void UringDriver::onEventFd(op::IoRequest* req, int32_t, uint32_t) noexcept {
 int32_t UringDriver::start(op::IoRequest* req) noexcept {
     if (req->deadlineNs == 0) [[likely]] {
         io_uring_sqe* sqe = ring_.acquireSqe();
-        prepare(sqe, req->op);
+        prepare(sqe, *req->op);
         io_uring_sqe_set_data64(sqe, userData(req));
-        req->driverState = 0;
         ++inflight_;
         return kPending;
     }
@@ -183,7 +185,7 @@ int32_t UringDriver::start(op::IoRequest* req) noexcept {
     // CQEs came, so its frame is never reused while the timeout could still cancel by its user_data.
     ring_.reserveSqes(2);
     io_uring_sqe* sqe = ring_.acquireSqe();
-    prepare(sqe, req->op);
+    prepare(sqe, *req->op);
     sqe->flags |= IOSQE_IO_LINK;
     io_uring_sqe_set_data64(sqe, userData(req));
     req->timeoutSpec[0] = static_cast<int64_t>(req->deadlineNs / 1000000000u);
@@ -225,11 +227,11 @@ void UringDriver::dispatch(const io_uring_cqe* cqe) noexcept {
         --inflight_;
     }
     auto* req = reinterpret_cast<op::IoRequest*>(ud & ~kBits);
-    if (req->driverState == 0) [[likely]] {
+    if ((ud & (kTimeoutBit | kLinkedBit)) == 0) [[likely]] {
         req->complete(req, cqe->res, cqe->flags);
         return;
     }
-    if ((ud & kTimeoutBit) == 0) {
+    if ((ud & kLinkedBit) != 0) {
         req->savedRes = cqe->res;
         req->savedFlags = cqe->flags;
     }
@@ -237,8 +239,10 @@ void UringDriver::dispatch(const io_uring_cqe* cqe) noexcept {
 }
 
 uint64_t UringDriver::userData(const op::IoRequest* req) const noexcept {
-    const uint64_t ud = reinterpret_cast<uint64_t>(req);
-    return isMultishot(req->op.code) || req == &eventRead_ ? ud | kQuietBit : ud;
+    uint64_t ud = reinterpret_cast<uint64_t>(req);
+    if (isMultishot(req->op->code) || req == &eventRead_) { ud |= kQuietBit; }
+    if (req->deadlineNs != 0) { ud |= kLinkedBit; }
+    return ud;
 }
 
 void UringDriver::onOverflowReap(void* self, const io_uring_cqe* cqe) { static_cast<UringDriver*>(self)->dispatch(cqe); }

@@ -74,6 +74,7 @@ private:
     uint32_t inflight_ = 0;      // CQEs we still expect for started requests (timeouts and the eventfd read included)
     int eventFd_ = -1;
     uint64_t eventBuf_ = 0;
+    op::Op eventOp_;
     op::IoRequest eventRead_;    // the always-armed eventfd read, a plain thread's way in
     bool eventFdArmed_ = false;
     bool exiting_ = false;       // drainForExit began: the eventfd read is not re-armed

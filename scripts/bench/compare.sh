@@ -80,7 +80,11 @@ out = sys.argv[1]
 runs = {"old": {}, "new": {}}
 for f in sorted(os.listdir(out)):
     side = f.split("-")[0]
-    for b in json.load(open(os.path.join(out, f)))["benchmarks"]:
+    try:
+        doc = json.load(open(os.path.join(out, f)))
+    except ValueError:
+        continue  # a binary none of whose benchmarks the filter selected writes no JSON
+    for b in doc["benchmarks"]:
         if b.get("run_type") != "iteration":
             continue
         # The switch is timed on the thread's CPU clock (ns/switch); everything else by real time.
