@@ -33,6 +33,10 @@ bool BufferedReader::ensureOwn(size_t need) noexcept {
 
 Result<size_t> BufferedReader::fill(Deadline deadline) noexcept {
     if (size() >= capacity_) { return Error{ENOBUFS}; }
+    // A pool with no ring here for good (the epoll backend): this reader's own buffer, as without one.
+    if (pool_ != nullptr && held_.empty() && !receiver_ && lease_.empty() && !pool_->ringAvailable()) {
+        pool_ = nullptr;
+    }
     if (pool_ != nullptr) {
         Result<ProvidedBuffer> b = Error{EBADF};
         if (!held_.empty()) {

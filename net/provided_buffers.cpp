@@ -136,7 +136,15 @@ ProvidedBufferPool::~ProvidedBufferPool() {
 
 detail::PbufRing* ProvidedBufferPool::ringHere() noexcept {
     uring::Ring* ring = currentRing();
-    if (ring == nullptr) { return nullptr; }
+    if (ring == nullptr) {
+        if (this_fiber::inFiber()) {
+            int expected = 0;
+            if (impl_->registerError.compare_exchange_strong(expected, ENOTSUP)) {
+                log::info("provided buffers: no io_uring ring on this backend; receives use plain buffers");
+            }
+        }
+        return nullptr;
+    }
     const auto idx = static_cast<size_t>(this_fiber::carrierIndex());
     Impl& im = *impl_;
     std::lock_guard<std::mutex> g(im.lock);

@@ -87,6 +87,11 @@ public:
     /// One receive on socket `fd` into a buffer of the pool (see the header comment).
     [[nodiscard]] Result<ProvidedBuffer> recv(int fd, Deadline deadline = {}) noexcept;
     [[nodiscard]] ProvidedBufferStats stats() const noexcept;
+    /// Whether a receive made now by the calling fiber would use a registered ring: false off-fiber,
+    /// on the epoll backend, and where the registration was refused. A reader that finds it false for
+    /// good receives into a buffer of its own per connection rather than a heap buffer per receive
+    /// (BufferedReader, spindle-echo). Registers this carrier's ring on first use, as recv() does.
+    [[nodiscard]] bool ringAvailable() noexcept { return ringHere() != nullptr; }
     [[nodiscard]] size_t bufferSize() const noexcept { return options_.size; }
 
     struct Impl;

@@ -507,8 +507,14 @@ TEST_F(MultishotRecv, BufferedReaderCarriesAHeadSplitAcrossBuffersWithMultishotA
                 reader.consume(nl + 1);
             }
             EXPECT_EQ(got, sent);
-            EXPECT_EQ(reader.memoryHeld(), 0u);
-            EXPECT_EQ(reader.receiver() != nullptr, multishot);
+            if (testing_support::testBackend() == Backend::kUring) {
+                EXPECT_EQ(reader.memoryHeld(), 0u);
+                EXPECT_EQ(reader.receiver() != nullptr, multishot);
+            } else {
+                // No ring here for good: the reader received into a buffer of its own, and keeps it.
+                EXPECT_GT(reader.memoryHeld(), 0u);
+                EXPECT_EQ(reader.receiver(), nullptr);
+            }
         }).join();
     }
 }
