@@ -89,10 +89,9 @@ int32_t submitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) no
         auto r = offload([&] { return EpollDriver::runBlocking(o); });
         res = r ? *r : -r.errorCode();
     } else if (res != kPending) {
-        // Finished at once (a readiness driver's first try): no completion follows. As a parked call
-        // would, let the carrier's other work (ready fibers, a due timer, its inbox) have its turn.
+        // Finished at once (a readiness driver's first try): no completion follows.
         self->waitOn_.store(nullptr, std::memory_order_relaxed);
-        if (!c->otherwiseIdle()) { c->yieldRunning(); }
+        c->afterInlineCompletion();
     } else {
         self->waitReason_ = deadline.isSet() ? "io (deadline)" : "io";
         res = io.done.waitLocal();

@@ -58,7 +58,10 @@ struct UringProbe {
     [[nodiscard]] std::string describe() const;
 };
 
-/// The probe of this process's kernel (run on first call, then cached).
+/// Whether the kernel sets up a 4-entry ring with setup `flags` (created and destroyed at once).
+[[nodiscard]] bool uringSetsUpWith(unsigned flags) noexcept;
+
+/// The probe of this process's kernel (run on first call, then cached; core/driver/uring_probe.cpp).
 [[nodiscard]] const UringProbe& probeUring() noexcept;
 
 /// The backend a plain thread's fiber-blocking calls use (core/io.cpp): SPINDLE_BACKEND's, or kAuto's
