@@ -149,9 +149,13 @@ int32_t attempt(const op::Op& o, bool nonblock) noexcept {
         case Code::kTee:
             return fromSys(::tee(o.fd, o.fd2, o.len, o.opFlags));
         case Code::kAccept:
-        case Code::kAcceptMultishot:
-            return fromSys(::accept4(o.fd, static_cast<sockaddr*>(o.addr), static_cast<socklen_t*>(o.addr2),
-                                     static_cast<int>(o.opFlags)));
+        case Code::kAcceptMultishot: {
+            const int r = ::accept4(o.fd, static_cast<sockaddr*>(o.addr), static_cast<socklen_t*>(o.addr2),
+                                    static_cast<int>(o.opFlags));
+            if (r < 0) { return -errno; }
+            bumpCloseGeneration(r);  // a new file behind this number: what carriers knew of it is stale
+            return r;
+        }
         case Code::kConnect: {
             if (::connect(o.fd, static_cast<const sockaddr*>(o.addr), o.len) == 0) { return 0; }
             const int e = errno;
@@ -261,11 +265,12 @@ EpollDriver::FdState* EpollDriver::stateFor(int fd) noexcept {
         st.stream = false;
         st.readReady = true;
         st.writeReady = true;
+        st.provenEpoch = 0;
     }
     return &st;
 }
 
-int32_t EpollDriver::registerFd(int fd, FdState& st) noexcept {
+int32_t EpollDriver::registerFd(int fd, FdState& st, bool drained) noexcept {
     epoll_event ev{};
     ev.events = kInterest;
     ev.data.u64 = static_cast<uint64_t>(fd);
@@ -273,6 +278,7 @@ int32_t EpollDriver::registerFd(int fd, FdState& st) noexcept {
     // closed with close(2) and reused is not in the set any more: ENOENT), and reports the file's
     // readiness at once if it is ready, so no drained-looking descriptor waits for an edge that came.
     if (st.registered) {
+        if (drained && st.provenEpoch == epoch_) { return 0; }  // an event of this batch proved it live
         if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0) { return 0; }
         if (errno != ENOENT) { return -errno; }
         // Not in the set: the file we knew was closed (with close(2)); forget what we knew of it.
@@ -341,7 +347,7 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
     if (o.code == op::Code::kAcceptMultishot) {
         // Every result comes through the completion, from the loop: park; arming the registration
         // reports a listener with connections waiting at the next poll.
-        return park(req, *st);
+        return park(req, *st, /*drained=*/false);
     }
     // Known not ready since the last EAGAIN, with no event since: wait without asking again.
     const bool known = st->registered && (writes ? !st->writeReady : !st->readReady) &&
@@ -368,7 +374,7 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
     } else {
         st->readReady = false;
     }
-    return park(req, *st);
+    return park(req, *st, /*drained=*/true);
 }
 
 int32_t EpollDriver::tryOnce(const op::Op& o, FdState& st) noexcept {
@@ -379,9 +385,9 @@ int32_t EpollDriver::tryOnce(const op::Op& o, FdState& st) noexcept {
     return attempt(o, false);
 }
 
-int32_t EpollDriver::park(op::IoRequest* req, FdState& st) noexcept {
+int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained) noexcept {
     const op::Op& o = *req->op;
-    if (const int32_t r = registerFd(o.fd, st); r < 0) {
+    if (const int32_t r = registerFd(o.fd, st, drained); r < 0) {
         if (r == -EPERM && isRwOp(o.code)) { return kBlocking; }  // a regular file: the pool reads it
         return r;
     }
@@ -442,6 +448,8 @@ void EpollDriver::cancelAll() noexcept {
 void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
     if (fd < 0 || static_cast<size_t>(fd) >= fds_.size()) { return; }
     FdState& st = fds_[static_cast<size_t>(fd)];
+    if (!st.registered) { return; }  // forgotten since (closed through spindle): the event is stale
+    st.provenEpoch = epoch_;
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) { st.readReady = true; }
     if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) { st.writeReady = true; }
     // Requests parked after this pass began wait for the next event; each is tried once here.
@@ -475,6 +483,7 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
 }
 
 void EpollDriver::handleEvents(int count) noexcept {
+    ++epoch_;
     for (int i = 0; i < count; ++i) {
         const epoll_event ev = events_[i];
         if (ev.data.u64 == kWakeTag) {

@@ -17,9 +17,14 @@
 /// fallback. Deadlines sit in a heap of their own; park() sleeps until the nearest one.
 /// Wake-ups: an eventfd in the set, written from any thread.
 ///
-/// A descriptor's registration is re-armed (EPOLL_CTL_MOD) each time a request starts waiting on it:
-/// one system call per wait, which also makes a number closed with close(2) and reused safe (MOD then
-/// answers ENOENT and the new file is added) and reports a file that became ready meanwhile at once.
+/// A descriptor's registration is re-armed (EPOLL_CTL_MOD) when a request starts waiting on it, which
+/// makes a number closed with close(2) and reused safe (MOD then answers ENOENT and the new file is
+/// added) and reports a file that became ready meanwhile at once; the MOD is skipped when an event
+/// came for the registration in the batch this carrier is still running (the receive that an event
+/// answered, then a send, then the next receive: an echo's or a request's round), since the event
+/// proves the registration is the open file's. What that leaves: a number closed with close(2) and
+/// reused within that same batch by another fiber of the carrier; spindle's own sockets bump the
+/// number's close generation when they close and when accept returns them, which forgets the proof.
 /// Accept and connect set O_NONBLOCK on their socket (checked on each call).
 /// Thread-safety: as Driver.
 
@@ -86,6 +91,7 @@ private:
         bool stream = false;            // a stream socket: a short receive means drained
         bool plainRw = false;           // no RWF_NOWAIT here (EOPNOTSUPP): O_NONBLOCK and plain reads
         bool readReady = true;          // no EAGAIN on input since the last input event
+        uint64_t provenEpoch = 0;       // the driver's epoch_ when an event last came for this registration
         bool writeReady = true;
     };
 
@@ -94,8 +100,11 @@ private:
     int32_t tryOnce(const op::Op& o, FdState& st) noexcept;
     FdState* stateFor(int fd) noexcept;
     // Adds fd to the epoll set if it is not there; -errno (EPERM: not pollable) on failure.
-    int32_t registerFd(int fd, FdState& st) noexcept;
-    int32_t park(op::IoRequest* req, FdState& st) noexcept;
+    // `drained`: the caller just found the descriptor not ready (EAGAIN, or a short stream read since the
+    // last event), so any readiness from now on comes as a new edge and a proven registration needs no
+    // re-arming; otherwise the MOD is what reports readiness that is there already.
+    int32_t registerFd(int fd, FdState& st, bool drained = false) noexcept;
+    int32_t park(op::IoRequest* req, FdState& st, bool drained) noexcept;
     void unlink(op::IoRequest* req) noexcept;
     void finish(op::IoRequest* req, int32_t res, uint32_t flags) noexcept;
     void handleEvents(int count) noexcept;
@@ -114,6 +123,7 @@ private:
     int wakeFd_ = -1;
     uint32_t waiting_ = 0;             // requests parked in fd lists
     int pendingEvents_ = 0;            // events wait() collected for reap()
+    uint64_t epoch_ = 1;               // one more for each batch of events handled
     std::vector<FdState> fds_;
     std::vector<op::IoRequest*> deadlines_;  // a binary min-heap on deadlineNs; req->heapIndex = slot + 1
     // Owner-written, read racily by Runtime::stats().
