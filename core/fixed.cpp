@@ -104,8 +104,9 @@ Result<void> FixedBufferPool::setUp(uring::Ring* ring, unsigned carrier, unsigne
     freeCount_ = count;
 
     if (ring == nullptr) {
-        log::debug("carrier {}: {} fixed buffers of {} bytes, not registered (no io_uring ring: plain read/write)",
-                   carrier, count, size);
+        log::info("carrier {}: {} fixed buffers of {} bytes, not registered: no io_uring ring on this backend, so "
+                  "read_fixed/write_fixed take the plain path (counted in fixedFallbackIo)",
+                  carrier, count, size);
     } else if (auto r = ring->registerBuffers(iov.get(), count); r) {
         registered_.store(true, std::memory_order_relaxed);
         log::debug("carrier {}: {} fixed buffers of {} bytes registered", carrier, count, size);
@@ -189,8 +190,9 @@ Result<void> FixedFileTable::setUp(Carrier* owner, uring::Ring* ring, unsigned s
     ring_ = ring;
     if (slots == 0) { return {}; }
     if (ring == nullptr) {
-        log::debug("carrier {}: no registered-file table (no io_uring ring): FixedFile calls use the plain fd",
-                   owner->index());
+        log::info("carrier {}: no registered-file table: no io_uring ring on this backend, so FixedFile calls use "
+                  "the plain fd (counted in fixedFileFallbackIo)",
+                  owner->index());
         return {};
     }
     slot_.reset(new (std::nothrow) Slot[slots]);

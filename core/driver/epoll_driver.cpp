@@ -378,7 +378,12 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
 }
 
 int32_t EpollDriver::tryOnce(const op::Op& o, FdState& st) noexcept {
-    if (!st.plainRw || !isRwOp(o.code)) { return attempt(o, true); }
+    if (!st.plainRw || !isRwOp(o.code)) {
+        const int32_t r = attempt(o, true);
+        // A registered (so pollable) file without RWF_NOWAIT: a pipe under qemu-user, a timerfd, a tty.
+        if (r != -EOPNOTSUPP || !isRwOp(o.code) || !st.registered) { return r; }
+        st.plainRw = true;
+    }
     // No RWF_NOWAIT for this file: the plain call on a descriptor made O_NONBLOCK, checked each time,
     // since the number may have been closed with close(2) and reused for a blocking file.
     if (const int32_t r = setNonblocking(o.fd); r < 0) { return r; }
