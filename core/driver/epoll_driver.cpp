@@ -24,7 +24,8 @@ namespace {
 constexpr uint64_t kWakeTag = ~uint64_t{0};  // epoll data of the wake-up eventfd
 constexpr uint64_t kCurrentPosition = ~uint64_t{0};
 constexpr uint32_t kInterest = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
-constexpr uint32_t kParked = 1;  // IoRequest::driverState: in an fd's waiter list
+constexpr uint32_t kParked = 1;      // IoRequest::driverState: in an fd's waiter list
+constexpr uint32_t kConnecting = 2;  // ... and a connect that answered EINPROGRESS
 
 // ---- close generations -----------------------------------------------------------------------
 // One counter per descriptor number below the hard RLIMIT_NOFILE (capped), shared by all carriers.
@@ -396,38 +397,38 @@ int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained) noexcep
         if (r == -EPERM && isRwOp(o.code)) { return kBlocking; }  // a regular file: the pool reads it
         return r;
     }
-    req->next = nullptr;
-    req->prev = st.tail;
+    req->epoll.next = nullptr;
+    req->epoll.prev = st.tail;
     if (st.tail != nullptr) {
-        st.tail->next = req;
+        st.tail->epoll.next = req;
     } else {
         st.head = req;
     }
     st.tail = req;
-    req->driverState = kParked;
+    // Connecting: the retry reads SO_ERROR instead of calling connect again.
+    req->driverState = o.code == op::Code::kConnect ? kParked | kConnecting : kParked;
     ++waiting_;
-    req->heapIndex = 0;
+    req->epoll.heapIndex = 0;
     if (req->deadlineNs != 0) { heapPush(req); }
-    req->savedFlags = o.code == op::Code::kConnect ? 1 : 0;  // connecting: the retry reads SO_ERROR
     return kPending;
 }
 
 void EpollDriver::unlink(op::IoRequest* req) noexcept {
     FdState& st = fds_[static_cast<size_t>(req->op->fd)];
-    if (req->prev != nullptr) {
-        req->prev->next = req->next;
+    if (req->epoll.prev != nullptr) {
+        req->epoll.prev->epoll.next = req->epoll.next;
     } else {
-        st.head = req->next;
+        st.head = req->epoll.next;
     }
-    if (req->next != nullptr) {
-        req->next->prev = req->prev;
+    if (req->epoll.next != nullptr) {
+        req->epoll.next->epoll.prev = req->epoll.prev;
     } else {
-        st.tail = req->prev;
+        st.tail = req->epoll.prev;
     }
-    req->next = req->prev = nullptr;
+    req->epoll.next = req->epoll.prev = nullptr;
     req->driverState = 0;
     --waiting_;
-    if (req->heapIndex != 0) { heapRemove(req); }
+    if (req->epoll.heapIndex != 0) { heapRemove(req); }
 }
 
 void EpollDriver::finish(op::IoRequest* req, int32_t res, uint32_t flags) noexcept {
@@ -436,7 +437,7 @@ void EpollDriver::finish(op::IoRequest* req, int32_t res, uint32_t flags) noexce
 }
 
 void EpollDriver::cancel(op::IoRequest* req) noexcept {
-    if (req->driverState != kParked) { return; }  // completed, or never parked here
+    if ((req->driverState & kParked) == 0) { return; }  // completed, or never parked here
     unlink(req);
     finish(req, -ECANCELED, 0);
 }
@@ -461,10 +462,10 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
     op::IoRequest* last = st.tail;
     op::IoRequest* req = st.head;
     while (req != nullptr) {
-        op::IoRequest* next = req == last ? nullptr : req->next;
+        op::IoRequest* next = req == last ? nullptr : req->epoll.next;
         if ((wantedEvents(*req->op) & events) != 0) {
             const op::Op& o = *req->op;
-            int32_t r = req->savedFlags == 1 ? connectOutcome(o.fd) : tryOnce(o, st);
+            int32_t r = (req->driverState & kConnecting) != 0 ? connectOutcome(o.fd) : tryOnce(o, st);
             if (o.code == op::Code::kAcceptMultishot) {
                 while (r >= 0) {
                     finish(req, r, op::kMore);
@@ -475,7 +476,6 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
                 if (o.writes()) { st.writeReady = false; } else { st.readReady = false; }
             } else {
                 unlink(req);
-                req->savedFlags = 0;
                 if (r > 0 && st.stream && (o.code == op::Code::kRecv || o.code == op::Code::kRead) &&
                     static_cast<uint32_t>(r) < o.len) {
                     st.readReady = false;
@@ -506,7 +506,6 @@ void EpollDriver::expireDeadlines() noexcept {
     while (!deadlines_.empty() && deadlines_.front()->deadlineNs <= now) {
         op::IoRequest* req = deadlines_.front();
         unlink(req);  // takes it out of the heap too
-        req->savedFlags = 0;
         finish(req, -ECANCELED, 0);
     }
 }
@@ -575,20 +574,20 @@ void EpollDriver::heapPush(op::IoRequest* req) noexcept {
     } catch (...) {
         SPINDLE_CHECK_MSG(false, "out of memory for an I/O deadline");
     }
-    req->heapIndex = deadlines_.size();
+    req->epoll.heapIndex = deadlines_.size();
     heapSiftUp(deadlines_.size() - 1);
 }
 
 void EpollDriver::heapRemove(op::IoRequest* req) noexcept {
-    const size_t i = req->heapIndex - 1;
-    req->heapIndex = 0;
+    const size_t i = req->epoll.heapIndex - 1;
+    req->epoll.heapIndex = 0;
     op::IoRequest* last = deadlines_.back();
     deadlines_.pop_back();
     if (i == deadlines_.size()) { return; }
     deadlines_[i] = last;
-    last->heapIndex = i + 1;
+    last->epoll.heapIndex = i + 1;
     heapSiftUp(i);
-    heapSiftDown(last->heapIndex - 1);
+    heapSiftDown(last->epoll.heapIndex - 1);
 }
 
 void EpollDriver::heapSiftUp(size_t i) noexcept {
@@ -596,8 +595,8 @@ void EpollDriver::heapSiftUp(size_t i) noexcept {
         const size_t parent = (i - 1) / 2;
         if (deadlines_[parent]->deadlineNs <= deadlines_[i]->deadlineNs) { break; }
         std::swap(deadlines_[parent], deadlines_[i]);
-        deadlines_[parent]->heapIndex = parent + 1;
-        deadlines_[i]->heapIndex = i + 1;
+        deadlines_[parent]->epoll.heapIndex = parent + 1;
+        deadlines_[i]->epoll.heapIndex = i + 1;
         i = parent;
     }
 }
@@ -612,8 +611,8 @@ void EpollDriver::heapSiftDown(size_t i) noexcept {
         if (r < n && deadlines_[r]->deadlineNs < deadlines_[m]->deadlineNs) { m = r; }
         if (m == i) { return; }
         std::swap(deadlines_[m], deadlines_[i]);
-        deadlines_[m]->heapIndex = m + 1;
-        deadlines_[i]->heapIndex = i + 1;
+        deadlines_[m]->epoll.heapIndex = m + 1;
+        deadlines_[i]->epoll.heapIndex = i + 1;
         i = m;
     }
 }

@@ -185,15 +185,24 @@ struct IoRequest {
     CompleteFn complete = nullptr;
     uint64_t deadlineNs = 0;       // absolute CLOCK_MONOTONIC; 0: none. The driver cancels the op then (-ECANCELED)
     // ---- driver state: left uninitialised here (a request is built on the I/O path), written by the
-    // driver before it reads any of it; untouched above the seam ----
-    IoRequest* next;               // epoll: the fd's waiter list
-    IoRequest* prev;
-    void* driverSlot;              // the io_uring driver's eventfd read: the driver
-    uint32_t driverState;          // io_uring: CQEs still due (op + linked timeout); epoll: parked or not
-    int32_t savedRes;              // io_uring with a deadline: the op's result, kept until the timeout's CQE
-    uint32_t savedFlags;           // ... and its flags; epoll: 1 while a connect is in progress
-    uint64_t heapIndex;            // epoll: position in the driver's deadline heap (+1; 0: not in it)
-    int64_t timeoutSpec[2];        // io_uring: the linked timeout's timespec, read at submission
+    // driver before it reads any of it; untouched above the seam. One driver's fields share the space
+    // of the other's: a request lives on the fiber's stack, and each cache line it spans is one more
+    // for every operation in flight.
+    union {
+        struct {
+            IoRequest* next;       // the fd's waiter list
+            IoRequest* prev;
+            uint64_t heapIndex;    // position in the driver's deadline heap (+1; 0: not in it)
+        } epoll;
+        struct {
+            int64_t timeoutSpec[2];  // the linked timeout's timespec, read at submission
+            int32_t savedRes;        // with a deadline: the op's result, kept until the timeout's CQE
+            uint32_t savedFlags;     // ... and its flags
+        } uring;
+    };
+    uint32_t driverState;          // io_uring: CQEs still due (op + linked timeout); epoll: parked or
+                                   // not, and kConnecting while a connect is in progress
 };
+static_assert(sizeof(IoRequest) <= 64, "an IoRequest fits one cache line");
 
 }  // namespace spindle::op

@@ -146,7 +146,7 @@ Result<void> UringDriver::init(Carrier* owner) noexcept {
     eventOp_ = op::read(eventFd_, &eventBuf_, sizeof(eventBuf_), 0);
     eventRead_.op = &eventOp_;
     eventRead_.complete = &UringDriver::onEventFd;
-    eventRead_.driverSlot = this;
+    eventRead_.driver = this;
     armEventFd();
     (void)ring_.submit(false);
     return {};
@@ -168,7 +168,7 @@ void UringDriver::armEventFd() noexcept {
 }
 
 void UringDriver::onEventFd(op::IoRequest* req, int32_t, uint32_t) noexcept {
-    auto* self = static_cast<UringDriver*>(req->driverSlot);
+    auto* self = static_cast<EventRead*>(req)->driver;
     self->eventFdArmed_ = false;
     if (!self->exiting_) { self->armEventFd(); }
 }
@@ -188,11 +188,11 @@ int32_t UringDriver::start(op::IoRequest* req) noexcept {
     prepare(sqe, *req->op);
     sqe->flags |= IOSQE_IO_LINK;
     io_uring_sqe_set_data64(sqe, userData(req));
-    req->timeoutSpec[0] = static_cast<int64_t>(req->deadlineNs / 1000000000u);
-    req->timeoutSpec[1] = static_cast<int64_t>(req->deadlineNs % 1000000000u);
-    static_assert(sizeof(req->timeoutSpec) == sizeof(__kernel_timespec));
+    req->uring.timeoutSpec[0] = static_cast<int64_t>(req->deadlineNs / 1000000000u);
+    req->uring.timeoutSpec[1] = static_cast<int64_t>(req->deadlineNs % 1000000000u);
+    static_assert(sizeof(req->uring.timeoutSpec) == sizeof(__kernel_timespec));
     io_uring_sqe* t = ring_.acquireSqe();
-    io_uring_prep_link_timeout(t, reinterpret_cast<__kernel_timespec*>(req->timeoutSpec), IORING_TIMEOUT_ABS);
+    io_uring_prep_link_timeout(t, reinterpret_cast<__kernel_timespec*>(req->uring.timeoutSpec), IORING_TIMEOUT_ABS);
     io_uring_sqe_set_data64(t, reinterpret_cast<uint64_t>(req) | kTimeoutBit);
     req->driverState = 2;
     inflight_ += 2;
@@ -232,10 +232,10 @@ void UringDriver::dispatch(const io_uring_cqe* cqe) noexcept {
         return;
     }
     if ((ud & kLinkedBit) != 0) {
-        req->savedRes = cqe->res;
-        req->savedFlags = cqe->flags;
+        req->uring.savedRes = cqe->res;
+        req->uring.savedFlags = cqe->flags;
     }
-    if (--req->driverState == 0) { req->complete(req, req->savedRes, req->savedFlags); }
+    if (--req->driverState == 0) { req->complete(req, req->uring.savedRes, req->uring.savedFlags); }
 }
 
 uint64_t UringDriver::userData(const op::IoRequest* req) const noexcept {

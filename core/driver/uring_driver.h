@@ -75,7 +75,10 @@ private:
     int eventFd_ = -1;
     uint64_t eventBuf_ = 0;
     op::Op eventOp_;
-    op::IoRequest eventRead_;    // the always-armed eventfd read, a plain thread's way in
+    struct EventRead : op::IoRequest {
+        UringDriver* driver = nullptr;
+    };
+    EventRead eventRead_;        // the always-armed eventfd read, a plain thread's way in
     bool eventFdArmed_ = false;
     bool exiting_ = false;       // drainForExit began: the eventfd read is not re-armed
 };
