@@ -188,17 +188,19 @@ struct IoRequest {
     // driver before it reads any of it; untouched above the seam. One driver's fields share the space
     // of the other's: a request lives on the fiber's stack, and each cache line it spans is one more
     // for every operation in flight.
+    struct EpollState {
+        IoRequest* next;       // the fd's waiter list
+        IoRequest* prev;
+        uint64_t heapIndex;    // position in the driver's deadline heap (+1; 0: not in it)
+    };
+    struct UringState {
+        int64_t timeoutSpec[2];  // the linked timeout's timespec, read at submission
+        int32_t savedRes;        // with a deadline: the op's result, kept until the timeout's CQE
+        uint32_t savedFlags;     // ... and its flags
+    };
     union {
-        struct {
-            IoRequest* next;       // the fd's waiter list
-            IoRequest* prev;
-            uint64_t heapIndex;    // position in the driver's deadline heap (+1; 0: not in it)
-        } epoll;
-        struct {
-            int64_t timeoutSpec[2];  // the linked timeout's timespec, read at submission
-            int32_t savedRes;        // with a deadline: the op's result, kept until the timeout's CQE
-            uint32_t savedFlags;     // ... and its flags
-        } uring;
+        EpollState epoll;
+        UringState uring;
     };
     uint32_t driverState;          // io_uring: CQEs still due (op + linked timeout); epoll: parked or
                                    // not, and kConnecting while a connect is in progress

@@ -13,9 +13,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
-#include <linux/audit.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
+
+#include "tests/core/deny_io_uring.h"
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/prctl.h>
@@ -51,43 +50,14 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-#ifndef SYS_io_uring_setup
-#define SYS_io_uring_setup 425  // the same number on x86-64 and AArch64 (5.1)
-#endif
 
 // The child's exit status when it could not install the filter; its stderr then says why.
 constexpr int kNoFilterExit = 125;
 constexpr std::string_view kNoFilterTag = "app_backend_test: no seccomp filter: ";
 constexpr std::string_view kFallbackWords = "io_uring unavailable";
 
-// Makes io_uring_setup fail with EPERM in this process and every process it execs; any other call,
-// and any call from another architecture's ABI, passes. Returns 0 or the errno of the prctl that
-// failed (ENOSYS: no filter for this CPU in the test). Async-signal-safe: it runs between fork and exec.
-int denyIoUringSetup() noexcept {
-#if defined(__x86_64__)
-    constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-    constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
-#else
-    return ENOSYS;
-#endif
-#if defined(__x86_64__) || defined(__aarch64__)
-    sock_filter filter[] = {
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    sock_fprog prog{static_cast<unsigned short>(sizeof filter / sizeof filter[0]), filter};
-    // Without CAP_SYS_ADMIN a filter needs no_new_privs, which exec keeps (and set-uid binaries lose).
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) { return errno; }
-    if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &prog) != 0) { return errno; }
-    return 0;
-#endif
-}
+// The filter of tests/core/deny_io_uring.h; 0 or the errno of the prctl that failed.
+int denyIoUringSetup() noexcept { return spindle::testing_support::denyIoUringSetupFilter(); }
 
 // The environment of the test process without SPINDLE_BACKEND and SPINDLE_LOG, plus SPINDLE_LOG=warn
 // and `extra` ("NAME=value" entries).

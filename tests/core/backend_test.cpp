@@ -12,10 +12,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <liburing.h>  // io_uring_params, for the raw io_uring_setup calls
-#include <linux/audit.h>
 #include <linux/capability.h>
-#include <linux/filter.h>
-#include <linux/seccomp.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -43,6 +40,7 @@
 #include "core/fiber.h"
 #include "core/io.h"
 #include "core/runtime.h"
+#include "tests/core/deny_io_uring.h"
 #include "tests/core/with_runtime.h"
 
 namespace spindle {
@@ -133,34 +131,9 @@ constexpr const char* kNoSeccomp = "no seccomp filters here (qemu-user?): ";
 /// as a container's seccomp profile does. Returns "" or why it could not.
 /// Precondition: single-threaded (a forked child): threads that already exist stay unfiltered.
 std::string denyIoUringSetup() {
-#if defined(__x86_64__)
-    constexpr uint32_t kArch = AUDIT_ARCH_X86_64;
-#elif defined(__aarch64__)
-    constexpr uint32_t kArch = AUDIT_ARCH_AARCH64;
-#else
-    return "no seccomp architecture value for this CPU in the test";
-#endif
-#if defined(__x86_64__) || defined(__aarch64__)
-    sock_filter filter[] = {
-        // Another system-call ABI numbers its calls differently: leave it alone.
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, arch)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, kArch, 1, 0),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-        BPF_STMT(BPF_LD | BPF_W | BPF_ABS, offsetof(seccomp_data, nr)),
-        BPF_JUMP(BPF_JMP | BPF_JEQ | BPF_K, SYS_io_uring_setup, 0, 1),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ERRNO | (EPERM & SECCOMP_RET_DATA)),
-        BPF_STMT(BPF_RET | BPF_K, SECCOMP_RET_ALLOW),
-    };
-    sock_fprog program{};
-    program.len = static_cast<unsigned short>(sizeof(filter) / sizeof(filter[0]));
-    program.filter = filter;
-    // NO_NEW_PRIVS lets a process without CAP_SYS_ADMIN install a filter.
-    if (::prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0) {
-        return std::string("PR_SET_NO_NEW_PRIVS: ") + std::strerror(errno);
-    }
-    if (::prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, &program) != 0) {
+    if (const int err = testing_support::denyIoUringSetupFilter(); err != 0) {
         // qemu-user answers EINVAL: it cannot filter a foreign architecture's system calls.
-        return std::string(errno == EINVAL ? kNoSeccomp : "PR_SET_SECCOMP: ") + std::strerror(errno);
+        return std::string(err == EINVAL ? kNoSeccomp : "installing the filter: ") + std::strerror(err);
     }
     io_uring_params params{};
     const long fd = ::syscall(SYS_io_uring_setup, 1, &params);
@@ -170,7 +143,6 @@ std::string denyIoUringSetup() {
     }
     if (errno != EPERM) { return std::string("io_uring_setup under the filter: ") + std::strerror(errno); }
     return {};
-#endif
 }
 
 /// Drops CAP_IPC_LOCK from the calling thread (threads it starts later inherit that), so that
