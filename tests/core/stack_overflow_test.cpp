@@ -1,4 +1,4 @@
-// Death test for stack-overflow reporting (core/carrier.cpp): a fiber that runs off the end of its stack hits
+// Death test for stack-overflow reporting (core/stack_overflow.cpp): a fiber that runs off the end of its stack hits
 // the guard page, and the fault handler names the fiber and its id before the process aborts.
 
 #include <gtest/gtest.h>
