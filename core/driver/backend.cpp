@@ -11,7 +11,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstdint>
 #include <cstdlib>
@@ -119,10 +118,6 @@ int probeCarrierRing(const uring::RingOptions& options) noexcept {
     return 0;
 }
 
-// The backend of plain threads. Invariant: kAuto means not resolved yet; once resolved it holds
-// kUring or kEpoll.
-std::atomic<Backend> gThreadBackend{Backend::kAuto};
-
 /// SPINDLE_BACKEND's backend, or kAuto's answer from the process's probe; warns once about a bad value.
 Backend defaultThreadBackend() noexcept {
     Backend backend = Backend::kAuto;
@@ -206,15 +201,8 @@ Result<BackendChoice> chooseBackend(Backend requested, const uring::RingOptions&
 }
 
 Backend threadBackend() noexcept {
-    const Backend backend = gThreadBackend.load(std::memory_order_relaxed);
-    if (backend != Backend::kAuto) { return backend; }
     static const Backend resolved = defaultThreadBackend();  // resolved once, so a bad value warns once
-    Backend expected = Backend::kAuto;
-    // A runtime may have set it meanwhile; its choice wins.
-    if (gThreadBackend.compare_exchange_strong(expected, resolved, std::memory_order_relaxed)) { return resolved; }
-    return expected;
+    return resolved;
 }
-
-void setThreadBackend(Backend backend) noexcept { gThreadBackend.store(backend, std::memory_order_relaxed); }
 
 }  // namespace spindle::detail

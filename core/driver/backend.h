@@ -65,9 +65,7 @@ struct UringProbe {
 [[nodiscard]] const UringProbe& probeUring() noexcept;
 
 /// The backend a plain thread's fiber-blocking calls use (core/io.cpp): SPINDLE_BACKEND's, or kAuto's
-/// answer (io_uring where the probe could set a ring up), resolved on first use; setThreadBackend()
-/// overrides it (tests).
+/// answer (io_uring where the probe could set a ring up), resolved on the first call in the process.
 [[nodiscard]] Backend threadBackend() noexcept;
-void setThreadBackend(Backend backend) noexcept;
 
 }  // namespace spindle::detail
