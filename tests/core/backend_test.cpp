@@ -380,18 +380,24 @@ TEST(BackendChoice, AutoDoesNotMistakeRefusedSizesForNoIoUring) {
     EXPECT_EQ(r.status, kChildPassed) << r.text;
 }
 
+/// In a child: installs the filter and returns kChildPassed, or says why in `text` and returns the
+/// child's exit code (kChildSkipped where filters cannot be installed at all, kChildFailed otherwise).
+int denyOrReport(std::string& text) {
+    const std::string why = denyIoUringSetup();
+    if (why.empty()) { return kChildPassed; }
+    if (why.rfind(kNoSeccomp, 0) == 0) {
+        text += why;
+        return kChildSkipped;
+    }
+    return failed(text, "seccomp: " + why);
+}
+
 // ---- fallbacks, each in a forked child ------------------------------------------------------------------
 
 TEST(BackendFallback, AutoRunsOnEpollWhenSeccompDeniesIoUring) {
     const ChildReport r = inChild([](std::string& text) {
         ::unsetenv("SPINDLE_BACKEND");
-        if (std::string why = denyIoUringSetup(); !why.empty()) {
-            if (why.rfind(kNoSeccomp, 0) == 0) {
-                text += why;
-                return kChildSkipped;
-            }
-            return failed(text, "seccomp: " + why);
-        }
+        if (const int code = denyOrReport(text); code != kChildPassed) { return code; }
         std::string logged;
         auto rt = startCapturing(withCarriers(2), logged);
         if (!rt) { return failed(text, "auto must fall back, not fail: " + rt.error().message() + "\n" + logged); }
@@ -423,13 +429,7 @@ TEST(BackendFallback, AutoRunsOnEpollWhenSeccompDeniesIoUring) {
 
 TEST(BackendFallback, ExplicitIoUringFailsWithEpermUnderSeccomp) {
     const ChildReport r = inChild([](std::string& text) {
-        if (std::string why = denyIoUringSetup(); !why.empty()) {
-            if (why.rfind(kNoSeccomp, 0) == 0) {
-                text += why;
-                return kChildSkipped;
-            }
-            return failed(text, "seccomp: " + why);
-        }
+        if (const int code = denyOrReport(text); code != kChildPassed) { return code; }
         std::string logged;
         auto rt = startCapturing(optionsFor(Backend::kUring), logged);
         if (rt) { return failed(text, std::string("start succeeded on ") + toString(rt->backend())); }
