@@ -16,6 +16,18 @@ SPINDLE_DEB_PACKAGES=(
   libfmt-dev libcli11-dev python3
 )
 
+# Prints, on one line, those of the named packages that dpkg does not list as installed.
+spindle_missing_packages() {
+  local pkg status
+  local -a missing=()
+  for pkg in "$@"; do
+    # "install ok installed" or "hold ok installed"; anything else (or no such package) is missing.
+    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
+    [[ "$status" == *" ok installed"* ]] || missing+=("$pkg")
+  done
+  echo "${missing[*]}"
+}
+
 spindle_install_deps() {
   if [[ "${SPINDLE_SKIP_DEPS:-0}" == 1 ]]; then
     echo "deps: SPINDLE_SKIP_DEPS=1, not checking packages"
@@ -27,13 +39,8 @@ spindle_install_deps() {
     return 1
   fi
 
-  local pkg status
   local -a missing=()
-  for pkg in "${SPINDLE_DEB_PACKAGES[@]}"; do
-    # "install ok installed" or "hold ok installed"; anything else (or no such package) is missing.
-    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
-    [[ "$status" == *" ok installed"* ]] || missing+=("$pkg")
-  done
+  read -ra missing <<<"$(spindle_missing_packages "${SPINDLE_DEB_PACKAGES[@]}")"
 
   if ((${#missing[@]} == 0)); then
     echo "deps: nothing missing (${#SPINDLE_DEB_PACKAGES[@]} packages already installed)"
@@ -117,12 +124,9 @@ spindle_install_cross_deps() {
     need_update=1
   fi
 
-  local pkg status
+  local pkg
   local -a missing=()
-  for pkg in "${SPINDLE_CROSS_DEB_PACKAGES[@]}"; do
-    status=$(dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null || true)
-    [[ "$status" == *" ok installed"* ]] || missing+=("$pkg")
-  done
+  read -ra missing <<<"$(spindle_missing_packages "${SPINDLE_CROSS_DEB_PACKAGES[@]}")"
 
   if ((${#missing[@]} == 0)); then
     echo "deps(cross): nothing missing (${#SPINDLE_CROSS_DEB_PACKAGES[@]} packages already installed)"
