@@ -303,6 +303,7 @@ void Carrier::pushYielded(Fiber* fiber) noexcept {
 
 void Carrier::prepareToRun(Fiber* fiber) noexcept {
     current_ = fiber;
+    inlineRun_ = 0;
     if (fiber->carrier_ != this && fiber->hasRun_) { Stats::bump(stats_.fibersMigrated); }
     fiber->hasRun_ = true;
     fiber->carrier_ = this;
