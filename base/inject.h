@@ -32,7 +32,7 @@
 /// | kDelayCompletion | a waited-on CQE being reaped                | reap passes to hold it   |
 /// | kHwlocLoad       | numa::Topology::machine loading hwloc       | the errno it fails with  |
 /// | kMembind         | a numa memory binding (area or thread)      | the errno it fails with  |
-/// | kRegisterBufRing | registering a provided-buffer ring          | the errno it fails with  |
+/// | kRegisterBufRing | registering a provided-buffer ring (or an epoll buffer group) | the errno it fails with |
 /// | kMultishotRecv   | net::MultishotReceiver arming its receive   | the errno its only CQE says |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
@@ -82,7 +82,7 @@ enum class Point : uint8_t {
     kSqpollSetup,      // uring::Ring::init, before setting up a ring with SQPOLL (then it runs without)
     kHwlocLoad,        // numa::Topology::machine, in place of hwloc_topology_load (then the flat fallback)
     kMembind,          // numa::Topology's memory binding (area and thread), in place of the hwloc call
-    kRegisterBufRing,  // uring::Ring::registerBufRing, before io_uring_register_buf_ring
+    kRegisterBufRing,  // uring::Ring::registerBufRing, before io_uring_register_buf_ring; EpollDriver::registerBufferGroup
     kMultishotRecv,    // net::MultishotReceiver::next, in place of arming (as a kernel that refuses it: EINVAL)
     kCount,
 };

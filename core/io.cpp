@@ -91,6 +91,7 @@ int32_t submitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) no
     } else if (res != kPending) {
         // Finished at once (a readiness driver's first try): no completion follows.
         self->waitOn_.store(nullptr, std::memory_order_relaxed);
+        io.flags = io.inlineFlags;
         c->afterInlineCompletion();
     } else {
         self->waitReason_ = deadline.isSet() ? "io (deadline)" : "io";
@@ -187,6 +188,19 @@ bool carrierOtherwiseIdle() noexcept {
 uring::Ring* currentRing() noexcept {
     detail::Carrier* c = detail::Carrier::current();
     return c != nullptr ? c->ring() : nullptr;
+}
+
+Result<unsigned> registerBufferGroupHere(uint16_t id, detail::BufferGroup* group) noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (c == nullptr) { return Error{EPERM}; }
+    if (auto r = c->driver().registerBufferGroup(id, group); !r) { return Error{r.errorCode()}; }
+    return c->index();
+}
+
+Result<void> unregisterBufferGroupHere(uint16_t id) noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (c == nullptr) { return Error{EPERM}; }
+    return c->driver().unregisterBufferGroup(id);
 }
 
 namespace {

@@ -15,6 +15,9 @@
 
 namespace spindle {
 class FiberFuture;
+namespace detail {
+class BufferGroup;
+}
 namespace uring {
 class Ring;
 }
@@ -47,7 +50,8 @@ struct MultishotCompletion : op::IoRequest {
 /// operation in flight (a last completion with -ECANCELED). Returns the index of the carrier that
 /// holds it.
 /// Errors: EPERM off-fiber; ECANCELED once shutdown has begun (nothing was queued); the errno of a
-/// driver that refused it at once (EINVAL: the epoll driver has no provided-buffer receive).
+/// driver that refused it at once (EINVAL for an op it cannot run multishot; ENOBUFS on epoll for a
+/// buffer group not registered there).
 [[nodiscard]] Result<unsigned> armMultishot(const op::Op& op, MultishotCompletion* completion) noexcept;
 
 /// Asks the carrier holding `completion`'s operation to cancel it (through that carrier's driver,
@@ -86,5 +90,15 @@ struct MultishotCompletion : op::IoRequest {
 /// Valid until a fiber next blocks (it may migrate); null on a plain thread and on the epoll backend
 /// (callers then take their fallback: heap receive buffers, plain fds).
 [[nodiscard]] uring::Ring* currentRing() noexcept;
+
+/// For a pool of receive buffers on a driver that picks them itself (the epoll backend, where
+/// currentRing() is null): registers `group` as buffer group `id` with the driver of the carrier
+/// whose thread calls, for op::recvSelect and op::recvMultishot there. Returns that carrier's index.
+/// Unregister on the same carrier (Runtime::runOnCarrier) before `group` goes.
+/// Errors: EPERM off-carrier; ENOTSUP on io_uring (register a provided-buffer ring with
+/// currentRing() instead); EEXIST when `id` is taken there; ENOMEM.
+[[nodiscard]] Result<unsigned> registerBufferGroupHere(uint16_t id, detail::BufferGroup* group) noexcept;
+/// Undoes registerBufferGroupHere() on the calling carrier. Errors: EPERM off-carrier, ENOENT.
+[[nodiscard]] Result<void> unregisterBufferGroupHere(uint16_t id) noexcept;
 
 }  // namespace spindle

@@ -33,7 +33,7 @@ bool BufferedReader::ensureOwn(size_t need) noexcept {
 
 Result<size_t> BufferedReader::fill(Deadline deadline) noexcept {
     if (size() >= capacity_) { return Error{ENOBUFS}; }
-    // A pool with no ring here for good (the epoll backend): this reader's own buffer, as without one.
+    // A pool with no ring here for good (a refused registration): this reader's own buffer, as without one.
     if (pool_ != nullptr && held_.empty() && !receiver_ && lease_.empty() && !pool_->ringAvailable()) {
         pool_ = nullptr;
     }

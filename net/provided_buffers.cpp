@@ -10,6 +10,7 @@
 
 #include "base/inject.h"
 #include "base/log.h"
+#include "core/driver/buffer_group.h"
 #include "core/fiber.h"
 #include "core/ring_ops.h"
 #include "core/runtime.h"
@@ -19,10 +20,12 @@
 namespace spindle::net {
 namespace detail {
 
-/// One carrier's registered ring of a pool: `count` buffers of `size` bytes behind an
-/// io_uring_buf_ring. The kernel takes buffers from the head; we add them back at the tail.
+/// One carrier's registered buffers of a pool: `count` buffers of `size` bytes behind an
+/// io_uring_buf_ring (the kernel takes buffers from the head; we add them back at the tail), or, on
+/// the epoll backend, behind a BufferGroup registered with the carrier's driver (`group`).
 /// Thread-safety: `lock` serialises returns (from any thread); the kernel never writes the tail.
 struct PbufRing {
+    std::unique_ptr<spindle::detail::BufferGroup> group;  // the epoll backend's, or null
     io_uring_buf_ring* ring = nullptr;
     size_t ringBytes = 0;
     char* buffers = nullptr;
@@ -34,6 +37,10 @@ struct PbufRing {
     std::mutex lock;
 
     void giveBack(uint16_t bid) noexcept {
+        if (group) {
+            group->giveBack(bid);
+            return;
+        }
         std::lock_guard<std::mutex> g(lock);
         io_uring_buf_ring_add(ring, buffers + static_cast<size_t>(bid) * size, static_cast<unsigned>(size), bid,
                               io_uring_buf_ring_mask(count), 0);
@@ -122,7 +129,11 @@ ProvidedBufferPool::~ProvidedBufferPool() {
         if (!r) { continue; }
         detail::PbufRing* ring = r.get();
         auto drop = [ring] {
-            if (uring::Ring* here = currentRing()) { (void)here->unregisterBufRing(ring->bgid); }
+            if (ring->group) {
+                (void)unregisterBufferGroupHere(ring->bgid);
+            } else if (uring::Ring* here = currentRing()) {
+                (void)here->unregisterBufRing(ring->bgid);
+            }
         };
         if (impl_->runtime != nullptr) {
             // ECANCELED: the runtime is shutting down, and the ring goes with its carrier.
@@ -135,16 +146,9 @@ ProvidedBufferPool::~ProvidedBufferPool() {
 }
 
 detail::PbufRing* ProvidedBufferPool::ringHere() noexcept {
-    uring::Ring* ring = currentRing();
-    if (ring == nullptr) {
-        if (this_fiber::inFiber()) {
-            int expected = 0;
-            if (impl_->registerError.compare_exchange_strong(expected, ENOTSUP)) {
-                log::info("provided buffers: no io_uring ring on this backend; receives use plain buffers");
-            }
-        }
-        return nullptr;
-    }
+    // Off-fiber there is no carrier to register with, and a plain receive is what happens anyway.
+    if (!this_fiber::inFiber()) { return nullptr; }
+    uring::Ring* ring = currentRing();  // null on the epoll backend: a BufferGroup with its driver
     const auto idx = static_cast<size_t>(this_fiber::carrierIndex());
     Impl& im = *impl_;
     std::lock_guard<std::mutex> g(im.lock);
@@ -179,14 +183,28 @@ detail::PbufRing* ProvidedBufferPool::ringHere() noexcept {
     r->bgid = im.bgid;
     r->carrier = static_cast<unsigned>(idx);
     const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
-    r->ringBytes = (sizeof(io_uring_buf) * r->count + page - 1) / page * page;
     r->bufferBytes = (r->size * r->count + page - 1) / page * page;
-    void* ringMem = ::mmap(nullptr, r->ringBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (ringMem == MAP_FAILED) { return fail(errno, r.get()); }
-    r->ring = static_cast<io_uring_buf_ring*>(ringMem);
     void* bufMem = ::mmap(nullptr, r->bufferBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (bufMem == MAP_FAILED) { return fail(errno, r.get()); }
     r->buffers = static_cast<char*>(bufMem);
+    if (ring == nullptr) {
+        // The epoll backend: the driver picks buffers from a group of ours when a socket has data.
+        try {
+            r->group = std::make_unique<spindle::detail::BufferGroup>(r->buffers, r->size, r->count);
+        } catch (...) {
+            return fail(ENOMEM, r.get());
+        }
+        if (auto reg = registerBufferGroupHere(r->bgid, r->group.get()); !reg) {
+            return fail(reg.errorCode(), r.get());
+        }
+        if (im.runtime == nullptr) { im.runtime = spindle::detail::currentRuntime(); }
+        im.rings[idx] = std::move(r);
+        return im.rings[idx].get();
+    }
+    r->ringBytes = (sizeof(io_uring_buf) * r->count + page - 1) / page * page;
+    void* ringMem = ::mmap(nullptr, r->ringBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (ringMem == MAP_FAILED) { return fail(errno, r.get()); }
+    r->ring = static_cast<io_uring_buf_ring*>(ringMem);
     io_uring_buf_ring_init(r->ring);
     if (auto reg = ring->registerBufRing(r->ring, r->count, r->bgid); !reg) { return fail(reg.errorCode(), r.get()); }
     const int mask = io_uring_buf_ring_mask(r->count);

@@ -4,7 +4,9 @@
 ///
 /// A pool is a buffer group: on each carrier where it is first used, a ring of `count` buffers of
 /// `size` bytes is registered with that carrier's io_uring (on that carrier's thread, so
-/// SINGLE_ISSUER holds). recv() posts a receive with IOSQE_BUFFER_SELECT; the CQE names the buffer
+/// SINGLE_ISSUER holds). On the epoll backend the same buffers form a BufferGroup registered with
+/// the carrier's epoll driver, which picks one when the socket has data: the same semantics, the
+/// same counters. recv() posts a receive with IOSQE_BUFFER_SELECT; the CQE names the buffer
 /// the kernel filled, which the caller holds as a ProvidedBuffer lease until it drops it; the buffer
 /// then goes back to the ring of the carrier it came from (from any thread: returns are serialised
 /// per carrier by a spinlock, the kernel only ever reads the ring's tail).
@@ -87,8 +89,8 @@ public:
     /// One receive on socket `fd` into a buffer of the pool (see the header comment).
     [[nodiscard]] Result<ProvidedBuffer> recv(int fd, Deadline deadline = {}) noexcept;
     [[nodiscard]] ProvidedBufferStats stats() const noexcept;
-    /// Whether a receive made now by the calling fiber would use a registered ring: false off-fiber,
-    /// on the epoll backend, and where the registration was refused. A reader that finds it false for
+    /// Whether a receive made now by the calling fiber would use a registered ring (or, on epoll, a
+    /// buffer group): false off-fiber and where the registration was refused. A reader that finds it false for
     /// good receives into a buffer of its own per connection rather than a heap buffer per receive
     /// (BufferedReader, spindle-echo). Registers this carrier's ring on first use, as recv() does.
     [[nodiscard]] bool ringAvailable() noexcept { return ringHere() != nullptr; }
@@ -105,7 +107,7 @@ private:
 };
 
 /// A multishot receive on one connected stream socket into a pool's buffers (IORING_RECV_MULTISHOT,
-/// Linux 6.0). One operation stays armed on the carrier for as long as data keeps coming, so a
+/// Linux 6.0; emulated by the epoll driver). One operation stays armed on the carrier for as long as data keeps coming, so a
 /// connection costs one SQE for its whole life instead of one per receive, and the socket keeps one
 /// poll registration instead of arming and tearing down one per receive (io_uring's equivalent of an
 /// epoll registration). Each CQE's buffer is queued here until next() takes it.

@@ -199,7 +199,7 @@ void EchoServer::serve(Connection& connection) noexcept {
         echoed += len;
         return 0;
     };
-    // Without a ring on this carrier for good (the epoll backend, a refused registration): a buffer per
+    // Without a ring on this carrier for good (a refused registration): a buffer per
     // connection, rather than a heap buffer per receive.
     if (pool_ && pool_->ringAvailable()) {
         // The receiver cancels its operation when it goes, before the descriptor is closed below.

@@ -9,7 +9,8 @@
 ///
 /// Thread-safety: every member runs on the owner carrier's thread, except wakeFrom() (any thread).
 /// Completions: every IoRequest started here completes here, on the owner's thread, inside poll(),
-/// park() or drainForExit() (never inside start(): a result known at once is returned instead).
+/// park() or drainForExit() (never inside start(): a result known at once is returned instead, its
+/// completion flags in IoRequest::inlineFlags).
 
 #include <cstdint>
 #include <string>
@@ -25,6 +26,7 @@ class Ring;
 namespace spindle::detail {
 
 class Carrier;
+class BufferGroup;
 
 /// start()'s answer for an op that will complete later through its IoRequest::complete.
 inline constexpr int32_t kPending = INT32_MIN;
@@ -75,6 +77,20 @@ public:
 
     /// The io_uring ring, for registered resources; null where there is none (epoll).
     [[nodiscard]] virtual uring::Ring* ring() noexcept { return nullptr; }
+    /// Makes `group` the buffer group `id` that op::kBufferSelect receives here pick from, for a
+    /// driver that picks receive buffers itself (epoll). `group` must stay alive until
+    /// unregisterBufferGroup(id). Errors: ENOTSUP where buffer groups are kernel rings registered
+    /// through ring() (io_uring); EEXIST when `id` is registered already; ENOMEM.
+    [[nodiscard]] virtual Result<void> registerBufferGroup(uint16_t id, BufferGroup* group) noexcept {
+        (void)id;
+        (void)group;
+        return Error{ENOTSUP};
+    }
+    /// Forgets buffer group `id` (no receive may still pick from it). Errors: ENOENT when not registered.
+    [[nodiscard]] virtual Result<void> unregisterBufferGroup(uint16_t id) noexcept {
+        (void)id;
+        return Error{ENOTSUP};
+    }
     /// One line: the backend and what it got from the kernel.
     [[nodiscard]] virtual std::string describe() const = 0;
     /// System calls made to submit, reap or wait (io_uring_enter, epoll_wait), SQEs or ops started,

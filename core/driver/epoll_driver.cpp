@@ -14,7 +14,9 @@
 #include <memory>
 
 #include "base/check.h"
+#include "base/inject.h"
 #include "base/log.h"
+#include "core/driver/buffer_group.h"
 #include "core/internal/carrier.h"
 #include "core/internal/runtime_impl.h"
 
@@ -44,13 +46,6 @@ struct CloseGenerations {
 CloseGenerations& closeGenerations() {
     static CloseGenerations g;
     return g;
-}
-// Descriptors past the table read a generation that never matches, so their state is re-made (and
-// re-registered: EEXIST then says it already was) on each use.
-uint32_t closeGeneration(int fd) noexcept {
-    CloseGenerations& g = closeGenerations();
-    if (fd < 0 || static_cast<size_t>(fd) >= g.size) { return UINT32_MAX; }
-    return g.gen[fd].load(std::memory_order_relaxed);
 }
 
 bool isPathOp(op::Code c) noexcept {
@@ -204,7 +199,9 @@ EpollDriver::~EpollDriver() { close(); }
 
 Result<void> EpollDriver::init(Carrier* owner) noexcept {
     owner_ = owner;
-    (void)closeGenerations();
+    // The table outlives every driver; reading it through these saves a guarded static per operation.
+    gens_ = closeGenerations().gen.get();
+    gensSize_ = closeGenerations().size;
     epfd_ = ::epoll_create1(EPOLL_CLOEXEC);
     if (epfd_ < 0) {
         const int err = errno;
@@ -248,7 +245,7 @@ EpollDriver::FdState* EpollDriver::stateFor(int fd) noexcept {
     if (fd < 0) { return nullptr; }
     const auto i = static_cast<size_t>(fd);
     if (i >= fds_.size()) {
-        if (i >= closeGenerations().size) { return nullptr; }  // above RLIMIT_NOFILE's hard limit: EBADF
+        if (i >= gensSize_) { return nullptr; }  // above RLIMIT_NOFILE's hard limit: EBADF
         try {
             fds_.resize(std::max(i + 1, fds_.size() * 2));
         } catch (...) {
@@ -256,7 +253,9 @@ EpollDriver::FdState* EpollDriver::stateFor(int fd) noexcept {
         }
     }
     FdState& st = fds_[i];
-    const uint32_t gen = closeGeneration(fd);
+    // Past the table, a generation that never matches: the state is re-made (and re-registered:
+    // EEXIST then says it already was) on each use.
+    const uint32_t gen = i < gensSize_ ? gens_[i].load(std::memory_order_relaxed) : UINT32_MAX;
     if (!st.known || st.gen != gen) {
         // A new file behind this number (or one we never saw): forget what we knew, keep the waiters.
         st.known = true;
@@ -265,6 +264,7 @@ EpollDriver::FdState* EpollDriver::stateFor(int fd) noexcept {
         st.regular = false;
         st.stream = false;
         st.readReady = true;
+        st.readEnded = false;
         st.writeReady = true;
         st.provenEpoch = 0;
     }
@@ -312,10 +312,13 @@ int32_t EpollDriver::start(op::IoRequest* req) noexcept {
 int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
     const op::Op& o = *req->op;
     req->driverState = 0;
-    if ((o.flags & (op::kFixedFile | op::kBufferSelect | op::kFixedBuffer)) != 0) {
-        // Registered resources belong to io_uring; the callers' fallbacks never send these here.
+    if ((o.flags & (op::kFixedFile | op::kFixedBuffer)) != 0) {
+        // Registered files and buffers belong to io_uring; the callers' fallbacks never send these here.
         return -EINVAL;
     }
+    // A buffer group serves receives only, and a multishot receive needs one.
+    const bool select = (o.flags & op::kBufferSelect) != 0;
+    if (o.code == op::Code::kRecvMultishot ? !select : select && o.code != op::Code::kRecv) { return -EINVAL; }
     if (o.code == op::Code::kClose) {
         if (FdState* st = o.fd >= 0 && static_cast<size_t>(o.fd) < fds_.size() ? &fds_[o.fd] : nullptr;
             st != nullptr && st->registered) {
@@ -326,11 +329,10 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
         return attempt(o, false);
     }
     if (o.code == op::Code::kNop || o.code == op::Code::kShutdown) { return attempt(o, false); }
-    if (o.code == op::Code::kRecvMultishot) { return -EINVAL; }
     if (isPathOp(o.code)) { return kBlocking; }
 
     FdState* st = stateFor(o.fd);
-    if (st == nullptr) { return o.fd < 0 || static_cast<size_t>(o.fd) >= closeGenerations().size ? -EBADF : -ENOMEM; }
+    if (st == nullptr) { return o.fd < 0 || static_cast<size_t>(o.fd) >= gensSize_ ? -EBADF : -ENOMEM; }
     const bool writes = o.writes();
     if (o.code == op::Code::kAccept || o.code == op::Code::kAcceptMultishot || o.code == op::Code::kConnect) {
         // Checked each time (one fcntl): a blocking listener reached here would block the carrier.
@@ -345,16 +347,17 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
         }
         st->regular = false;  // the number was closed and reused for something pollable
     }
-    if (o.code == op::Code::kAcceptMultishot) {
+    if (o.code == op::Code::kAcceptMultishot || o.code == op::Code::kRecvMultishot) {
+        if (select && group(o.bufIndex) == nullptr) { return -ENOBUFS; }  // io_uring's answer for an unknown group
         // Every result comes through the completion, from the loop: park; arming the registration
-        // reports a listener with connections waiting at the next poll.
+        // reports a descriptor that is ready already (connections or bytes waiting) at the next poll.
         return park(req, *st, /*drained=*/false);
     }
     // Known not ready since the last EAGAIN, with no event since: wait without asking again.
     const bool known = st->registered && (writes ? !st->writeReady : !st->readReady) &&
                        o.code != op::Code::kPoll && o.code != op::Code::kConnect;
     if (!known) {
-        int32_t r = tryOnce(o, *st);
+        int32_t r = select ? recvSelected(o, *st, &req->inlineFlags) : tryOnce(o, *st);
         if (r == -EOPNOTSUPP && isRwOp(o.code)) {
             // No RWF_NOWAIT for this file (a timerfd, a tty): pollable ones get O_NONBLOCK and plain
             // reads; the others are run on the pool.
@@ -363,9 +366,9 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
             r = attempt(o, false);
         }
         if (r != -EAGAIN) {
-            if (r > 0 && st->stream && st->registered && (o.code == op::Code::kRecv || o.code == op::Code::kRead) &&
-                static_cast<uint32_t>(r) < o.len) {
-                st->readReady = false;  // a short read from a stream: drained until the next event
+            if (!select && r > 0 && st->stream && st->registered &&
+                (o.code == op::Code::kRecv || o.code == op::Code::kRead) && static_cast<uint32_t>(r) < o.len) {
+                shortRead(*st);
             }
             return r;
         }
@@ -389,6 +392,78 @@ int32_t EpollDriver::tryOnce(const op::Op& o, FdState& st) noexcept {
     // since the number may have been closed with close(2) and reused for a blocking file.
     if (const int32_t r = setNonblocking(o.fd); r < 0) { return r; }
     return attempt(o, false);
+}
+
+BufferGroup* EpollDriver::group(uint16_t id) const noexcept {
+    for (const auto& [gid, g] : groups_) {
+        if (gid == id) { return g; }
+    }
+    return nullptr;
+}
+
+Result<void> EpollDriver::registerBufferGroup(uint16_t id, BufferGroup* g) noexcept {
+    SPINDLE_INJECT(inject::Point::kRegisterBufRing, { return Error{injectedErrno}; });
+    if (group(id) != nullptr) { return Error{EEXIST}; }
+    try {
+        groups_.emplace_back(id, g);
+    } catch (...) {
+        return Error{ENOMEM};
+    }
+    return {};
+}
+
+Result<void> EpollDriver::unregisterBufferGroup(uint16_t id) noexcept {
+    for (auto it = groups_.begin(); it != groups_.end(); ++it) {
+        if (it->first == id) {
+            groups_.erase(it);
+            return {};
+        }
+    }
+    return Error{ENOENT};
+}
+
+int32_t EpollDriver::recvSelected(const op::Op& o, FdState& st, uint32_t* flags) noexcept {
+    BufferGroup* g = group(o.bufIndex);
+    const int bid = g != nullptr ? g->take() : -1;
+    if (bid < 0) { return -ENOBUFS; }
+    const size_t room = o.len != 0 && o.len < g->size() ? o.len : g->size();
+    const int32_t r =
+        fromSys(::recv(o.fd, g->data(static_cast<uint16_t>(bid)), room, static_cast<int>(o.opFlags) | MSG_DONTWAIT));
+    if (r <= 0) {
+        g->giveBack(static_cast<uint16_t>(bid));  // nothing received: end of stream holds no buffer either
+        return r;
+    }
+    if (st.stream && st.registered && static_cast<size_t>(r) < room) { shortRead(st); }
+    *flags = op::kBufferPicked | (static_cast<uint32_t>(bid) << op::kBufferShift);
+    return r;
+}
+
+void EpollDriver::deliverRecvs(op::IoRequest* req, FdState& st) noexcept {
+    const int fd = req->op->fd;
+    delivering_ = req;
+    deliveringEnded_ = false;
+    for (FdState* s = &st;;) {
+        uint32_t flags = 0;
+        const int32_t r = recvSelected(*req->op, *s, &flags);
+        if (r == -EAGAIN) {
+            s->readReady = false;
+            break;
+        }
+        if (r <= 0) {
+            // End of stream, an error, or no free buffer (ENOBUFS): the operation ends, as on io_uring.
+            unlink(req);
+            finish(req, r, 0);
+            break;
+        }
+        const bool drained = !s->readReady;
+        finish(req, r, flags | op::kMore);
+        // The handler may have ended the operation (a cancel: the request may be gone now) or started
+        // one on another descriptor (fds_ may have moved).
+        if (deliveringEnded_ || drained) { break; }
+        s = &fds_[static_cast<size_t>(fd)];
+    }
+    delivering_ = nullptr;
+    deliveringEnded_ = false;
 }
 
 int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained) noexcept {
@@ -428,6 +503,7 @@ void EpollDriver::unlink(op::IoRequest* req) noexcept {
     req->epoll.next = req->epoll.prev = nullptr;
     req->driverState = 0;
     --waiting_;
+    if (req == delivering_) { deliveringEnded_ = true; }
     if (req->epoll.heapIndex != 0) { heapRemove(req); }
 }
 
@@ -453,35 +529,63 @@ void EpollDriver::cancelAll() noexcept {
 
 void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
     if (fd < 0 || static_cast<size_t>(fd) >= fds_.size()) { return; }
-    FdState& st = fds_[static_cast<size_t>(fd)];
-    if (!st.registered) { return; }  // forgotten since (closed through spindle): the event is stale
-    st.provenEpoch = epoch_;
-    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) { st.readReady = true; }
-    if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) { st.writeReady = true; }
-    // Requests parked after this pass began wait for the next event; each is tried once here.
-    op::IoRequest* last = st.tail;
-    op::IoRequest* req = st.head;
+    const auto slot = static_cast<size_t>(fd);
+    FdState* st = &fds_[slot];
+    if (!st->registered) { return; }  // forgotten since (closed through spindle): the event is stale
+    st->provenEpoch = epoch_;
+    if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) { st->readReady = true; }
+    if ((events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) { st->readEnded = true; }
+    if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) { st->writeReady = true; }
+    // Requests parked after this pass began wait for the next event; each is tried once here. A
+    // completion handler may start an operation on another descriptor, which can move fds_: `st` is
+    // looked up again after each completion.
+    op::IoRequest* last = st->tail;
+    op::IoRequest* req = st->head;
     while (req != nullptr) {
         op::IoRequest* next = req == last ? nullptr : req->epoll.next;
-        if ((wantedEvents(*req->op) & events) != 0) {
-            const op::Op& o = *req->op;
-            int32_t r = (req->driverState & kConnecting) != 0 ? connectOutcome(o.fd) : tryOnce(o, st);
-            if (o.code == op::Code::kAcceptMultishot) {
-                while (r >= 0) {
-                    finish(req, r, op::kMore);
-                    r = attempt(o, true);
-                }
+        if ((wantedEvents(*req->op) & events) == 0) {
+            req = next;
+            continue;
+        }
+        const op::Op& o = *req->op;
+        if (o.code == op::Code::kRecvMultishot) {
+            deliverRecvs(req, *st);
+            st = &fds_[slot];
+            req = next;
+            continue;
+        }
+        const bool select = (o.flags & op::kBufferSelect) != 0;
+        uint32_t flags = 0;
+        int32_t r = (req->driverState & kConnecting) != 0 ? connectOutcome(o.fd)
+                    : select                              ? recvSelected(o, *st, &flags)
+                                                          : tryOnce(o, *st);
+        if (o.code == op::Code::kAcceptMultishot && r >= 0) {
+            delivering_ = req;
+            deliveringEnded_ = false;
+            do {
+                finish(req, r, op::kMore);
+                if (deliveringEnded_) { break; }  // its handler cancelled it
+                r = attempt(o, true);
+            } while (r >= 0);
+            const bool ended = deliveringEnded_;
+            delivering_ = nullptr;
+            deliveringEnded_ = false;
+            st = &fds_[slot];
+            if (ended) {
+                req = next;
+                continue;
             }
-            if (r == -EAGAIN) {
-                if (o.writes()) { st.writeReady = false; } else { st.readReady = false; }
-            } else {
-                unlink(req);
-                if (r > 0 && st.stream && (o.code == op::Code::kRecv || o.code == op::Code::kRead) &&
-                    static_cast<uint32_t>(r) < o.len) {
-                    st.readReady = false;
-                }
-                finish(req, r, 0);
+        }
+        if (r == -EAGAIN) {
+            if (o.writes()) { st->writeReady = false; } else { st->readReady = false; }
+        } else {
+            unlink(req);
+            if (!select && r > 0 && st->stream && (o.code == op::Code::kRecv || o.code == op::Code::kRead) &&
+                static_cast<uint32_t>(r) < o.len) {
+                shortRead(*st);
             }
+            finish(req, r, flags);
+            st = &fds_[slot];
         }
         req = next;
     }

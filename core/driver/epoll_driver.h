@@ -12,9 +12,12 @@
 /// Regular files (which epoll refuses with EPERM) and the path operations (openat, statx, fsync, ...)
 /// are answered kBlocking: submitAndWait runs them on the offload pool; a read or write is first tried
 /// with RWF_NOWAIT, which the page cache often answers at once.
-/// Multishot accept is emulated (each accepted connection completes with op::kMore); provided-buffer
-/// receives (op::kBufferSelect) are refused with EINVAL, and callers take their per-connection buffer
-/// fallback. Deadlines sit in a heap of their own; park() sleeps until the nearest one.
+/// Multishot accept is emulated (each accepted connection completes with op::kMore). So are
+/// provided-buffer receives (op::kBufferSelect): the buffer comes from a BufferGroup registered here
+/// (registerBufferGroup) at the moment the socket has data, and a multishot receive stays in the
+/// descriptor's waiter list for good, delivering one buffer per receive from the loop (op::kMore)
+/// until end of stream, an error, a cancel, or no free buffer (ENOBUFS ends it, as on io_uring).
+/// Deadlines sit in a heap of their own; park() sleeps until the nearest one.
 /// Wake-ups: an eventfd in the set, written from any thread.
 ///
 /// A descriptor's registration is re-armed (EPOLL_CTL_MOD) when a request starts waiting on it, which
@@ -32,6 +35,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "core/deadline.h"
@@ -71,6 +75,8 @@ public:
     void drainForExit() noexcept override;
     [[nodiscard]] std::string describe() const override;
     [[nodiscard]] Counters counters() const noexcept override;
+    [[nodiscard]] Result<void> registerBufferGroup(uint16_t id, BufferGroup* group) noexcept override;
+    [[nodiscard]] Result<void> unregisterBufferGroup(uint16_t id) noexcept override;
 
     /// Runs `op` to completion on the calling thread with blocking system calls (waiting in poll(2)
     /// for a descriptor that answers EAGAIN), honouring `deadline` (-ETIMEDOUT) for pollable
@@ -91,6 +97,8 @@ private:
         bool stream = false;            // a stream socket: a short receive means drained
         bool plainRw = false;           // no RWF_NOWAIT here (EOPNOTSUPP): O_NONBLOCK and plain reads
         bool readReady = true;          // no EAGAIN on input since the last input event
+        bool readEnded = false;         // the peer shut its side (RDHUP/HUP/ERR seen): a read never waits
+                                        // again, so a short one does not mean drained
         uint64_t provenEpoch = 0;       // the driver's epoch_ when an event last came for this registration
         bool writeReady = true;
     };
@@ -105,6 +113,16 @@ private:
     // re-arming; otherwise the MOD is what reports readiness that is there already.
     int32_t registerFd(int fd, FdState& st, bool drained = false) noexcept;
     int32_t park(op::IoRequest* req, FdState& st, bool drained) noexcept;
+    // A stream receive came back short: nothing more until the next event (unless the peer shut its
+    // side, when the next read answers end of stream at once; that event may have been the same edge).
+    static void shortRead(FdState& st) noexcept {
+        if (!st.readEnded) { st.readReady = false; }
+    }
+    // One non-blocking receive into a buffer of group o.bufIndex; on success `flags` names it.
+    int32_t recvSelected(const op::Op& o, FdState& st, uint32_t* flags) noexcept;
+    // A multishot receive's deliveries for one event: until EAGAIN, a short read, or the op's end.
+    void deliverRecvs(op::IoRequest* req, FdState& st) noexcept;
+    [[nodiscard]] BufferGroup* group(uint16_t id) const noexcept;
     void unlink(op::IoRequest* req) noexcept;
     void finish(op::IoRequest* req, int32_t res, uint32_t flags) noexcept;
     void handleEvents(int count) noexcept;
@@ -125,7 +143,14 @@ private:
     int pendingEvents_ = 0;            // events wait() collected for reap()
     uint64_t epoch_ = 1;               // one more for each batch of events handled
     std::vector<FdState> fds_;
+    std::atomic<uint32_t>* gens_ = nullptr;  // the process's close generations (see bumpCloseGeneration)
+    size_t gensSize_ = 0;
     std::vector<op::IoRequest*> deadlines_;  // a binary min-heap on deadlineNs; req->heapIndex = slot + 1
+    std::vector<std::pair<uint16_t, BufferGroup*>> groups_;  // registered buffer groups (a handful)
+    // The multishot request whose results the loop is delivering, and whether its completion handler
+    // ended it (a cancel from inside the handler): the loop then stops touching it.
+    op::IoRequest* delivering_ = nullptr;
+    bool deliveringEnded_ = false;
     // Owner-written, read racily by Runtime::stats().
     std::atomic<uint64_t> enters_{0};
     std::atomic<uint64_t> started_{0};

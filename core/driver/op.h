@@ -50,7 +50,7 @@ enum class Code : uint8_t {
 /// Op::flags.
 inline constexpr uint8_t kFixedFile = 1;     // `fd` is a slot of the carrier's registered-file table
 inline constexpr uint8_t kFixedBuffer = 2;   // read/write from registered buffer `bufIndex` (io_uring only)
-inline constexpr uint8_t kBufferSelect = 4;  // the driver picks the buffer from group `bufIndex` (io_uring only)
+inline constexpr uint8_t kBufferSelect = 4;  // the driver picks the buffer from group `bufIndex` (recv, multishot recv)
 
 /// Op::opFlags of kFsync.
 inline constexpr uint32_t kDatasync = 1;
@@ -146,7 +146,8 @@ inline Op connect(int fd, const sockaddr* addr, socklen_t len) noexcept {
 inline Op recv(int fd, void* buf, uint32_t len, int flags) noexcept {
     return Op{.code = Code::kRecv, .fd = fd, .len = len, .opFlags = static_cast<uint32_t>(flags), .addr = buf};
 }
-/// A receive into a buffer the driver picks from group `group` (kBufferSelect; io_uring only).
+/// A receive into a buffer the driver picks from group `group` (kBufferSelect): an io_uring provided-buffer
+/// ring, or a BufferGroup registered with the epoll driver.
 inline Op recvSelect(int fd, uint32_t len, uint16_t group) noexcept {
     return Op{.code = Code::kRecv, .flags = kBufferSelect, .bufIndex = group, .fd = fd, .len = len};
 }
@@ -204,6 +205,8 @@ struct IoRequest {
     };
     uint32_t driverState;          // io_uring: CQEs still due (op + linked timeout); epoll: parked or
                                    // not, and kConnecting while a connect is in progress
+    uint32_t inlineFlags = 0;      // the completion flags (kBufferPicked, ...) of a result that
+                                   // Driver::start() returned at once instead of completing
 };
 static_assert(sizeof(IoRequest) <= 64, "an IoRequest fits one cache line");
 

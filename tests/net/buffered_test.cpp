@@ -62,7 +62,7 @@ TEST_F(Buffered, ReaderParsesInPlaceAndCarriesSplitMessagesWithAndWithoutAPool) 
             readLines(reader, kLines);
             writer.join();
             EXPECT_EQ(reader.size(), 0u);
-            if (p != nullptr && testing_support::testBackend() == Backend::kUring) {
+            if (p != nullptr) {
                 EXPECT_EQ(reader.memoryHeld(), 0u) << "an idle reader with a pool holds nothing";
             }
             ASSERT_TRUE(pair.client.shutdown(SHUT_WR));
@@ -72,18 +72,9 @@ TEST_F(Buffered, ReaderParsesInPlaceAndCarriesSplitMessagesWithAndWithoutAPool) 
         });
     }
     const ProvidedBufferStats st = (*pool)->stats();
-    if (testing_support::testBackend() == Backend::kUring) {
-        EXPECT_GT(st.providedRecvs, 0u);
-        EXPECT_GE(st.carriersRegistered, 1u);
-        EXPECT_EQ(st.registerError, 0);
-    } else {
-        // No io_uring ring, so no buffer ring for good: the pooled reader received into a buffer of its
-        // own (one per connection), not a heap buffer per receive, and the pool says why.
-        EXPECT_EQ(st.providedRecvs, 0u);
-        EXPECT_EQ(st.carriersRegistered, 0u);
-        EXPECT_EQ(st.fallbackRecvs, 0u);
-        EXPECT_EQ(st.registerError, ENOTSUP);
-    }
+    EXPECT_GT(st.providedRecvs, 0u);
+    EXPECT_GE(st.carriersRegistered, 1u);
+    EXPECT_EQ(st.registerError, 0);
 }
 
 TEST_F(Buffered, AFullReaderSaysEnobufsAndReadExactStopsAtEndOfStream) {
@@ -175,9 +166,7 @@ TEST_F(Buffered, PoolFallsBackToHeapBuffersWhenRegistrationIsRefused) {
         });
     }
     const ProvidedBufferStats st = (*pool)->stats();
-    // On epoll no registration is ever attempted (there is no ring to register with): the fault is
-    // not reached, the pool reports ENOTSUP, and the fallback is the same.
-    EXPECT_EQ(st.registerError, testing_support::testBackend() == Backend::kUring ? EINVAL : ENOTSUP);
+    EXPECT_EQ(st.registerError, EINVAL);
     EXPECT_EQ(st.carriersRegistered, 0u);
     EXPECT_GE(st.fallbackRecvs, 1u);
     EXPECT_EQ(st.providedRecvs, 0u);

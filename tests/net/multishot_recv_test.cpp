@@ -50,11 +50,6 @@ std::unique_ptr<ProvidedBufferPool> makePool(unsigned count, size_t size) {
     return std::move(*p);
 }
 
-// Whether the receiver can arm a multishot receive here: io_uring only. On epoll there is no ring,
-// so no buffer ring either, and every next() takes the documented one-shot fallback (a heap buffer
-// per receive); the bytes a caller sees are the same.
-bool multishotHere() { return testing_support::testBackend() == Backend::kUring; }
-
 class MultishotRecv : public testing_support::WithRuntime {};
 
 TEST_F(MultishotRecv, OneOperationCarriesEveryByteInOrderThenEndOfStreamStays) {
@@ -75,23 +70,12 @@ TEST_F(MultishotRecv, OneOperationCarriesEveryByteInOrderThenEndOfStreamStays) {
             EXPECT_TRUE(end->empty());
         }
         const MultishotReceiver::Stats st = rx.stats();
-        if (multishotHere()) {
-            EXPECT_GE(st.buffers, data.size() / 512);
-            EXPECT_EQ(st.oneShot, 0u);
-            // Re-armed only after a pause (64 queued) or an exhausted ring: far fewer arms than buffers.
-            EXPECT_LT(st.arms * 8, st.buffers) << "arms " << st.arms << ", buffers " << st.buffers;
-        } else {
-            EXPECT_EQ(st.arms, 0u);
-            EXPECT_EQ(st.buffers, 0u);
-            EXPECT_GE(st.oneShot, data.size() / 512);
-        }
+        EXPECT_GE(st.buffers, data.size() / 512);
+        EXPECT_EQ(st.oneShot, 0u);
+        // Re-armed only after a pause (64 queued) or an exhausted ring: far fewer arms than buffers.
+        EXPECT_LT(st.arms * 8, st.buffers) << "arms " << st.arms << ", buffers " << st.buffers;
     }).join();
-    if (multishotHere()) {
-        EXPECT_GT(pool->stats().providedRecvs, 0u);
-    } else {
-        EXPECT_EQ(pool->stats().providedRecvs, 0u);
-        EXPECT_GT(pool->stats().fallbackRecvs, 0u);
-    }
+    EXPECT_GT(pool->stats().providedRecvs, 0u);
 }
 
 TEST_F(MultishotRecv, AConsumerThatLagsPausesTheOperationAndLosesNothing) {
@@ -115,12 +99,7 @@ TEST_F(MultishotRecv, AConsumerThatLagsPausesTheOperationAndLosesNothing) {
         std::vector<char> got;
         receiveBytes(rx, sent.size(), got);
         EXPECT_EQ(std::string(got.begin(), got.end()), sent);
-        if (multishotHere()) {
-            EXPECT_GE(rx.stats().arms, 1u);
-        } else {
-            EXPECT_EQ(rx.stats().arms, 0u);
-            EXPECT_GE(rx.stats().oneShot, 1u);
-        }
+        EXPECT_GE(rx.stats().arms, 1u);
     }).join();
 }
 
@@ -160,11 +139,7 @@ TEST_F(MultishotRecv, PinnedWaiterIsCancelledThroughTheOperationAndReceivesAfter
         auto b = rx.next(5s);  // armed again
         ASSERT_TRUE(b) << b.error().message();
         EXPECT_EQ(std::string(b->data(), b->size()), "after");
-        if (multishotHere()) {
-            EXPECT_GE(rx.stats().arms, 2u);
-        } else {
-            EXPECT_EQ(rx.stats().arms, 0u);  // one receive per call, cancelled like any other
-        }
+        EXPECT_GE(rx.stats().arms, 2u);
     });
     while (!waiting.load()) { std::this_thread::sleep_for(1ms); }
     std::this_thread::sleep_for(20ms);
@@ -245,10 +220,10 @@ TEST_F(MultishotRecv, StopEndsTheOperationAndKeepsWhatItQueued) {
     on(1, [&] {
         LoopbackPair pair = connectLoopbackPair();
         MultishotReceiver rx(*pool, pair.server.fd());
-        EXPECT_FALSE(rx.next(10ms));  // arms it (epoll: one receive, which times out)
+        EXPECT_FALSE(rx.next(10ms));  // arms it
         ASSERT_TRUE(pair.client.writeAll("queued", 6, 5s));
-        // Let the CQE land before stop(): one pass of the carrier's loop is enough (epoll: none comes).
-        for (int i = 0; i < 100 && multishotHere() && rx.stats().buffers == 0; ++i) {
+        // Let the CQE land before stop(): one pass of the carrier's loop is enough.
+        for (int i = 0; i < 100 && rx.stats().buffers == 0; ++i) {
             (void)this_fiber::sleep_for(1ms);
         }
         rx.stop();
@@ -257,12 +232,11 @@ TEST_F(MultishotRecv, StopEndsTheOperationAndKeepsWhatItQueued) {
         std::vector<char> got;
         receiveBytes(rx, 10, got);
         EXPECT_EQ(std::string(got.begin(), got.end()), "queuedmore");
-        EXPECT_EQ(rx.stats().arms, multishotHere() ? 2u : 0u);
+        EXPECT_EQ(rx.stats().arms, 2u);
     }).join();
 }
 
 TEST_F(MultishotRecv, DestroyingAnArmedReceiverWithQueuedBuffersGivesThemBack) {
-    SPINDLE_REQUIRE_URING("multishot receive into a provided-buffer ring (buffers queued by an armed receiver)");
     auto pool = makePool(4, 128);  // a small ring: one buffer not given back per round would drain it
     on(0, [&] {
         LoopbackPair pair = connectLoopbackPair();
@@ -306,14 +280,7 @@ TEST_F(MultishotRecv, AnExhaustedRingFallsBackToOneReceiveAndRearms) {
         ASSERT_TRUE(third);
         EXPECT_EQ(std::string(third->data(), third->size()), "three");
     }).join();
-    if (multishotHere()) {
-        EXPECT_GE(pool->stats().exhausted, 1u);
-    } else {
-        // No ring to run dry: every receive took a heap buffer.
-        EXPECT_EQ(pool->stats().exhausted, 0u);
-        EXPECT_EQ(pool->stats().providedRecvs, 0u);
-        EXPECT_GE(pool->stats().fallbackRecvs, 3u);
-    }
+    EXPECT_GE(pool->stats().exhausted, 1u);
 }
 
 TEST_F(MultishotRecv, RuntimeShutdownEndsAWaitWithEcanceledAndTheReceiverStillCleansUp) {
@@ -336,7 +303,6 @@ TEST_F(MultishotRecv, RuntimeShutdownEndsAWaitWithEcanceledAndTheReceiverStillCl
 }
 
 TEST_F(MultishotRecv, NotifyWhenReadyCallsBackForEachCqeUntilCancelledAndRefusesWhenSomethingIsQueued) {
-    SPINDLE_REQUIRE_URING("MultishotReceiver::notifyWhenReady (a multishot receive's CQEs)");
     auto pool = makePool(16, 64);
     on(0, [&] {
         LoopbackPair pair = connectLoopbackPair();
@@ -374,7 +340,6 @@ TEST_F(MultishotRecv, NotifyWhenReadyCallsBackForEachCqeUntilCancelledAndRefuses
 }
 
 TEST_F(MultishotRecv, ACallbackMayDestroyTheReceiverOnceTheLastCqeCame) {
-    SPINDLE_REQUIRE_URING("MultishotReceiver::notifyWhenReady (a multishot receive's last CQE)");
     auto pool = makePool(16, 64);
     on(0, [&] {
         LoopbackPair pair = connectLoopbackPair();
@@ -436,18 +401,12 @@ TEST_F(MultishotRecv, AKernelThatRefusesMultishotReceiveGetsOneReceivePerCallFor
         }
         EXPECT_EQ(rx.stats().arms, 0u);
         EXPECT_EQ(rx.stats().oneShot, 2u);
-        if (multishotHere()) {
-            EXPECT_EQ(inject::remaining(inject::Point::kMultishotRecv), 99u) << "asked once, then never again";
-        } else {
-            // No ring to arm on: the receiver never gets as far as asking.
-            EXPECT_EQ(inject::remaining(inject::Point::kMultishotRecv), 100u);
-        }
+        EXPECT_EQ(inject::remaining(inject::Point::kMultishotRecv), 99u) << "asked once, then never again";
         EXPECT_FALSE(rx.notifyWhenReady([](void*) {}, nullptr)) << "no multishot: the caller must use next()";
     }).join();
 }
 
 TEST_F(MultishotRecv, AnotherArmingErrorIsReportedOnceAndTheNextCallArms) {
-    SPINDLE_REQUIRE_URING("arming a multishot receive (fault injected at the arm)");
     auto pool = makePool(16, 64);
     on(0, [&] {
         LoopbackPair pair = connectLoopbackPair();
@@ -507,14 +466,8 @@ TEST_F(MultishotRecv, BufferedReaderCarriesAHeadSplitAcrossBuffersWithMultishotA
                 reader.consume(nl + 1);
             }
             EXPECT_EQ(got, sent);
-            if (testing_support::testBackend() == Backend::kUring) {
-                EXPECT_EQ(reader.memoryHeld(), 0u);
-                EXPECT_EQ(reader.receiver() != nullptr, multishot);
-            } else {
-                // No ring here for good: the reader received into a buffer of its own, and keeps it.
-                EXPECT_GT(reader.memoryHeld(), 0u);
-                EXPECT_EQ(reader.receiver(), nullptr);
-            }
+            EXPECT_EQ(reader.memoryHeld(), 0u);
+            EXPECT_EQ(reader.receiver() != nullptr, multishot);
         }).join();
     }
 }

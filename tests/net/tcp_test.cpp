@@ -120,6 +120,32 @@ TEST_F(Tcp, RecvFromAPeerThatNeverAnswersTimesOut) {
     });
 }
 
+// The bytes and the peer's FIN arriving before the carrier looks come as one readiness edge on epoll.
+// A short receive there usually means "drained until the next edge", but none follows a FIN: the end
+// of stream must still be seen at once (it was lost once, and the second receive timed out).
+TEST_F(Tcp, BytesAndEndOfStreamInOneEventAreBothReceived) {
+    on(0, [this] {
+        auto pair = testing_support::connectLoopbackPair();
+        auto reader = on(0, [&] {
+            char buf[64];
+            auto n = pair.server.recv(buf, sizeof buf, 5s);  // parks: nothing was sent yet
+            ASSERT_TRUE(n) << n.error().message();
+            EXPECT_EQ(*n, 4u);
+            auto end = pair.server.recv(buf, sizeof buf, 2s);
+            ASSERT_TRUE(end) << end.error().message();
+            EXPECT_EQ(*end, 0u);
+        });
+        this_fiber::yield();  // the reader runs, and parks
+        // Both arrive while this carrier runs no loop pass (the thread is joined without yielding).
+        std::thread peer([&] {
+            EXPECT_EQ(::send(pair.client.fd(), "data", 4, MSG_NOSIGNAL), 4);
+            EXPECT_EQ(::shutdown(pair.client.fd(), SHUT_WR), 0);
+        });
+        peer.join();
+        reader.join();
+    }).join();
+}
+
 TEST_F(Tcp, AcceptWithADeadlineTimesOutAndTheListenerStillWorks) {
     for (bool multishot : {true, false}) {
         onFiber([&] {
