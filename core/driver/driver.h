@@ -63,7 +63,8 @@ public:
     /// the driver can avoid one.
     virtual void reap() noexcept = 0;
     /// Whether park() may skip the system call that collects completions before parking (the
-    /// io_uring driver with DEFER_TASKRUN: the park's own enter does it).
+    /// io_uring driver with DEFER_TASKRUN: the park's own enter does it; the epoll driver: the park's
+    /// own epoll_wait does).
     [[nodiscard]] virtual bool parkCollects() const noexcept = 0;
     /// The nearest deadline of a request here (absolute ns), or UINT64_MAX: park() wakes for it.
     [[nodiscard]] virtual uint64_t nextDeadline() const noexcept = 0;

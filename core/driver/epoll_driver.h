@@ -65,7 +65,7 @@ public:
     [[nodiscard]] bool hasWork() const noexcept override { return false; }
     void wait(int64_t timeoutNs) noexcept override;
     void reap() noexcept override;
-    [[nodiscard]] bool parkCollects() const noexcept override { return false; }
+    [[nodiscard]] bool parkCollects() const noexcept override { return true; }
     [[nodiscard]] uint64_t nextDeadline() const noexcept override {
         return deadlines_.empty() ? UINT64_MAX : deadlines_.front()->deadlineNs;
     }
