@@ -178,7 +178,9 @@ Result<void> Carrier::setUp() noexcept {
     if (config_.backend == Backend::kEpoll) {
         driver_ = std::make_unique<EpollDriver>(runtime_);
     } else {
-        driver_ = std::make_unique<UringDriver>(config_.ring);
+        auto d = std::make_unique<UringDriver>(config_.ring);
+        uring_ = d.get();
+        driver_ = std::move(d);
     }
     if (auto r = driver_->init(this); !r) { return r; }
     log::info("carrier {}: PU {} {}", config_.index, boundPu_, driver_->describe());

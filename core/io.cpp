@@ -80,7 +80,7 @@ int32_t submitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) no
         }
         io.deadlineNs = deadline.ns();
     }
-    int32_t res = c->driver().start(&io);
+    int32_t res = c->startIo(&io);
     if (res == kBlocking) {
         // A file operation the epoll driver cannot wait for: a blocking call on the offload pool. Not
         // cancellable once there (like a regular-file read the kernel has begun); a cancellation stays
@@ -123,7 +123,7 @@ Result<unsigned> armMultishot(const op::Op& o, MultishotCompletion* completion) 
     };
     completion->owner = c;
     // In flight until the completion without kMore.
-    const int32_t res = c->driver().start(completion);
+    const int32_t res = c->startIo(completion);
     if (res != detail::kPending) { return Error{res < 0 ? -res : EINVAL}; }
     return c->index();
 }

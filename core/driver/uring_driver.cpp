@@ -11,22 +11,6 @@
 #include "core/internal/carrier.h"
 
 namespace spindle::detail {
-namespace {
-
-// user_data is the request's address (8-byte aligned) with three low bits: kTimeoutBit for its
-// linked timeout, kQuietBit for a request no injected fault may touch (a multishot operation, the
-// eventfd read; both lie in uring::kNoFaultMask), kLinkedBit for an op that has a linked timeout (so
-// the common CQE is told apart without reading the request). 0 is a CQE nobody waits for (a cancel,
-// a MSG_RING wake-up).
-constexpr uint64_t kTimeoutBit = 1;
-constexpr uint64_t kQuietBit = 2;
-constexpr uint64_t kLinkedBit = 4;
-constexpr uint64_t kBits = 7;
-static_assert((kTimeoutBit | kQuietBit) == uring::kNoFaultMask);
-
-bool isMultishot(op::Code c) noexcept { return c == op::Code::kAcceptMultishot || c == op::Code::kRecvMultishot; }
-
-}  // namespace
 
 UringDriver::~UringDriver() { close(); }
 
@@ -163,7 +147,11 @@ void UringDriver::close() noexcept {
 }
 
 void UringDriver::armEventFd() noexcept {
-    (void)start(&eventRead_);
+    // Not start(): its user_data carries kQuietBit, which start() gives multishot ops only.
+    io_uring_sqe* sqe = ring_.acquireSqe();
+    prepare(sqe, eventOp_);
+    io_uring_sqe_set_data64(sqe, userData(&eventRead_));
+    ++inflight_;
     eventFdArmed_ = true;
 }
 
@@ -173,14 +161,7 @@ void UringDriver::onEventFd(op::IoRequest* req, int32_t, uint32_t) noexcept {
     if (!self->exiting_) { self->armEventFd(); }
 }
 
-int32_t UringDriver::start(op::IoRequest* req) noexcept {
-    if (req->deadlineNs == 0) [[likely]] {
-        io_uring_sqe* sqe = ring_.acquireSqe();
-        prepare(sqe, *req->op);
-        io_uring_sqe_set_data64(sqe, userData(req));
-        ++inflight_;
-        return kPending;
-    }
+int32_t UringDriver::startLinked(op::IoRequest* req) noexcept {
     // The op and its IORING_OP_LINK_TIMEOUT leave in one submission; the request completes once both
     // CQEs came, so its frame is never reused while the timeout could still cancel by its user_data.
     ring_.reserveSqes(2);

@@ -25,6 +25,7 @@
 
 #include "base/result.h"
 #include "core/driver/driver.h"
+#include "core/driver/uring_driver.h"
 #include "core/poller.h"
 #include "core/internal/chase_lev_deque.h"
 #include "core/internal/deadline_heap.h"
@@ -92,6 +93,10 @@ public:
     [[nodiscard]] Fiber* running() const noexcept { return current_; }
     [[nodiscard]] StackPool& stackPool() noexcept { return pool_; }
     [[nodiscard]] Driver& driver() noexcept { return *driver_; }
+    /// driver().start(req), without the virtual call on io_uring (whose start() inlines here).
+    int32_t startIo(op::IoRequest* req) noexcept {
+        return uring_ != nullptr ? uring_->UringDriver::start(req) : driver_->start(req);
+    }
     /// The io_uring ring, for registrations; null on the epoll backend.
     [[nodiscard]] uring::Ring* ring() noexcept { return driver_->ring(); }
     /// This carrier's registered buffers and files (core/fixed.h); see core/internal/fixed_pool.h.
@@ -274,6 +279,7 @@ private:
     ChaseLevDeque<Fiber*> deque_;
     DeadlineHeap timers_;
     std::unique_ptr<Driver> driver_;
+    UringDriver* uring_ = nullptr;  // driver_, when it is the io_uring driver (startIo)
     Poller* pollers_ = nullptr;         // intrusive list, owner-only
     StackPool pool_;
     FixedBufferPool fixedBuffers_;
