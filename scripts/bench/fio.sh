@@ -57,7 +57,7 @@ done
 # fio takes whole seconds for --runtime and --ramp_time.
 [[ "$duration" =~ ^[1-9][0-9]*$ ]] || { echo "fio.sh: --duration needs a whole number of seconds" >&2; exit 2; }
 [[ "$ramp" =~ ^[0-9]+$ ]] || { echo "fio.sh: --ramp needs a whole number of seconds" >&2; exit 2; }
-command -v fio >/dev/null || { echo "fio.sh: fio is not installed (apt-get install fio)" >&2; exit 1; }
+bench_install_tools fio.sh fio=fio || exit 1
 command -v python3 >/dev/null || { echo "fio.sh: python3 is needed to read the JSON results" >&2; exit 1; }
 
 if ((build)); then bench_build; fi

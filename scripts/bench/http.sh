@@ -80,19 +80,13 @@ nginx_port=18081
 raw_epoll_port=18082
 raw_uring_port=18083
 
-# wrk and nginx-light, installed the way scripts/lib/deps.sh installs build dependencies.
+# wrk and nginx-light, where missing.
 install_bench_tools() {
-  local -a missing=() priv=()
-  command -v wrk >/dev/null 2>&1 || missing+=(wrk)
-  command -v nginx >/dev/null 2>&1 || missing+=(nginx-light)
-  ((${#missing[@]} == 0)) && return 0
-  if [[ "$(id -u)" != 0 ]]; then
-    command -v sudo >/dev/null 2>&1 || { echo "http.sh: not root and no sudo; install ${missing[*]}" >&2; return 1; }
-    priv=(sudo)
-  fi
-  echo "http.sh: installing ${missing[*]}" >&2
-  "${priv[@]}" apt-get update >&2
-  "${priv[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
+  local had_nginx=1 priv=()
+  command -v nginx >/dev/null 2>&1 || had_nginx=0
+  bench_install_tools http.sh wrk=wrk nginx=nginx-light || return 1
+  ((had_nginx)) && return 0
+  [[ "$(id -u)" == 0 ]] || priv=(sudo)
   # Debian's package starts its own nginx on port 80: it would share the CPUs we measure.
   if command -v service >/dev/null 2>&1; then "${priv[@]}" service nginx stop >&2 || true; fi
 }

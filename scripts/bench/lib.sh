@@ -17,6 +17,27 @@ bench_build() {
   ) >&2
 }
 
+# Installs the Debian packages behind the peer tools a script runs, where a command is missing,
+# the way scripts/lib/deps.sh installs build dependencies. Arguments: the calling script's name, then
+# command=package pairs (e.g. wrk=wrk nginx=nginx-light).
+# Errors: returns non-zero (with a message) when not root and without sudo, or when apt-get fails.
+bench_install_tools() {
+  local who=$1 pair
+  shift
+  local -a missing=() priv=()
+  for pair in "$@"; do
+    command -v "${pair%%=*}" >/dev/null 2>&1 || missing+=("${pair#*=}")
+  done
+  ((${#missing[@]} == 0)) && return 0
+  if [[ "$(id -u)" != 0 ]]; then
+    command -v sudo >/dev/null 2>&1 || { echo "$who: not root and no sudo; install ${missing[*]}" >&2; return 1; }
+    priv=(sudo)
+  fi
+  echo "$who: installing ${missing[*]}" >&2
+  "${priv[@]}" apt-get update >&2 &&
+    "${priv[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
+}
+
 # Prints one line describing this machine: CPU model, online CPUs, kernel, memory, UTC date.
 bench_machine_line() {
   local cpu mem_kb
