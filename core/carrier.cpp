@@ -271,8 +271,17 @@ Fiber* Carrier::nextLocal() noexcept {
 Fiber* Carrier::popFifo() noexcept {
     Fiber* f = fifoHead_;
     if (f != nullptr) {
-        fifoHead_ = f->nextLocal_;
-        if (fifoHead_ == nullptr) { fifoTail_ = nullptr; }
+        Fiber* next = f->nextLocal_;
+        fifoHead_ = next;
+        if (next == nullptr) {
+            fifoTail_ = nullptr;
+        } else {
+            // With many connections each fiber's block and stack are cold by the time it runs: fetch
+            // the next one's saved context now, and the block of the one after it, whose link the next
+            // pop reads (that block was fetched by this pop's predecessor, so these loads hit).
+            __builtin_prefetch(next->sp_);
+            __builtin_prefetch(next->nextLocal_);
+        }
         f->nextLocal_ = nullptr;
     }
     return f;
