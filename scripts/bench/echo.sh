@@ -33,10 +33,11 @@
 # Rows, one per server and connection count: messages/s (round trips completed in the measured window
 # / its length), p99 round-trip latency as the client sees it, and server CPU per message: the server's
 # utime + stime from /proc/PID/stat (all its threads, 1/CLK_TCK resolution) over the whole client run
-# (warm-up included), divided by every round trip of that run. Ratio lines, of medians: for io_uring,
-# spindle / epoll_echo for messages/s (>1: spindle faster) and epoll_echo / spindle for CPU per message
-# (>1: spindle cheaper); for the epoll backend, the same messages/s ratio and spindle epoll CPU/msg ÷
-# epoll_echo CPU/msg (the loop it should cost no more than: target <= 1.10).
+# (warm-up included), divided by every round trip of that run, then its user and system parts. Ratio
+# lines, of medians: for io_uring, spindle / epoll_echo for messages/s (>1: spindle faster) and
+# epoll_echo / spindle for CPU per message (>1: spindle cheaper); for the epoll backend, the same
+# messages/s ratio and spindle epoll CPU/msg ÷ epoll_echo CPU/msg (the loop it should cost no more
+# than: target <= 1.10).
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
@@ -73,7 +74,7 @@ while (($# > 0)); do
     --client-cpu) client_cpu="$2"; shift ;;
     --nice) nice="$2"; shift ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "echo.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -140,14 +141,14 @@ wait_for_port() {
   return 1
 }
 
-# utime + stime of a whole process, in clock ticks (fields 14 and 15 of /proc/PID/stat; the command
-# name in field 2 is cut off first, as it may hold spaces).
+# utime and stime of a whole process, in clock ticks (fields 14 and 15 of /proc/PID/stat; the
+# command name in field 2 is cut off first, as it may hold spaces).
 cpu_ticks() {
-  sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12 + $13 }'
+  sed 's/^.*) //' "/proc/$1/stat" | awk '{ print $12, $13 }'
 }
 
 run_one() {  # impl conns tag
-  local impl=$1 conns=$2 tag=$3 t0 t1
+  local impl=$1 conns=$2 tag=$3 u0 s0 u1 s1
   if [[ "$impl" == spindle-* ]]; then
     nice -n "$nice" taskset -c "$server_cpu" "$bin" server --carriers 1 --port "$port" --address 127.0.0.1 \
       --poll-mode "$poll_mode" --backend "${impl#spindle-}" "${extra[@]}" 2>"$out/$tag.server.log" &
@@ -162,17 +163,17 @@ run_one() {  # impl conns tag
     echo "echo.sh: $impl does not run on ${impl#spindle-}: $(cat "$out/$tag.server.log")" >&2
     exit 1
   fi
-  t0=$(cpu_ticks "$server_pid")
+  read -r u0 s0 < <(cpu_ticks "$server_pid")
   if ! nice -n "$nice" taskset -c "$client_cpu" "$bin" client --carriers 1 --port "$port" --connections "$conns" \
       --size "$size" --duration "$duration" --warmup "$warmup" --json >"$out/$tag.json" 2>"$out/$tag.client.log"; then
     echo "echo.sh: the client failed against $impl ($conns connections): $(cat "$out/$tag.client.log")" >&2
     exit 1
   fi
-  t1=$(cpu_ticks "$server_pid")
+  read -r u1 s1 < <(cpu_ticks "$server_pid")
   kill -INT "$server_pid"
   wait "$server_pid" || { echo "echo.sh: $impl did not exit cleanly: $(cat "$out/$tag.server.log")" >&2; exit 1; }
   server_pid=""
-  echo "$((t1 - t0))" >"$out/$tag.ticks"
+  echo "$((u1 - u0)) $((s1 - s0))" >"$out/$tag.ticks"
 }
 
 # A server left over from another run would answer in place of the one measured.
@@ -204,9 +205,9 @@ names = {"spindle-io_uring": "spindle io_uring", "spindle-epoll": "spindle epoll
 def run(impl, c, r):
     tag = os.path.join(out, f"{impl}_c{c}_r{r}")
     j = json.load(open(tag + ".json"))
-    ticks = int(open(tag + ".ticks").read())
-    cpu_us = ticks / hz * 1e6 / max(j["total_messages"], 1)
-    return j["msg_per_s"], j["lat_us"]["p99"], cpu_us
+    user, system = (int(t) for t in open(tag + ".ticks").read().split())
+    per = 1e6 / hz / max(j["total_messages"], 1)
+    return j["msg_per_s"], j["lat_us"]["p99"], (user + system) * per, user * per, system * per
 
 def med(vals):
     return statistics.median(vals), min(vals), max(vals)
@@ -214,7 +215,8 @@ def med(vals):
 def ratio(a, b):
     return f"{a / b:.3f}" if b else "n/a"
 
-hdr = f"{'conns':>5s} {'server':<16s} {'msg/s median [min..max]':>30s} {'p99':>10s} {'CPU/msg':>10s}"
+hdr = (f"{'conns':>5s} {'server':<16s} {'msg/s median [min..max]':>30s} {'p99':>10s} {'CPU/msg':>10s}"
+       f" {'user':>8s} {'sys':>8s}")
 print()
 print(hdr)
 print("-" * len(hdr))
@@ -222,10 +224,10 @@ for c in conns:
     m = {}
     for impl in impls:
         runs = [run(impl, c, r) for r in range(1, reps + 1)]
-        m[impl] = [med([x[k] for x in runs]) for k in range(3)]
-        rate, p99, cpu = m[impl]
+        m[impl] = [med([x[k] for x in runs]) for k in range(5)]
+        rate, p99, cpu, user, system = m[impl]
         print(f"{c:>5s} {names[impl]:<16s} {f'{rate[0]:.0f} [{rate[1]:.0f}..{rate[2]:.0f}]':>30s}"
-              f" {p99[0]:8.1f}us {cpu[0]:8.2f}us")
+              f" {p99[0]:8.1f}us {cpu[0]:8.2f}us {user[0]:6.2f}us {system[0]:6.2f}us")
     raw = m["epoll_echo"]
     if "spindle-io_uring" in m:
         s = m["spindle-io_uring"]
@@ -238,5 +240,7 @@ for c in conns:
 print()
 print("Ratios of medians. msg/s ratio: >1 spindle faster. io_uring CPU ratio: >1 spindle cheaper.")
 print("epoll backend CPU/msg of epoll_echo's: spindle epoll's CPU per message / epoll_echo's (<= 1.10 wanted).")
-print("CPU/msg: server utime+stime over the whole client run (warm-up included) / every round trip of it.")
+print("CPU/msg: server utime+stime over the whole client run (warm-up included) / every round trip of it;")
+print("user, sys: its two parts (medians of each). User time is the server's own work and varies far less")
+print("between runs on a VM than system time, which carries the kernel's TCP and scheduling noise.")
 PY

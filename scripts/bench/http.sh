@@ -8,8 +8,9 @@
 # --backend epoll (spindle-epoll), nginx (one worker process), and with the epoll backend the raw
 # epoll loop of scripts/bench/raw_http.c (raw-epoll), its reference.
 # Prints per N and server: requests/s median [min..max], server CPU µs per request (utime + stime
-# from /proc/PID/stat over the run, divided by the requests wrk counted), p99 latency (median of the
-# runs), and the ratios: each spindle backend / nginx, and spindle-epoll's CPU per request over
+# from /proc/PID/stat over the run, divided by the requests wrk counted) and its user part (the
+# server's own work, far steadier between runs on a VM than the kernel's share), p99 latency (median
+# of the runs), and the ratios: each spindle backend / nginx, and spindle-epoll's CPU per request over
 # raw-epoll's (target <= 1.10).
 # --floor: also runs raw_http.c's io_uring loop (raw-uring) in the same rotation: the raw loops answer
 # the same bytes and do nothing else, so what they cost per request is what the kernel charges any
@@ -59,7 +60,7 @@ while (($# > 0)); do
     --floor) floor=1 ;;
     --backends) backends="$2"; shift ;;
     --rss-connections) rss_conns="$2"; shift ;;
-    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "http.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -211,8 +212,8 @@ if ((${#raw_modes[@]} > 0)); then
   done
 fi
 
-# CPU ticks (utime + stime, all threads) of a process.
-cpu_ticks() { awk '{ print $14 + $15 }' "/proc/$1/stat"; }
+# CPU ticks of a process, all threads: "utime stime" (the command name, field 2, holds no spaces here).
+cpu_ticks() { awk '{ print $14, $15 }' "/proc/$1/stat"; }
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
 echo "machine: $(bench_machine_line)"
@@ -247,13 +248,13 @@ if ((rss)); then
   exit 0
 fi
 
-# One wrk run: prints "requests_per_s cpu_us_per_request p99_us requests errors".
+# One wrk run: prints "requests_per_s cpu_us_per_request p99_us requests errors user_us_per_request".
 run_wrk() {
-  local pid=$1 port=$2 n=$3 d=$4 c0 c1 out
-  c0=$(cpu_ticks "$pid")
+  local pid=$1 port=$2 n=$3 d=$4 u0 s0 u1 s1 out
+  read -r u0 s0 < <(cpu_ticks "$pid")
   out=$(taskset -c "$client_cpu" wrk -t1 -c"$n" -d"${d}s" --latency "http://127.0.0.1:$port/hello")
-  c1=$(cpu_ticks "$pid")
-  awk -v c0="$c0" -v c1="$c1" -v hz="$(getconf CLK_TCK)" '
+  read -r u1 s1 < <(cpu_ticks "$pid")
+  awk -v c0="$((u0 + s0))" -v c1="$((u1 + s1))" -v u="$((u1 - u0))" -v hz="$(getconf CLK_TCK)" '
     function us(v) {
       if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1e6; return v
     }
@@ -262,17 +263,20 @@ run_wrk() {
     $1 == "99%" { p99 = us($2) }
     /Socket errors:/ { errs += $4 + $6 + $8 + $10 }
     /Non-2xx/ { errs += $NF }
-    END { printf "%.1f %.3f %.1f %d %d\n", rps, (reqs > 0 ? (c1 - c0) / hz * 1e6 / reqs : 0), p99, reqs, errs + 0 }
+    END {
+      printf "%.1f %.3f %.1f %d %d %.3f\n", rps, (reqs > 0 ? (c1 - c0) / hz * 1e6 / reqs : 0), p99, reqs, errs + 0,
+             (reqs > 0 ? u / hz * 1e6 / reqs : 0)
+    }
   ' <<<"$out"
 }
 
 # stats V...: "median min max" of the values.
 stats() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%s %s %s\n", v[int((NR + 1) / 2)], v[1], v[NR] }'; }
 
-printf '%-6s %-13s %28s %10s %10s %7s\n' N server "req/s median [min..max]" "cpu us/req" "p99 us" errors
+printf '%-6s %-13s %28s %10s %9s %10s %7s\n' N server "req/s median [min..max]" "cpu us/req" "user us" "p99 us" errors
 for n in $conns; do
   for server in "${servers[@]}"; do run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$warmup" >/dev/null; done
-  declare -A rps=() cpu=() p99=() errs=()
+  declare -A rps=() cpu=() user=() p99=() errs=()
   for ((r = 1; r <= reps; r++)); do
     # Alternate: forward on odd runs, backward on even ones, so no server always follows the same one.
     order=("${servers[@]}")
@@ -281,8 +285,9 @@ for n in $conns; do
       for ((i = ${#servers[@]} - 1; i >= 0; i--)); do order+=("${servers[i]}"); done
     fi
     for server in "${order[@]}"; do
-      read -r a b c _ e < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration")
-      rps[$server]+="$a " cpu[$server]+="$b " p99[$server]+="$c " errs[$server]=$((${errs[$server]:-0} + e))
+      read -r a b c _ e f < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration")
+      rps[$server]+="$a " cpu[$server]+="$b " user[$server]+="$f " p99[$server]+="$c "
+      errs[$server]=$((${errs[$server]:-0} + e))
     done
   done
   declare -A med=() medcpu=()
@@ -293,8 +298,11 @@ for n in $conns; do
     read -r cm _ _ < <(stats ${cpu[$server]})
     # shellcheck disable=SC2086
     read -r pm _ _ < <(stats ${p99[$server]})
+    # shellcheck disable=SC2086
+    read -r um _ _ < <(stats ${user[$server]})
     med[$server]=$m medcpu[$server]=$cm
-    printf '%-6s %-13s %12.0f [%.0f..%.0f] %10.2f %10.0f %7d\n' "$n" "$server" "$m" "$lo" "$hi" "$cm" "$pm" "${errs[$server]}"
+    printf '%-6s %-13s %12.0f [%.0f..%.0f] %10.2f %9.2f %10.0f %7d\n' "$n" "$server" "$m" "$lo" "$hi" "$cm" "$um" "$pm" \
+      "${errs[$server]}"
   done
   for server in "${spindle_servers[@]}"; do
     printf '%-6s ratio %s/nginx: req/s %s, cpu/req %s\n' "$n" "$server" \
@@ -313,5 +321,5 @@ for n in $conns; do
     fi
     printf '\n'
   fi
-  unset rps cpu p99 errs med medcpu
+  unset rps cpu user p99 errs med medcpu
 done
