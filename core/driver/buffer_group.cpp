@@ -5,7 +5,7 @@
 namespace spindle::detail {
 
 BufferGroup::BufferGroup(char* base, size_t size, unsigned count)
-    : base_(base), size_(size), count_(count), free_(new uint16_t[count]), freeCount_(count) {
+    : base_(base), size_(size), count_(count), free_(new uint16_t[count]), out_(new uint8_t[count]()), freeCount_(count) {
     SPINDLE_CHECK_MSG(count >= 1 && count <= 65536, "a buffer group holds 1 to 65536 buffers");
     // Taken from the top: buffer 0 goes out first.
     for (unsigned i = 0; i < count; ++i) { free_[i] = static_cast<uint16_t>(count - 1 - i); }
@@ -13,7 +13,8 @@ BufferGroup::BufferGroup(char* base, size_t size, unsigned count)
 
 void BufferGroup::giveBack(uint16_t bid) noexcept {
     std::lock_guard<std::mutex> g(lock_);
-    SPINDLE_CHECK_MSG(bid < count_ && freeCount_ < count_, "a buffer given back to its group twice");
+    SPINDLE_CHECK_MSG(bid < count_ && out_[bid] != 0, "a buffer given back to its group that is not out");
+    out_[bid] = 0;
     free_[freeCount_++] = bid;
 }
 

@@ -7,7 +7,8 @@
 /// Buffers go out most recently returned first: a busy server keeps reusing the few that are warm in
 /// its caches, where a kernel ring hands every buffer out in turn.
 /// Errors: take() answers -1 when every buffer is out (the driver then fails the receive with ENOBUFS,
-/// as io_uring does). A buffer given back twice is a caller bug (checked).
+/// as io_uring does). Giving back a buffer that is not out (twice, or never taken) is a caller bug,
+/// checked (abort).
 /// Thread-safety: take() on the carrier whose driver holds the registration; giveBack() from any
 /// thread. A mutex orders the two (uncontended in the common case: leases end where they began).
 
@@ -29,7 +30,10 @@ public:
     /// A free buffer's id, now the caller's; -1 when none is free.
     [[nodiscard]] int take() noexcept {
         std::lock_guard<std::mutex> g(lock_);
-        return freeCount_ == 0 ? -1 : free_[--freeCount_];
+        if (freeCount_ == 0) { return -1; }
+        const uint16_t bid = free_[--freeCount_];
+        out_[bid] = 1;
+        return bid;
     }
     /// Makes buffer `bid` free again (any thread).
     void giveBack(uint16_t bid) noexcept;
@@ -49,6 +53,7 @@ private:
     unsigned count_;
     std::mutex lock_;
     std::unique_ptr<uint16_t[]> free_;  // a stack of free ids
+    std::unique_ptr<uint8_t[]> out_;    // per id: 1 while taken
     unsigned freeCount_;
 };
 
