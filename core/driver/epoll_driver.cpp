@@ -366,10 +366,7 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
             r = attempt(o, false);
         }
         if (r != -EAGAIN) {
-            if (!select && r > 0 && st->stream && st->registered &&
-                (o.code == op::Code::kRecv || o.code == op::Code::kRead) && static_cast<uint32_t>(r) < o.len) {
-                shortRead(*st);
-            }
+            if (!select && (o.code == op::Code::kRecv || o.code == op::Code::kRead)) { noteRead(*st, r, o.len); }
             return r;
         }
     }
@@ -433,15 +430,21 @@ int32_t EpollDriver::recvSelected(const op::Op& o, FdState& st, uint32_t* flags)
         g->giveBack(static_cast<uint16_t>(bid));  // nothing received: end of stream holds no buffer either
         return r;
     }
-    if (st.stream && st.registered && static_cast<size_t>(r) < room) { shortRead(st); }
+    noteRead(st, r, room);
     *flags = op::kBufferPicked | (static_cast<uint32_t>(bid) << op::kBufferShift);
     return r;
 }
 
-void EpollDriver::deliverRecvs(op::IoRequest* req, FdState& st) noexcept {
-    const int fd = req->op->fd;
+bool EpollDriver::deliverOne(op::IoRequest* req, int32_t res, uint32_t flags) noexcept {
     delivering_ = req;
     deliveringEnded_ = false;
+    finish(req, res, flags | op::kMore);
+    delivering_ = nullptr;
+    return !std::exchange(deliveringEnded_, false);
+}
+
+void EpollDriver::deliverRecvs(op::IoRequest* req, FdState& st) noexcept {
+    const int fd = req->op->fd;
     for (FdState* s = &st;;) {
         uint32_t flags = 0;
         const int32_t r = recvSelected(*req->op, *s, &flags);
@@ -456,14 +459,10 @@ void EpollDriver::deliverRecvs(op::IoRequest* req, FdState& st) noexcept {
             break;
         }
         const bool drained = !s->readReady;
-        finish(req, r, flags | op::kMore);
-        // The handler may have ended the operation (a cancel: the request may be gone now) or started
-        // one on another descriptor (fds_ may have moved).
-        if (deliveringEnded_ || drained) { break; }
+        // The handler may end the operation, or start one on another descriptor (fds_ may move).
+        if (!deliverOne(req, r, flags) || drained) { break; }
         s = &fds_[static_cast<size_t>(fd)];
     }
-    delivering_ = nullptr;
-    deliveringEnded_ = false;
 }
 
 int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained) noexcept {
@@ -560,18 +559,14 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
                     : select                              ? recvSelected(o, *st, &flags)
                                                           : tryOnce(o, *st);
         if (o.code == op::Code::kAcceptMultishot && r >= 0) {
-            delivering_ = req;
-            deliveringEnded_ = false;
-            do {
-                finish(req, r, op::kMore);
-                if (deliveringEnded_) { break; }  // its handler cancelled it
+            bool armed = true;
+            while (r >= 0) {
+                armed = deliverOne(req, r, 0);
+                if (!armed) { break; }  // its handler cancelled it
                 r = attempt(o, true);
-            } while (r >= 0);
-            const bool ended = deliveringEnded_;
-            delivering_ = nullptr;
-            deliveringEnded_ = false;
+            }
             st = &fds_[slot];
-            if (ended) {
+            if (!armed) {
                 req = next;
                 continue;
             }
@@ -580,10 +575,7 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
             if (o.writes()) { st->writeReady = false; } else { st->readReady = false; }
         } else {
             unlink(req);
-            if (!select && r > 0 && st->stream && (o.code == op::Code::kRecv || o.code == op::Code::kRead) &&
-                static_cast<uint32_t>(r) < o.len) {
-                shortRead(*st);
-            }
+            if (!select && (o.code == op::Code::kRecv || o.code == op::Code::kRead)) { noteRead(*st, r, o.len); }
             finish(req, r, flags);
             st = &fds_[slot];
         }

@@ -113,11 +113,17 @@ private:
     // re-arming; otherwise the MOD is what reports readiness that is there already.
     int32_t registerFd(int fd, FdState& st, bool drained = false) noexcept;
     int32_t park(op::IoRequest* req, FdState& st, bool drained) noexcept;
-    // A stream receive came back short: nothing more until the next event (unless the peer shut its
-    // side, when the next read answers end of stream at once; that event may have been the same edge).
-    static void shortRead(FdState& st) noexcept {
-        if (!st.readEnded) { st.readReady = false; }
+    // After a read of `got` bytes out of `asked` from a registered stream socket: a short one means
+    // nothing more until the next event (unless the peer shut its side, when the next read answers end
+    // of stream at once; that event may have been the same edge).
+    static void noteRead(FdState& st, int32_t got, size_t asked) noexcept {
+        if (got > 0 && static_cast<size_t>(got) < asked && st.stream && st.registered && !st.readEnded) {
+            st.readReady = false;
+        }
     }
+    // Completes `req`, a multishot op that stays armed, with one result; false when its completion
+    // handler ended it (a cancel from inside the handler: the request may be gone).
+    [[nodiscard]] bool deliverOne(op::IoRequest* req, int32_t res, uint32_t flags) noexcept;
     // One non-blocking receive into a buffer of group o.bufIndex; on success `flags` names it.
     int32_t recvSelected(const op::Op& o, FdState& st, uint32_t* flags) noexcept;
     // A multishot receive's deliveries for one event: until EAGAIN, a short read, or the op's end.
@@ -147,8 +153,7 @@ private:
     size_t gensSize_ = 0;
     std::vector<op::IoRequest*> deadlines_;  // a binary min-heap on deadlineNs; req->heapIndex = slot + 1
     std::vector<std::pair<uint16_t, BufferGroup*>> groups_;  // registered buffer groups (a handful)
-    // The multishot request whose results the loop is delivering, and whether its completion handler
-    // ended it (a cancel from inside the handler): the loop then stops touching it.
+    // The multishot request deliverOne() is completing, and whether its handler ended it.
     op::IoRequest* delivering_ = nullptr;
     bool deliveringEnded_ = false;
     // Owner-written, read racily by Runtime::stats().

@@ -147,11 +147,7 @@ void UringDriver::close() noexcept {
 }
 
 void UringDriver::armEventFd() noexcept {
-    // Not start(): its user_data carries kQuietBit, which start() gives multishot ops only.
-    io_uring_sqe* sqe = ring_.acquireSqe();
-    prepare(sqe, eventOp_);
-    io_uring_sqe_set_data64(sqe, userData(&eventRead_));
-    ++inflight_;
+    (void)start(&eventRead_);
     eventFdArmed_ = true;
 }
 
@@ -217,13 +213,6 @@ void UringDriver::dispatch(const io_uring_cqe* cqe) noexcept {
         req->uring.savedFlags = cqe->flags;
     }
     if (--req->driverState == 0) { req->complete(req, req->uring.savedRes, req->uring.savedFlags); }
-}
-
-uint64_t UringDriver::userData(const op::IoRequest* req) const noexcept {
-    uint64_t ud = reinterpret_cast<uint64_t>(req);
-    if (isMultishot(req->op->code) || req == &eventRead_) { ud |= kQuietBit; }
-    if (req->deadlineNs != 0) { ud |= kLinkedBit; }
-    return ud;
 }
 
 void UringDriver::onOverflowReap(void* self, const io_uring_cqe* cqe) { static_cast<UringDriver*>(self)->dispatch(cqe); }

@@ -32,9 +32,7 @@ public:
         if (req->deadlineNs != 0) [[unlikely]] { return startLinked(req); }
         io_uring_sqe* sqe = ring_.acquireSqe();
         prepare(sqe, *req->op);
-        uint64_t ud = reinterpret_cast<uint64_t>(req);
-        if (isMultishot(req->op->code)) [[unlikely]] { ud |= kQuietBit; }
-        io_uring_sqe_set_data64(sqe, ud);
+        io_uring_sqe_set_data64(sqe, userData(req));
         ++inflight_;
         return kPending;
     }
@@ -88,7 +86,12 @@ private:
     // start() for a request with a deadline: the op and its linked timeout.
     int32_t startLinked(op::IoRequest* req) noexcept;
     void dispatch(const io_uring_cqe* cqe) noexcept;
-    [[nodiscard]] uint64_t userData(const op::IoRequest* req) const noexcept;
+    [[nodiscard]] uint64_t userData(const op::IoRequest* req) const noexcept {
+        uint64_t ud = reinterpret_cast<uint64_t>(req);
+        if (isMultishot(req->op->code) || req == &eventRead_) [[unlikely]] { ud |= kQuietBit; }
+        if (req->deadlineNs != 0) { ud |= kLinkedBit; }
+        return ud;
+    }
     static void onOverflowReap(void* self, const io_uring_cqe* cqe);
     void armEventFd() noexcept;
     static void onEventFd(op::IoRequest* req, int32_t res, uint32_t flags) noexcept;

@@ -83,14 +83,7 @@ done
 [[ "$poll_mode" =~ ^(block|spin|hybrid)$ ]] || { echo "echo.sh: --poll-mode takes block, spin or hybrid" >&2; exit 2; }
 [[ "$epoll_mode" =~ ^(lt|et)$ ]] || { echo "echo.sh: --epoll-mode takes lt or et" >&2; exit 2; }
 [[ "$epoll_busy_poll_us" =~ ^[0-9]+$ ]] || { echo "echo.sh: --epoll-busy-poll-us needs a whole number" >&2; exit 2; }
-read -r -a backend_list <<<"$backends"
-((${#backend_list[@]} > 0)) || { echo "echo.sh: --backends needs io_uring, epoll or both" >&2; exit 2; }
-declare -A seen_backend=()
-for b in "${backend_list[@]}"; do
-  [[ "$b" =~ ^(io_uring|epoll)$ ]] || { echo "echo.sh: --backends takes io_uring and epoll, not '$b'" >&2; exit 2; }
-  [[ -z "${seen_backend[$b]:-}" ]] || { echo "echo.sh: --backends names $b twice" >&2; exit 2; }
-  seen_backend[$b]=1
-done
+bench_parse_backends echo.sh "$backends"
 # The servers of the rotation: spindle-<backend> for each backend, then the raw loop.
 impls=()
 for b in "${backend_list[@]}"; do impls+=("spindle-$b"); done

@@ -65,14 +65,7 @@ while (($# > 0)); do
   esac
   shift
 done
-read -r -a backend_list <<<"$backends"
-((${#backend_list[@]} > 0)) || { echo "http.sh: --backends needs io_uring, epoll or both" >&2; exit 2; }
-declare -A seen_backend=()
-for b in "${backend_list[@]}"; do
-  [[ "$b" =~ ^(io_uring|epoll)$ ]] || { echo "http.sh: --backends takes io_uring and epoll, not '$b'" >&2; exit 2; }
-  [[ -z "${seen_backend[$b]:-}" ]] || { echo "http.sh: --backends names $b twice" >&2; exit 2; }
-  seen_backend[$b]=1
-done
+bench_parse_backends http.sh "$backends"
 
 # spindle-httpd's server name and port for each backend.
 declare -A spindle_name=([io_uring]=spindle-uring [epoll]=spindle-epoll)

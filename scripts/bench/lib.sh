@@ -38,6 +38,22 @@ bench_install_tools() {
     "${priv[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${missing[@]}" >&2
 }
 
+# Parses a --backends value for the script `who`: sets backend_list (the backends, in order) and
+# seen_backend[B]=1 for each. Errors: exits with status 2, saying why, on an empty list, a name other
+# than io_uring or epoll, or one named twice.
+bench_parse_backends() {
+  local who=$1 b
+  # shellcheck disable=SC2034  # both are the caller's
+  read -r -a backend_list <<<"$2"
+  ((${#backend_list[@]} > 0)) || { echo "$who: --backends needs io_uring, epoll or both" >&2; exit 2; }
+  declare -gA seen_backend=()
+  for b in "${backend_list[@]}"; do
+    [[ "$b" =~ ^(io_uring|epoll)$ ]] || { echo "$who: --backends takes io_uring and epoll, not '$b'" >&2; exit 2; }
+    [[ -z "${seen_backend[$b]:-}" ]] || { echo "$who: --backends names $b twice" >&2; exit 2; }
+    seen_backend[$b]=1
+  done
+}
+
 # Prints one line describing this machine: CPU model, online CPUs, kernel, memory, UTC date.
 bench_machine_line() {
   local cpu mem_kb

@@ -1,14 +1,22 @@
 // Unit tests of the epoll driver's receive-buffer group (core/driver/buffer_group.h): every buffer
 // once, most recently returned first, -1 when all are out, returns from another thread, and a buffer
-// given back twice caught. No runtime.
+// given back that is not out caught. Then the registration with a carrier's driver and the ops the
+// epoll driver refuses, on a runtime of each backend.
 
 #include "core/driver/buffer_group.h"
 
 #include <gtest/gtest.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
+#include <cerrno>
 #include <set>
 #include <thread>
 #include <vector>
+
+#include "core/io.h"
+#include "core/ring_ops.h"
+#include "tests/core/with_runtime.h"
 
 namespace spindle::detail {
 namespace {
@@ -74,6 +82,54 @@ TEST(BufferGroupDeathTest, ABufferGivenBackThatIsNotOutIsCaught) {
     EXPECT_DEATH(g.giveBack(static_cast<uint16_t>(a)), "not out");
     EXPECT_DEATH(g.giveBack(3), "not out");  // never taken
     EXPECT_DEATH(g.giveBack(4), "not out");  // not one of the group's
+}
+
+class BufferGroupRegistration : public testing_support::WithRuntime {};
+
+// Registration errors: off-carrier EPERM; on io_uring ENOTSUP (groups are kernel rings there); on
+// epoll an id taken twice EEXIST and one not registered ENOENT.
+TEST_F(BufferGroupRegistration, EachErrorAsDocumented) {
+    std::vector<char> memory(4 * 64);
+    BufferGroup g(memory.data(), 64, 4);
+    EXPECT_EQ(registerBufferGroupHere(7, &g).errorCode(), EPERM);
+    EXPECT_EQ(unregisterBufferGroupHere(7).errorCode(), EPERM);
+    on(0, [&] {
+        if (testing_support::testBackend() == Backend::kUring) {
+            EXPECT_EQ(registerBufferGroupHere(7, &g).errorCode(), ENOTSUP);
+            EXPECT_EQ(unregisterBufferGroupHere(7).errorCode(), ENOTSUP);
+            return;
+        }
+        auto r = registerBufferGroupHere(7, &g);
+        ASSERT_TRUE(r) << r.error().message();
+        EXPECT_EQ(*r, 0u);
+        EXPECT_EQ(registerBufferGroupHere(7, &g).errorCode(), EEXIST);
+        EXPECT_TRUE(unregisterBufferGroupHere(7));
+        EXPECT_EQ(unregisterBufferGroupHere(7).errorCode(), ENOENT);
+    }).join();
+}
+
+// What the epoll driver refuses at once: a multishot receive without a buffer group (EINVAL) or with
+// one not registered (ENOBUFS, io_uring's answer), and buffer selection on anything but a receive.
+TEST_F(BufferGroupRegistration, TheEpollDriverRefusesBufferSelectionItCannotServe) {
+    if (testing_support::testBackend() != Backend::kEpoll) {
+        GTEST_SKIP() << "the epoll driver's checks (io_uring reports these in the CQE)";
+    }
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    on(0, [&] {
+        MultishotCompletion c;
+        c.fn = [](MultishotCompletion*, int32_t, uint32_t) {};
+        EXPECT_EQ(armMultishot(op::recvMultishot(sv[0], 99), &c).errorCode(), ENOBUFS);
+        op::Op noGroup = op::recvMultishot(sv[0], 99);
+        noGroup.flags = 0;
+        EXPECT_EQ(armMultishot(noGroup, &c).errorCode(), EINVAL);
+        char byte = 'x';
+        op::Op send = op::send(sv[0], &byte, 1, 0);
+        send.flags = op::kBufferSelect;
+        EXPECT_EQ(submitOp(send).res, -EINVAL);
+    }).join();
+    ::close(sv[0]);
+    ::close(sv[1]);
 }
 
 }  // namespace
