@@ -34,14 +34,14 @@ struct PbufRing {
     unsigned count = 0;
     uint16_t bgid = 0;
     unsigned carrier = 0;
-    std::mutex lock;
+    spindle::detail::SpinLock lock;  // serialises returns to `ring`
 
     void giveBack(uint16_t bid) noexcept {
         if (group) {
             group->giveBack(bid);
             return;
         }
-        std::lock_guard<std::mutex> g(lock);
+        std::lock_guard<spindle::detail::SpinLock> g(lock);
         io_uring_buf_ring_add(ring, buffers + static_cast<size_t>(bid) * size, static_cast<unsigned>(size), bid,
                               io_uring_buf_ring_mask(count), 0);
         io_uring_buf_ring_advance(ring, 1);
@@ -282,7 +282,7 @@ MultishotReceiver::MultishotReceiver(ProvidedBufferPool& pool, int fd) noexcept 
 
 MultishotReceiver::~MultishotReceiver() {
     stop();
-    std::lock_guard<std::mutex> g(lock_);
+    std::lock_guard<spindle::detail::SpinLock> g(lock_);
     Entry e{};
     while (popLocked(e)) { e.ring->giveBack(e.bid); }
 }
@@ -337,7 +337,7 @@ void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flag
     void* notifyArg = nullptr;
     bool pause = false;
     {
-        std::lock_guard<std::mutex> g(self->lock_);
+        std::lock_guard<spindle::detail::SpinLock> g(self->lock_);
         const bool waited = self->waiter_ != nullptr;  // a next() in progress takes the CQE
         pause = self->handleCqeLocked(res, flags);
         if (!waited && self->readyFn_ != nullptr) {
@@ -388,7 +388,7 @@ bool MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
 bool MultishotReceiver::notifyWhenReady(void (*fn)(void*), void* arg) noexcept {
     detail::PbufRing* ring = nullptr;
     {
-        std::lock_guard<std::mutex> g(lock_);
+        std::lock_guard<spindle::detail::SpinLock> g(lock_);
         const bool queued = count_ > 0 || (spill_ && spillHead_ < spill_->size());
         if (queued || broken_ != 0 || eof_ || waiter_ != nullptr) { return false; }
         if (armed_) {
@@ -402,7 +402,7 @@ bool MultishotReceiver::notifyWhenReady(void (*fn)(void*), void* arg) noexcept {
     ring = pool_.ringHere();
     if (ring == nullptr) { return false; }
     {
-        std::lock_guard<std::mutex> g(lock_);
+        std::lock_guard<spindle::detail::SpinLock> g(lock_);
         endRes_ = 1;
         beginArmLocked(ring);
         readyFn_ = fn;
@@ -425,7 +425,7 @@ int MultishotReceiver::submitArm(detail::PbufRing* ring) noexcept {
     // Queued on this carrier, whose ring `ring` is.
     auto r = armMultishot(op::recvMultishot(fd_, ring->bgid), &completion_);
     if (r) { return 0; }
-    std::lock_guard<std::mutex> g(lock_);
+    std::lock_guard<spindle::detail::SpinLock> g(lock_);
     armed_ = false;
     ended_.set(-r.errorCode());
     readyFn_ = nullptr;
@@ -434,13 +434,13 @@ int MultishotReceiver::submitArm(detail::PbufRing* ring) noexcept {
 }
 
 void MultishotReceiver::cancelNotify() noexcept {
-    std::lock_guard<std::mutex> g(lock_);
+    std::lock_guard<spindle::detail::SpinLock> g(lock_);
     readyFn_ = nullptr;
     readyArg_ = nullptr;
 }
 
 bool MultishotReceiver::armed() const noexcept {
-    std::lock_guard<std::mutex> g(lock_);
+    std::lock_guard<spindle::detail::SpinLock> g(lock_);
     return armed_;
 }
 
@@ -449,7 +449,7 @@ Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
         FiberFuture wake;
         detail::PbufRing* armRing = nullptr;  // set when this turn arms a new operation
         {
-            std::unique_lock<std::mutex> g(lock_);
+            std::unique_lock<spindle::detail::SpinLock> g(lock_);
             Entry e{};
             if (popLocked(e)) {
                 g.unlock();
@@ -494,7 +494,7 @@ Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
                     g.unlock();
                     auto b = pool_.recv(fd_, deadline);
                     if (b && b->empty()) {
-                        std::lock_guard<std::mutex> g2(lock_);
+                        std::lock_guard<spindle::detail::SpinLock> g2(lock_);
                         eof_ = true;
                     }
                     return b;
@@ -512,7 +512,7 @@ Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
         if (w == -ETIMEDOUT || w == -ECANCELED) {
             bool mine = false;
             {
-                std::lock_guard<std::mutex> g(lock_);
+                std::lock_guard<spindle::detail::SpinLock> g(lock_);
                 if (waiter_ == &wake) {
                     waiter_ = nullptr;
                     mine = true;
@@ -526,17 +526,17 @@ Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
 
 void MultishotReceiver::stop() noexcept {
     {
-        std::lock_guard<std::mutex> g(lock_);
+        std::lock_guard<spindle::detail::SpinLock> g(lock_);
         if (!armed_) { return; }
         pausing_ = true;
     }
     if (!cancelMultishot(&completion_)) { (void)::shutdown(fd_, SHUT_RD); }
     (void)ended_.wait();
-    std::lock_guard<std::mutex> g(lock_);  // the handler that set ended_ has let go of the receiver
+    std::lock_guard<spindle::detail::SpinLock> g(lock_);  // the handler that set ended_ has let go of the receiver
 }
 
 MultishotReceiver::Stats MultishotReceiver::stats() const noexcept {
-    std::lock_guard<std::mutex> g(lock_);
+    std::lock_guard<spindle::detail::SpinLock> g(lock_);
     return stats_;
 }
 

@@ -27,6 +27,7 @@
 #include "base/result.h"
 #include "core/deadline.h"
 #include "core/fiber_future.h"
+#include "core/internal/sync_support.h"
 #include "core/ring_ops.h"
 
 namespace spindle::net {
@@ -123,7 +124,8 @@ private:
 /// buffer could not be queued (the spill could not grow): from then on next() reports ENOMEM, after
 /// the bytes that came before it, and the stream is broken.
 /// Thread-safety: one consumer at a time (a fiber on any carrier, or a thread); the CQE handler runs
-/// on the carrier holding the operation, and a mutex orders the two. A pinned fiber on that carrier
+/// on the carrier holding the operation, and a spinlock orders the two (held for a few loads and
+/// stores: a queue push or pop, a waiter handed its result; nothing under it parks). A pinned fiber on that carrier
 /// waits without a timer (see waitMultishot()).
 /// Lifetime: the socket must stay open until stop() or the destructor, which cancel the operation
 /// and wait for its last CQE; buffers still queued then go back to their ring.
@@ -191,7 +193,7 @@ private:
     ProvidedBufferPool& pool_;
     int fd_;
     Completion completion_;
-    mutable std::mutex lock_;     // guards everything below
+    mutable spindle::detail::SpinLock lock_;  // guards everything below
     Entry inline_[kInline];
     unsigned head_ = 0;           // next to take, in inline_
     unsigned count_ = 0;          // queued in inline_

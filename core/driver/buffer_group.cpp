@@ -12,7 +12,7 @@ BufferGroup::BufferGroup(char* base, size_t size, unsigned count)
 }
 
 void BufferGroup::giveBack(uint16_t bid) noexcept {
-    std::lock_guard<std::mutex> g(lock_);
+    std::lock_guard<SpinLock> g(lock_);
     SPINDLE_CHECK_MSG(bid < count_ && out_[bid] != 0, "a buffer given back to its group that is not out");
     out_[bid] = 0;
     free_[freeCount_++] = bid;

@@ -10,12 +10,15 @@
 /// as io_uring does). Giving back a buffer that is not out (twice, or never taken) is a caller bug,
 /// checked (abort).
 /// Thread-safety: take() on the carrier whose driver holds the registration; giveBack() from any
-/// thread. A mutex orders the two (uncontended in the common case: leases end where they began).
+/// thread. A spinlock orders the two (held for a push or a pop; uncontended in the common case:
+/// leases end where they began).
 
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
+
+#include "core/internal/sync_support.h"
 
 namespace spindle::detail {
 
@@ -29,7 +32,7 @@ public:
 
     /// A free buffer's id, now the caller's; -1 when none is free.
     [[nodiscard]] int take() noexcept {
-        std::lock_guard<std::mutex> g(lock_);
+        std::lock_guard<SpinLock> g(lock_);
         if (freeCount_ == 0) { return -1; }
         const uint16_t bid = free_[--freeCount_];
         out_[bid] = 1;
@@ -43,7 +46,7 @@ public:
     [[nodiscard]] unsigned count() const noexcept { return count_; }
     /// Buffers free now (racy off the owner thread).
     [[nodiscard]] unsigned available() noexcept {
-        std::lock_guard<std::mutex> g(lock_);
+        std::lock_guard<SpinLock> g(lock_);
         return freeCount_;
     }
 
@@ -51,7 +54,7 @@ private:
     char* base_;
     size_t size_;
     unsigned count_;
-    std::mutex lock_;
+    SpinLock lock_;
     std::unique_ptr<uint16_t[]> free_;  // a stack of free ids
     std::unique_ptr<uint8_t[]> out_;    // per id: 1 while taken
     unsigned freeCount_;

@@ -82,6 +82,16 @@ uint32_t wantedEvents(const op::Op& o) noexcept {
     return (o.writes() ? EPOLLOUT : EPOLLIN) | EPOLLERR | EPOLLHUP;
 }
 
+// recv(2) and send(2) as plain system calls. libc's wrappers are cancellation points, and each
+// brackets the call with two atomic updates of the thread's cancellation state (the carriers are
+// never cancelled): two locked instructions on the path of every message.
+long rawRecv(int fd, void* buf, size_t len, int flags) noexcept {
+    return ::syscall(SYS_recvfrom, fd, buf, len, flags, nullptr, nullptr);
+}
+long rawSend(int fd, const void* buf, size_t len, int flags) noexcept {
+    return ::syscall(SYS_sendto, fd, buf, len, flags, nullptr, 0);
+}
+
 // One attempt at `o`. `nonblock`: never block (MSG_DONTWAIT, RWF_NOWAIT, a zero poll); -EAGAIN
 // then says "not now". Blocking: the plain calls, for a plain thread or the offload pool (or a
 // descriptor we made O_NONBLOCK, which answers EAGAIN all the same).
@@ -158,9 +168,9 @@ int32_t attempt(const op::Op& o, bool nonblock) noexcept {
             return e == EINPROGRESS ? -EAGAIN : -e;
         }
         case Code::kRecv:
-            return fromSys(::recv(o.fd, o.addr, o.len, static_cast<int>(o.opFlags) | dontwait));
+            return fromSys(rawRecv(o.fd, o.addr, o.len, static_cast<int>(o.opFlags) | dontwait));
         case Code::kSend:
-            return fromSys(::send(o.fd, o.addr, o.len, static_cast<int>(o.opFlags) | dontwait));
+            return fromSys(rawSend(o.fd, o.addr, o.len, static_cast<int>(o.opFlags) | dontwait));
         case Code::kRecvmsg:
             return fromSys(::recvmsg(o.fd, static_cast<msghdr*>(o.addr), static_cast<int>(o.opFlags) | dontwait));
         case Code::kSendmsg:
@@ -425,7 +435,7 @@ int32_t EpollDriver::recvSelected(const op::Op& o, FdState& st, uint32_t* flags)
     if (bid < 0) { return -ENOBUFS; }
     const size_t room = o.len != 0 && o.len < g->size() ? o.len : g->size();
     const int32_t r =
-        fromSys(::recv(o.fd, g->data(static_cast<uint16_t>(bid)), room, static_cast<int>(o.opFlags) | MSG_DONTWAIT));
+        fromSys(rawRecv(o.fd, g->data(static_cast<uint16_t>(bid)), room, static_cast<int>(o.opFlags) | MSG_DONTWAIT));
     if (r <= 0) {
         g->giveBack(static_cast<uint16_t>(bid));  // nothing received: end of stream holds no buffer either
         return r;
