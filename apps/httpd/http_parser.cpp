@@ -28,21 +28,11 @@ constexpr std::array<bool, 256> makeValueTable() {
 }
 constexpr std::array<bool, 256> kValueChar = makeValueTable();
 
-bool isToken(std::string_view s) noexcept {
-    if (s.empty()) { return false; }
-    for (char c : s) {
-        if (!kTokenChar[static_cast<unsigned char>(c)]) { return false; }
-    }
-    return true;
-}
-
 // Request-target: visible ASCII only (RFC 9112 §3.2 allows nothing else unencoded).
 bool isTargetChar(char c) noexcept {
     const auto u = static_cast<unsigned char>(c);
     return u > 0x20 && u < 0x7f;
 }
-
-char lower(char c) noexcept { return (c >= 'A' && c <= 'Z') ? static_cast<char>(c - 'A' + 'a') : c; }
 
 std::string_view trimOws(std::string_view s) noexcept {
     while (!s.empty() && (s.front() == ' ' || s.front() == '\t')) { s.remove_prefix(1); }
@@ -99,7 +89,7 @@ void splitTarget(std::string_view target, Request& out) noexcept {
     auto hasScheme = [&](std::string_view scheme) {
         return rest.size() >= scheme.size() && equalsIgnoreCase(rest.substr(0, scheme.size()), scheme);
     };
-    if (hasScheme("http://") || hasScheme("https://")) {
+    if (rest.front() != '/' && (hasScheme("http://") || hasScheme("https://"))) {  // origin-form: the usual case
         const size_t afterScheme = rest.find("://") + 3;
         const size_t pathStart = rest.find_first_of("/?", afterScheme);
         rest = pathStart == std::string_view::npos ? rest.substr(rest.size()) : rest.substr(pathStart);
@@ -116,17 +106,17 @@ void splitTarget(std::string_view target, Request& out) noexcept {
 
 // Parses the request line `line` (without CRLF). Returns 0 or the error status.
 int parseRequestLine(std::string_view line, Request& out) noexcept {
-    const size_t sp1 = line.find(' ');
-    if (sp1 == std::string_view::npos) { return 400; }
+    // One pass over each part: the method runs up to the first byte that is not a tchar, which must
+    // be the first space; the target up to the first byte that is not visible ASCII, the second space.
+    size_t sp1 = 0;
+    while (sp1 < line.size() && kTokenChar[static_cast<unsigned char>(line[sp1])]) { ++sp1; }
+    if (sp1 == 0 || sp1 == line.size() || line[sp1] != ' ') { return 400; }
     const std::string_view method = line.substr(0, sp1);
-    if (!isToken(method)) { return 400; }
-    const size_t sp2 = line.find(' ', sp1 + 1);
-    if (sp2 == std::string_view::npos) { return 400; }
+    size_t sp2 = sp1 + 1;
+    while (sp2 < line.size() && isTargetChar(line[sp2])) { ++sp2; }
+    if (sp2 == line.size() || line[sp2] != ' ') { return 400; }
     const std::string_view target = line.substr(sp1 + 1, sp2 - sp1 - 1);
     if (target.empty()) { return 400; }
-    for (char c : target) {
-        if (!isTargetChar(c)) { return 400; }
-    }
     const std::string_view version = line.substr(sp2 + 1);
     if (version.size() != 8 || version.substr(0, 5) != "HTTP/" || version[6] != '.') { return 400; }
     const char major = version[5];
@@ -151,14 +141,6 @@ int checkPartialRequestLine(std::string_view partial) noexcept {
 }
 
 }  // namespace
-
-bool equalsIgnoreCase(std::string_view a, std::string_view b) noexcept {
-    if (a.size() != b.size()) { return false; }
-    for (size_t i = 0; i < a.size(); ++i) {
-        if (lower(a[i]) != lower(b[i])) { return false; }
-    }
-    return true;
-}
 
 std::string_view Request::header(std::string_view name) const noexcept {
     for (const Header& h : headers) {
@@ -223,10 +205,12 @@ ParseResult parseRequest(std::string_view input, const ParserLimits& limits, std
         pos = lf + 1;
         if (line.empty()) { break; }  // the blank line that ends the head
         if (line.front() == ' ' || line.front() == '\t') { return fail(400); }  // obs-fold
-        const size_t colon = line.find(':');
-        if (colon == std::string_view::npos) { return fail(400); }
+        // The name runs up to the first byte that is not a tchar, which must be the colon (so
+        // whitespace before the colon is rejected too).
+        size_t colon = 0;
+        while (colon < line.size() && kTokenChar[static_cast<unsigned char>(line[colon])]) { ++colon; }
+        if (colon == 0 || colon == line.size() || line[colon] != ':') { return fail(400); }
         const std::string_view name = line.substr(0, colon);
-        if (!isToken(name)) { return fail(400); }  // also rejects whitespace before the colon
         const std::string_view rawValue = line.substr(colon + 1);
         for (char c : rawValue) {
             if (!kValueChar[static_cast<unsigned char>(c)]) { return fail(400); }
@@ -235,6 +219,11 @@ ParseResult parseRequest(std::string_view input, const ParserLimits& limits, std
         if (count == maxHeaders) { return fail(431); }
         storage[count++] = Header{name, value};
 
+        // Dispatch on the length first: most names match none of these, and each length one at most.
+        const size_t nameLength = name.size();
+        if (nameLength != 4 && nameLength != 6 && nameLength != 10 && nameLength != 14 && nameLength != 17) {
+            continue;
+        }
         if (equalsIgnoreCase(name, "content-length")) {
             // 1*DIGIT only: no sign, no list (RFC 9112 §6.3 lets us reject "5, 5" as invalid).
             if (value.empty()) { return fail(400); }

@@ -91,7 +91,19 @@ struct ParseResult {
                                        std::span<Header> storage, Request& out) noexcept;
 
 /// ASCII case-insensitive comparison (header names, tokens).
-[[nodiscard]] bool equalsIgnoreCase(std::string_view a, std::string_view b) noexcept;
+[[nodiscard]] inline bool equalsIgnoreCase(std::string_view a, std::string_view b) noexcept {
+    if (a.size() != b.size()) { return false; }
+    for (size_t i = 0; i < a.size(); ++i) {
+        // Folding bit 5 maps 'A'..'Z' to 'a'..'z', and must be checked to land on a letter: it also
+        // maps '@' to '`', '[' to '{' and so on.
+        const auto x = static_cast<unsigned char>(a[i]);
+        const auto y = static_cast<unsigned char>(b[i]);
+        if (x == y) { continue; }
+        const auto lx = static_cast<unsigned char>(x | 0x20);
+        if (lx != (y | 0x20) || lx < 'a' || lx > 'z') { return false; }
+    }
+    return true;
+}
 
 /// The reason phrase of a status code this server sends ("Unknown" for others).
 [[nodiscard]] std::string_view reasonPhrase(int status) noexcept;

@@ -87,6 +87,18 @@ std::string_view httpDate() noexcept {
     return {cache.text.data(), cache.text.size()};
 }
 
+/// Writes `v` in decimal at `p` (at most 20 bytes); returns the end.
+char* putDecimal(char* p, uint64_t v) noexcept {
+    char digits[20];
+    size_t n = 0;
+    do {
+        digits[n++] = static_cast<char>('0' + v % 10);
+        v /= 10;
+    } while (v != 0);
+    while (n > 0) { *p++ = digits[--n]; }
+    return p;
+}
+
 /// Responses formatted into a fixed buffer on the connection's stack.
 class OutBuffer {
 public:
@@ -100,15 +112,6 @@ public:
     void put(std::string_view s) noexcept {
         std::memcpy(buf_.data() + len_, s.data(), s.size());
         len_ += s.size();
-    }
-    void putNumber(uint64_t v) noexcept {
-        char digits[20];
-        size_t n = 0;
-        do {
-            digits[n++] = static_cast<char>('0' + v % 10);
-            v /= 10;
-        } while (v != 0);
-        while (n > 0) { buf_[len_++] = digits[--n]; }
     }
 
 private:
@@ -479,25 +482,34 @@ private:
     bool reserve(size_t n) noexcept { return acquire() && (out().room() >= n || flush()); }
 
     void putHead(int status, std::string_view contentType, uint64_t contentLength, bool keepAlive, int versionMinor) noexcept {
-        out().put(versionMinor == 0 ? "HTTP/1.0 " : "HTTP/1.1 ");
-        out().putNumber(static_cast<uint64_t>(status));
-        out().put(" ");
-        out().put(reasonPhrase(status));
-        out().put("\r\n");
-        out().put(kServerHeader);
-        out().put("Date: ");
-        out().put(httpDate());
-        out().put("\r\nContent-Type: ");
-        out().put(contentType);
-        out().put("\r\nContent-Length: ");
-        out().putNumber(contentLength);
+        // Through a local cursor: stores through out() would reload the buffer's length after each
+        // copy (a memcpy may alias it).
+        char* const start = out().tail();
+        char* p = start;
+        auto put = [&p](std::string_view s) noexcept {
+            std::memcpy(p, s.data(), s.size());
+            p += s.size();
+        };
+        put(versionMinor == 0 ? "HTTP/1.0 " : "HTTP/1.1 ");
+        p = putDecimal(p, static_cast<uint64_t>(status));
+        *p++ = ' ';
+        put(reasonPhrase(status));
+        put("\r\n");
+        put(kServerHeader);
+        put("Date: ");
+        put(httpDate());
+        put("\r\nContent-Type: ");
+        put(contentType);
+        put("\r\nContent-Length: ");
+        p = putDecimal(p, contentLength);
         if (!keepAlive) {
-            out().put("\r\nConnection: close");
+            put("\r\nConnection: close");
         } else if (versionMinor == 0) {
-            out().put("\r\nConnection: keep-alive");
+            put("\r\nConnection: keep-alive");
         }
-        if (status == 405) { out().put("\r\nAllow: GET, HEAD"); }
-        out().put("\r\n\r\n");
+        if (status == 405) { put("\r\nAllow: GET, HEAD"); }
+        put("\r\n\r\n");
+        out().advance(static_cast<size_t>(p - start));
     }
 
     /// A short text response; false when the connection broke.

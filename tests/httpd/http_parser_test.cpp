@@ -169,6 +169,23 @@ TEST(HttpParser, MalformedHeaders) {
     EXPECT_EQ(p->request.header("X-EMPTY"), "");
 }
 
+TEST(HttpParser, CaseFoldingTouchesLettersOnly) {
+    EXPECT_TRUE(equalsIgnoreCase("Content-Length", "content-LENGTH"));
+    EXPECT_TRUE(equalsIgnoreCase("", ""));
+    EXPECT_FALSE(equalsIgnoreCase("host", "hosts"));
+    // Pairs one bit 5 apart that are not letters: '@' and '`', '[' and '{', '^' and '~', and bytes past ASCII.
+    EXPECT_FALSE(equalsIgnoreCase("@", "`"));
+    EXPECT_FALSE(equalsIgnoreCase("x[", "x{"));
+    EXPECT_FALSE(equalsIgnoreCase("^", "~"));
+    EXPECT_FALSE(equalsIgnoreCase("\xc1", "\xe1"));
+    EXPECT_FALSE(equalsIgnoreCase("hosu", "host"));
+    // The parser's own dispatch: a name one fold away from "host" that is not it counts as no Host.
+    EXPECT_EQ(errorOf("GET / HTTP/1.1\r\nHo^t: a\r\n\r\n"), 400);
+    auto p = parse("GET / HTTP/1.1\r\nhOsT: a\r\nCONTENT-length: 0\r\n\r\n");
+    ASSERT_EQ(p->result.status, ParseStatus::kComplete);
+    EXPECT_EQ(p->request.host, "a");
+}
+
 TEST(HttpParser, HeaderLimits) {
     std::string big = "GET / HTTP/1.1\r\nHost: a\r\nX: " + std::string(8200, 'x') + "\r\n\r\n";
     EXPECT_EQ(errorOf(big), 431);
