@@ -1,0 +1,426 @@
+#include "net/dpdk/port.h"
+
+#include <rte_bus_vdev.h>
+#include <rte_dev.h>
+#include <rte_errno.h>
+#include <rte_ethdev.h>
+#include <rte_mbuf.h>
+#include <rte_mempool.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <vector>
+
+#include "base/check.h"
+#include "base/log.h"
+#include "core/fiber.h"
+#include "core/poller.h"
+#include "net/dpdk/eal.h"
+#include "net/dpdk/mbuf.h"
+
+namespace spindle::dpdk {
+namespace {
+
+std::atomic<unsigned> gPoolSerial{0};
+
+void bump(std::atomic<uint64_t>& c, uint64_t by) noexcept {
+    // One writer per queue (its polling carrier): no read-modify-write needed.
+    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
+}
+
+int dpdkErrno(int r) noexcept {
+    // ethdev calls return -errno; some older paths return -1 and set rte_errno.
+    if (r < -1) { return -r; }
+    return rte_errno > 0 ? rte_errno : EINVAL;
+}
+
+void report(std::string* why, std::string text) {
+    log::error("dpdk: {}", text);
+    if (why != nullptr) { *why = std::move(text); }
+}
+
+// A PCI address ("0000:00:04.0" or "00:04.0") as opposed to a vdev string ("net_ring0,...").
+bool looksLikePci(std::string_view d) noexcept {
+    const size_t comma = d.find(',');
+    const std::string_view name = d.substr(0, comma);
+    return name.find(':') != std::string_view::npos && name.find('.') != std::string_view::npos &&
+           name.rfind("net_", 0) != 0;
+}
+
+}  // namespace
+
+struct Port::Impl {
+    struct Counters {
+        std::atomic<uint64_t> rxPackets{0};
+        std::atomic<uint64_t> txPackets{0};
+        std::atomic<uint64_t> dropped{0};
+        std::atomic<uint64_t> noMbuf{0};
+        std::atomic<uint64_t> badChecksum{0};
+        std::atomic<uint64_t> notForUs{0};
+    };
+    // One RX/TX pair: its poller, while a carrier polls it.
+    struct Queue {
+        Poller poller;  // first: the poller's callbacks find the queue from it
+        Impl* port = nullptr;
+        uint16_t index = 0;
+        RxHandler handler = nullptr;
+        void* arg = nullptr;
+        std::atomic<bool> polled{false};
+        int carrier = -1;
+        Counters counters;
+    };
+
+    uint16_t portId = 0;
+    bool created = false;  // a vdev that open() created: close() removes it
+    bool started = false;
+    std::string name;
+    rte_mempool* pool = nullptr;
+    std::vector<std::unique_ptr<Queue>> queues;
+
+    static bool poll(Poller* p) noexcept {
+        auto* q = reinterpret_cast<Queue*>(p);
+        rte_mbuf* burst[kBurst];
+        const uint16_t n = ::rte_eth_rx_burst(q->port->portId, q->index, burst, kBurst);
+        if (n == 0) { return false; }
+        for (uint16_t i = 0; i < n; ++i) { detail::takeOver(burst[i]); }
+        bump(q->counters.rxPackets, n);
+        q->handler(q->arg, q->index, burst, n);
+        return true;
+    }
+    // No Rx interrupts on the ports spindle opens: a carrier that polls one keeps polling.
+    static bool mayPark(Poller*) noexcept { return false; }
+
+    // Stops, closes and (when created) removes the device, frees the pool. Returns the first error.
+    int tearDown() noexcept {
+        int err = 0;
+        if (started) {
+            if (const int r = ::rte_eth_dev_stop(portId); r != 0 && err == 0) { err = dpdkErrno(r); }
+            started = false;
+        }
+        if (const int r = ::rte_eth_dev_close(portId); r != 0 && err == 0) { err = dpdkErrno(r); }
+        if (created) {
+            if (const int r = ::rte_vdev_uninit(name.c_str()); r != 0 && err == 0) { err = dpdkErrno(r); }
+            created = false;
+        }
+        if (pool != nullptr) {
+            ::rte_mempool_free(pool);
+            pool = nullptr;
+        }
+        return err;
+    }
+};
+
+Port::Port() noexcept = default;
+Port::Port(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+Port::Port(Port&&) noexcept = default;
+Port& Port::operator=(Port&& o) noexcept {
+    if (this != &o) {
+        Port old(std::move(*this));  // closed (and checked) by its destructor
+        impl_ = std::move(o.impl_);
+    }
+    return *this;
+}
+Port::~Port() {
+    if (!impl_) { return; }
+    for (const auto& q : impl_->queues) {
+        SPINDLE_CHECK_MSG(!q->polled.load(std::memory_order_acquire),
+                          "a dpdk::Port destroyed while a carrier polls one of its queues (stopPolling first)");
+    }
+    (void)close();
+}
+
+Result<Port> Port::open(std::string_view device, const PortOptions& options, std::string* why) noexcept {
+    if (!ealRunning()) {
+        report(why, "open a port: EAL is not running (call dpdk::startEal first)");
+        return Error{ENXIO};
+    }
+    std::string dev;
+    std::string name;
+    try {
+        dev = std::string(device);
+        name = dev.substr(0, dev.find(','));
+    } catch (const std::bad_alloc&) {
+        return Error{ENOMEM};
+    }
+    if (name.empty()) {
+        report(why, "open a port: an empty device name");
+        return Error{EINVAL};
+    }
+    bool created = false;
+    if (looksLikePci(dev)) {
+        if (const int r = ::rte_dev_probe(dev.c_str()); r != 0) {
+            const int e = dpdkErrno(r);
+            report(why, fmt::format("open {}: no driver took the PCI device ({}); is it bound to vfio-pci?",
+                                    dev, ::rte_strerror(e)));
+            return Error{e == EINVAL ? ENODEV : e};
+        }
+    } else {
+        const size_t comma = dev.find(',');
+        const std::string args = comma == std::string::npos ? std::string() : dev.substr(comma + 1);
+        uint16_t existing = 0;
+        if (::rte_eth_dev_get_port_by_name(name.c_str(), &existing) == 0) {
+            report(why, fmt::format("open {}: a port named {} exists already (port {})", dev, name, existing));
+            return Error{EEXIST};
+        }
+        if (const int r = ::rte_vdev_init(name.c_str(), args.empty() ? nullptr : args.c_str()); r != 0) {
+            const int e = r < 0 ? -r : EINVAL;
+            report(why, fmt::format("open {}: no virtual-device driver created it ({}); the name must start "
+                                    "with a driver's prefix (net_ring, net_null, net_tap, net_af_packet, ...) "
+                                    "and its arguments must be the driver's",
+                                    dev, ::rte_strerror(e)));
+            return Error{e == EEXIST ? EEXIST : ENODEV};
+        }
+        created = true;
+    }
+    uint16_t portId = 0;
+    if (::rte_eth_dev_get_port_by_name(name.c_str(), &portId) != 0) {
+        if (created) { (void)::rte_vdev_uninit(name.c_str()); }
+        report(why, fmt::format("open {}: the device is not an Ethernet port", dev));
+        return Error{ENODEV};
+    }
+    return setUp(portId, created, std::move(name), options, why);
+}
+
+Result<Port> Port::attach(uint16_t portId, const PortOptions& options, std::string* why) noexcept {
+    if (!ealRunning()) {
+        report(why, "attach a port: EAL is not running (call dpdk::startEal first)");
+        return Error{ENXIO};
+    }
+    if (!::rte_eth_dev_is_valid_port(portId)) {
+        report(why, fmt::format("attach port {}: no such port", portId));
+        return Error{ENODEV};
+    }
+    char name[RTE_ETH_NAME_MAX_LEN] = {};
+    (void)::rte_eth_dev_get_name_by_port(portId, name);
+    try {
+        return setUp(portId, false, std::string(name), options, why);
+    } catch (const std::bad_alloc&) {
+        return Error{ENOMEM};
+    }
+}
+
+Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const PortOptions& o,
+                         std::string* why) noexcept {
+    std::unique_ptr<Impl> impl(new (std::nothrow) Impl);
+    if (!impl) {
+        if (created) { (void)::rte_vdev_uninit(name.c_str()); }
+        return Error{ENOMEM};
+    }
+    impl->portId = portId;
+    impl->created = created;
+    impl->name = std::move(name);
+    // From here, a failure tears down what was done (the device too, when we created it).
+    auto fail = [&](int e, std::string text) -> Result<Port> {
+        report(why, fmt::format("port {} ({}): {}", impl->name, portId, text));
+        (void)impl->tearDown();
+        return Error{e};
+    };
+    if (o.queues == 0) { return fail(EINVAL, "0 queues asked for"); }
+
+    rte_eth_dev_info info{};
+    if (const int r = ::rte_eth_dev_info_get(portId, &info); r != 0) {
+        return fail(dpdkErrno(r), fmt::format("rte_eth_dev_info_get: {}", ::rte_strerror(dpdkErrno(r))));
+    }
+    const unsigned queues = std::min<unsigned>({o.queues, info.max_rx_queues, info.max_tx_queues});
+    if (queues == 0) { return fail(ENODEV, "the device has no RX/TX queue"); }
+    if (queues < o.queues) {
+        log::info("dpdk: port {}: {} queue pairs asked for, the device has {}", impl->name, o.queues, queues);
+    }
+
+    rte_eth_conf conf{};
+    const uint64_t rss = info.flow_type_rss_offloads & (RTE_ETH_RSS_IP | RTE_ETH_RSS_UDP | RTE_ETH_RSS_TCP);
+    if (queues > 1 && rss != 0) {
+        conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
+        conf.rx_adv_conf.rss_conf.rss_hf = rss;
+    }
+    if (const int r = ::rte_eth_dev_configure(portId, static_cast<uint16_t>(queues), static_cast<uint16_t>(queues), &conf);
+        r != 0) {
+        return fail(dpdkErrno(r), fmt::format("rte_eth_dev_configure with {} queue pairs: {}", queues,
+                                              ::rte_strerror(dpdkErrno(r))));
+    }
+    uint16_t rxd = o.rxDescriptors;
+    uint16_t txd = o.txDescriptors;
+    if (const int r = ::rte_eth_dev_adjust_nb_rx_tx_desc(portId, &rxd, &txd); r != 0) {
+        return fail(EINVAL, fmt::format("{} RX / {} TX descriptors: {}", o.rxDescriptors, o.txDescriptors,
+                                        ::rte_strerror(dpdkErrno(r))));
+    }
+    int socket = ::rte_eth_dev_socket_id(portId);
+    if (socket < 0) { socket = SOCKET_ID_ANY; }
+    const unsigned mbufs = o.mbufs != 0 ? o.mbufs : 2 * queues * (rxd + txd) + 2 * kBurst * queues + 1024;
+    char poolName[RTE_MEMPOOL_NAMESIZE];
+    std::snprintf(poolName, sizeof(poolName), "spindle-p%u-%u", portId,
+                  gPoolSerial.fetch_add(1, std::memory_order_relaxed));
+    impl->pool = ::rte_pktmbuf_pool_create(poolName, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE, socket);
+    if (impl->pool == nullptr && socket != SOCKET_ID_ANY) {
+        // Memory on the device's node may not exist (no hugepages there): any node will do.
+        impl->pool = ::rte_pktmbuf_pool_create(poolName, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE, SOCKET_ID_ANY);
+    }
+    if (impl->pool == nullptr) {
+        return fail(ENOMEM, fmt::format("an mbuf pool of {} mbufs: {} (raise EalOptions::memoryMb)", mbufs,
+                                        ::rte_strerror(rte_errno)));
+    }
+    for (unsigned q = 0; q < queues; ++q) {
+        if (const int r = ::rte_eth_rx_queue_setup(portId, static_cast<uint16_t>(q), rxd, static_cast<unsigned>(socket),
+                                                   nullptr, impl->pool);
+            r != 0) {
+            return fail(dpdkErrno(r), fmt::format("RX queue {}: {}", q, ::rte_strerror(dpdkErrno(r))));
+        }
+        if (const int r = ::rte_eth_tx_queue_setup(portId, static_cast<uint16_t>(q), txd, static_cast<unsigned>(socket), nullptr);
+            r != 0) {
+            return fail(dpdkErrno(r), fmt::format("TX queue {}: {}", q, ::rte_strerror(dpdkErrno(r))));
+        }
+        auto queue = std::unique_ptr<Impl::Queue>(new (std::nothrow) Impl::Queue);
+        if (!queue) { return fail(ENOMEM, "out of memory"); }
+        queue->port = impl.get();
+        queue->index = static_cast<uint16_t>(q);
+        queue->poller.poll = &Impl::poll;
+        queue->poller.mayPark = &Impl::mayPark;
+        try {
+            impl->queues.push_back(std::move(queue));
+        } catch (const std::bad_alloc&) {
+            return fail(ENOMEM, "out of memory");
+        }
+    }
+    if (o.mtu != 0) {
+        if (const int r = ::rte_eth_dev_set_mtu(portId, o.mtu); r != 0) {
+            return fail(EINVAL, fmt::format("MTU {}: {}", o.mtu, ::rte_strerror(dpdkErrno(r))));
+        }
+    }
+    if (const int r = ::rte_eth_dev_start(portId); r != 0) {
+        return fail(dpdkErrno(r), fmt::format("rte_eth_dev_start: {}", ::rte_strerror(dpdkErrno(r))));
+    }
+    impl->started = true;
+    if (o.promiscuous) {
+        if (const int r = ::rte_eth_promiscuous_enable(portId); r != 0 && r != -ENOTSUP) {
+            return fail(dpdkErrno(r), fmt::format("promiscuous mode: {}", ::rte_strerror(dpdkErrno(r))));
+        }
+    }
+    log::info("dpdk: port {} ({}) up: driver {}, {} queue pairs, {} RX / {} TX descriptors, {} mbufs", impl->name,
+              portId, info.driver_name, queues, rxd, txd, mbufs);
+    return Port(std::move(impl));
+}
+
+uint16_t Port::id() const noexcept { return impl_->portId; }
+const std::string& Port::name() const noexcept { return impl_->name; }
+unsigned Port::queues() const noexcept { return static_cast<unsigned>(impl_->queues.size()); }
+rte_mempool* Port::pool() const noexcept { return impl_->pool; }
+
+std::array<uint8_t, 6> Port::mac() const noexcept {
+    rte_ether_addr a{};
+    (void)::rte_eth_macaddr_get(impl_->portId, &a);
+    std::array<uint8_t, 6> out{};
+    for (size_t i = 0; i < out.size(); ++i) { out[i] = a.addr_bytes[i]; }
+    return out;
+}
+
+uint16_t Port::mtu() const noexcept {
+    uint16_t m = 0;
+    if (::rte_eth_dev_get_mtu(impl_->portId, &m) != 0) { return RTE_ETHER_MTU; }
+    return m;
+}
+
+LinkStatus Port::link() const noexcept {
+    rte_eth_link l{};
+    if (::rte_eth_link_get_nowait(impl_->portId, &l) != 0) { return {}; }
+    return LinkStatus{l.link_status == RTE_ETH_LINK_UP,
+                      l.link_speed == RTE_ETH_SPEED_NUM_UNKNOWN ? 0u : l.link_speed,
+                      l.link_duplex == RTE_ETH_LINK_FULL_DUPLEX};
+}
+
+Result<void> Port::startPolling(unsigned queue, RxHandler handler, void* arg) noexcept {
+    if (!impl_) { return Error{EBADF}; }
+    if (queue >= impl_->queues.size() || handler == nullptr) { return Error{EINVAL}; }
+    if (!this_fiber::inFiber()) { return Error{EPERM}; }
+    Impl::Queue& q = *impl_->queues[queue];
+    if (q.polled.load(std::memory_order_acquire)) { return Error{EBUSY}; }
+    if (auto r = registerThread(); !r) { return r; }
+    q.handler = handler;
+    q.arg = arg;
+    auto carrier = addPoller(&q.poller);
+    if (!carrier) {
+        unregisterThread();
+        return Error{carrier.errorCode()};
+    }
+    q.carrier = static_cast<int>(*carrier);
+    q.polled.store(true, std::memory_order_release);
+    return {};
+}
+
+Result<void> Port::stopPolling(unsigned queue) noexcept {
+    if (!impl_ || queue >= impl_->queues.size()) { return Error{EINVAL}; }
+    Impl::Queue& q = *impl_->queues[queue];
+    if (!q.polled.load(std::memory_order_acquire)) { return Error{EINVAL}; }
+    if (auto r = removePoller(&q.poller); !r) { return r; }
+    q.polled.store(false, std::memory_order_release);
+    q.carrier = -1;
+    unregisterThread();
+    return {};
+}
+
+bool Port::polled(unsigned queue) const noexcept {
+    return impl_ && queue < impl_->queues.size() && impl_->queues[queue]->polled.load(std::memory_order_acquire);
+}
+
+uint16_t Port::transmit(unsigned queue, rte_mbuf** packets, uint16_t n) noexcept {
+    Impl::Queue& q = *impl_->queues[queue];
+    // Handed over before the device sees them; those it refuses stay the caller's all the same.
+    for (uint16_t i = 0; i < n; ++i) { detail::handOver(packets[i]); }
+    const uint16_t sent = ::rte_eth_tx_burst(impl_->portId, q.index, packets, n);
+    if (sent != 0) { bump(q.counters.txPackets, sent); }
+    return sent;
+}
+
+uint16_t Port::transmitAll(unsigned queue, rte_mbuf** packets, uint16_t n, unsigned spins) noexcept {
+    uint16_t done = 0;
+    unsigned idle = 0;
+    while (done < n) {
+        const uint16_t sent = transmit(queue, packets + done, static_cast<uint16_t>(n - done));
+        done = static_cast<uint16_t>(done + sent);
+        if (sent != 0) {
+            idle = 0;
+            continue;
+        }
+        if (++idle > spins) { break; }
+        this_fiber::yield();  // the ring is full: let this carrier's other work (and pollers) run
+    }
+    if (done < n) {
+        freePackets(packets + done, static_cast<unsigned>(n - done));
+        bump(impl_->queues[queue]->counters.dropped, static_cast<uint64_t>(n - done));
+    }
+    return done;
+}
+
+QueueStats Port::stats(unsigned queue) const noexcept {
+    QueueStats s;
+    if (!impl_ || queue >= impl_->queues.size()) { return s; }
+    const Impl::Counters& c = impl_->queues[queue]->counters;
+    s.rxPackets = c.rxPackets.load(std::memory_order_relaxed);
+    s.txPackets = c.txPackets.load(std::memory_order_relaxed);
+    s.dropped = c.dropped.load(std::memory_order_relaxed);
+    s.noMbuf = c.noMbuf.load(std::memory_order_relaxed);
+    s.badChecksum = c.badChecksum.load(std::memory_order_relaxed);
+    s.notForUs = c.notForUs.load(std::memory_order_relaxed);
+    return s;
+}
+
+void Port::count(unsigned queue, const QueueStats& d) noexcept {
+    Impl::Counters& c = impl_->queues[queue]->counters;
+    if (d.dropped != 0) { bump(c.dropped, d.dropped); }
+    if (d.noMbuf != 0) { bump(c.noMbuf, d.noMbuf); }
+    if (d.badChecksum != 0) { bump(c.badChecksum, d.badChecksum); }
+    if (d.notForUs != 0) { bump(c.notForUs, d.notForUs); }
+}
+
+Result<void> Port::close() noexcept {
+    if (!impl_) { return Error{EBADF}; }
+    for (const auto& q : impl_->queues) {
+        if (q->polled.load(std::memory_order_acquire)) { return Error{EBUSY}; }
+    }
+    const int err = impl_->tearDown();
+    impl_.reset();
+    if (err != 0) { return Error{err}; }
+    return {};
+}
+
+}  // namespace spindle::dpdk
