@@ -342,6 +342,11 @@ bool acknowledgeCancellation() noexcept {
 
 bool inFiber() noexcept { return detail::runningFiber() != nullptr; }
 
+bool pinned() noexcept {
+    const detail::Fiber* f = detail::runningFiber();
+    return f != nullptr && f->pinCount_ > 0;
+}
+
 int carrierIndex() noexcept {
     Carrier* c = Carrier::current();
     return c != nullptr ? static_cast<int>(c->index()) : -1;

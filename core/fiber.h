@@ -167,6 +167,9 @@ bool cancellationRequested() noexcept;
 bool acknowledgeCancellation() noexcept;
 /// Whether the caller runs on a fiber (not a plain thread or a scheduler).
 bool inFiber() noexcept;
+/// Whether the caller runs on a pinned fiber (SpawnOptions::pinned): one that stays on its carrier
+/// across every park and yield. False on a plain thread.
+bool pinned() noexcept;
 /// The index of the carrier running the caller, or -1 off-carrier.
 int carrierIndex() noexcept;
 }  // namespace this_fiber

@@ -24,7 +24,11 @@ namespace detail {
 /// `m` (all its segments) leaves this thread: into a device's ring or its pool.
 inline void handOver(rte_mbuf* m) noexcept {
 #if defined(SPINDLE_TSAN)
-    for (; m != nullptr; m = m->next) { __tsan_release(m); }
+    while (m != nullptr) {
+        rte_mbuf* next = m->next;  // read before the release: after it the mbuf is another thread's
+        __tsan_release(m);
+        m = next;
+    }
 #else
     (void)m;
 #endif

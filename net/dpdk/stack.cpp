@@ -1,0 +1,581 @@
+#include "net/dpdk/stack.h"
+
+#include <rte_mbuf.h>
+#include <time.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "core/fiber.h"
+#include "core/fiber_future.h"
+#include "core/internal/sync_support.h"
+#include "core/runtime.h"
+#include "net/dpdk/mbuf.h"
+
+namespace spindle::dpdk {
+namespace {
+
+using spindle::detail::SpinLock;
+
+// CLOCK_MONOTONIC_COARSE: ARP lifetimes and retry times need no better than a tick.
+uint64_t coarseNowNs() noexcept {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+    return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
+}
+
+// CLOCK_MONOTONIC, the clock of Deadline.
+uint64_t monoNowNs() noexcept {
+    timespec t{};
+    ::clock_gettime(CLOCK_MONOTONIC, &t);
+    return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
+}
+
+// The bytes an mbuf's one segment can hold from its data start.
+size_t room(const rte_mbuf* m) noexcept { return static_cast<size_t>(m->buf_len) - m->data_off; }
+
+void bump(std::atomic<uint64_t>& c, uint64_t by = 1) noexcept {
+    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);  // one writer
+}
+
+uint32_t maskOf(unsigned prefix) noexcept {
+    const uint32_t host = prefix == 0 ? 0 : ~uint32_t{0} << (32 - prefix);
+    return __builtin_bswap32(host);  // to network order
+}
+
+uint8_t* frameOf(rte_mbuf* m) noexcept { return rte_pktmbuf_mtod(m, uint8_t*); }
+
+// Sets an mbuf's one segment to hold `length` bytes from its start.
+void setLength(rte_mbuf* m, size_t length) noexcept {
+    m->data_len = static_cast<uint16_t>(length);
+    m->pkt_len = static_cast<uint32_t>(length);
+}
+
+constexpr size_t kIpUdpHeaders = kIpv4Header + kUdpHeader;
+
+}  // namespace
+
+// ---- socket state ----------------------------------------------------------------------------------
+
+struct UdpSocket::State {
+    struct Datagram {
+        rte_mbuf* mbuf;
+        uint16_t offset;
+        uint16_t length;
+        Endpoint from;
+    };
+    Interface::Impl* iface = nullptr;
+    uint16_t port = 0;
+    SpinLock lock;  // guards everything below
+    std::vector<Datagram> ring;  // capacity: the interface's socketQueue
+    size_t head = 0;
+    size_t count = 0;
+    FiberFuture* waiter = nullptr;
+    bool closed = false;
+    std::atomic<unsigned> receivers{0};  // recvFrom() calls inside: close() frees the state after them
+
+    // Frees what is queued. Under `lock`.
+    void drainLocked() noexcept {
+        while (count > 0) {
+            freePackets(&ring[head].mbuf, 1);
+            head = (head + 1) % ring.size();
+            --count;
+        }
+    }
+};
+
+// ---- the interface -----------------------------------------------------------------------------------
+
+struct Interface::Impl {
+    // A fiber waiting for a peer's MAC (on the interface's carrier).
+    struct ArpWaiter {
+        FiberFuture done;  // 0: resolved; -EHOSTUNREACH: given up
+    };
+    struct ArpEntry {
+        Mac mac{};
+        bool resolved = false;
+        uint64_t expiresNs = 0;    // resolved: when to ask again
+        unsigned attempts = 0;     // unresolved: requests sent
+        uint64_t nextTryNs = 0;    // unresolved: when the next request is due
+        std::vector<ArpWaiter*> waiters;
+    };
+    struct Counters {
+        std::atomic<uint64_t> drops[static_cast<size_t>(DropReason::kCount)] = {};
+        std::atomic<uint64_t> arpRequestsAnswered{0}, arpRequestsSent{0}, arpResolved{0}, arpFailed{0};
+        std::atomic<uint64_t> echoReplies{0}, udpReceived{0}, udpSent{0}, udpNoSocket{0}, udpQueueFull{0};
+        std::atomic<uint64_t> multiSegment{0};
+    };
+
+    Port* port = nullptr;
+    unsigned queue = 0;
+    InterfaceOptions options;
+    InterfaceAddress self;
+    uint32_t mask = 0;
+    uint16_t mtu = 1500;
+    std::atomic<int> carrier{-1};
+    Counters counters;
+    uint16_t ipId = 0;  // carrier thread only
+
+    std::unordered_map<uint32_t, ArpEntry> arp;  // carrier thread only
+
+    SpinLock socketsLock;  // guards sockets, nextPort
+    std::unordered_map<uint16_t, UdpSocket::State*> sockets;
+    uint16_t nextPort = 49152;
+
+    // ---- receive: the port's handler, on the carrier ----------------------------------------------
+
+    static void onBurst(void* arg, unsigned, rte_mbuf** pkts, uint16_t n) noexcept {
+        static_cast<Impl*>(arg)->handle(pkts, n);
+    }
+
+    void handle(rte_mbuf** pkts, uint16_t n) noexcept {
+        rte_mbuf* replies[Port::kBurst];
+        uint16_t nReplies = 0;
+        QueueStats delta;
+        std::lock_guard<SpinLock> g(socketsLock);  // once per burst: datagrams find their sockets under it
+        for (uint16_t i = 0; i < n; ++i) {
+            rte_mbuf* m = pkts[i];
+            if (m->nb_segs != 1) {
+                bump(counters.multiSegment);
+                ++delta.dropped;
+                freePackets(&m, 1);
+                continue;
+            }
+            const std::span<const uint8_t> frame(frameOf(m), rte_pktmbuf_data_len(m));
+            const ParsedFrame p = parseFrame(frame, self);
+            switch (p.kind) {
+                case FrameKind::kDrop:
+                    bump(counters.drops[static_cast<size_t>(p.reason)]);
+                    if (p.reason == DropReason::kBadChecksum) {
+                        ++delta.badChecksum;
+                    } else if (p.reason == DropReason::kNotForUs || p.reason == DropReason::kUnsupported) {
+                        ++delta.notForUs;
+                    } else {
+                        ++delta.dropped;
+                    }
+                    freePackets(&m, 1);
+                    break;
+                case FrameKind::kArpRequest: {
+                    learn(p.srcIp, p.srcMac, /*create=*/true);
+                    // The answer goes out in the request's own mbuf.
+                    const size_t len = buildArpReply({frameOf(m), room(m)}, self, p);
+                    setLength(m, len);
+                    replies[nReplies++] = m;
+                    bump(counters.arpRequestsAnswered);
+                    break;
+                }
+                case FrameKind::kArpReply:
+                    learn(p.srcIp, p.srcMac, /*create=*/p.dstIp == self.ip);
+                    freePackets(&m, 1);
+                    break;
+                case FrameKind::kIcmpEcho: {
+                    uint8_t* f = frameOf(m);
+                    const size_t len = buildEchoReply({f, room(m)}, {f, frame.size()}, p, self);
+                    setLength(m, len);
+                    replies[nReplies++] = m;
+                    bump(counters.echoReplies);
+                    break;
+                }
+                case FrameKind::kUdp:
+                    deliver(m, p);
+                    break;
+            }
+        }
+        if (nReplies > 0) {
+            const uint16_t sent = port->transmit(queue, replies, nReplies);
+            if (sent < nReplies) {
+                freePackets(replies + sent, static_cast<unsigned>(nReplies - sent));
+                delta.dropped += nReplies - sent;
+            }
+        }
+        port->count(queue, delta);
+    }
+
+    // Under socketsLock.
+    void deliver(rte_mbuf* m, const ParsedFrame& p) noexcept {
+        const auto it = sockets.find(p.dstPort);
+        if (it == sockets.end()) {
+            bump(counters.udpNoSocket);
+            QueueStats d;
+            d.notForUs = 1;
+            port->count(queue, d);
+            freePackets(&m, 1);
+            return;
+        }
+        UdpSocket::State& s = *it->second;
+        std::lock_guard<SpinLock> g(s.lock);
+        if (s.count == s.ring.size()) {
+            bump(counters.udpQueueFull);
+            QueueStats d;
+            d.dropped = 1;
+            port->count(queue, d);
+            freePackets(&m, 1);
+            return;
+        }
+        s.ring[(s.head + s.count) % s.ring.size()] =
+            UdpSocket::State::Datagram{m, p.payloadOffset, p.payloadLength, Endpoint{p.srcIp, p.srcPort}};
+        ++s.count;
+        bump(counters.udpReceived);
+        if (FiberFuture* w = std::exchange(s.waiter, nullptr)) { w->set(0); }
+    }
+
+    // RFC 826's merge: update a known peer; add one only when the frame was meant for us.
+    void learn(uint32_t ip, const Mac& mac, bool create) noexcept {
+        if (ip == 0) { return; }  // an ARP probe says nothing about the sender
+        auto it = arp.find(ip);
+        if (it == arp.end()) {
+            if (!create) { return; }
+            try {
+                it = arp.emplace(ip, ArpEntry{}).first;
+            } catch (...) {
+                return;  // no memory: the peer will be asked when we need it
+            }
+        }
+        ArpEntry& e = it->second;
+        if (!e.resolved) { bump(counters.arpResolved); }
+        e.mac = mac;
+        e.resolved = true;
+        e.expiresNs = coarseNowNs() + static_cast<uint64_t>(std::chrono::nanoseconds(options.arpLifetime).count());
+        for (ArpWaiter* w : e.waiters) { w->done.set(0); }
+        e.waiters.clear();
+    }
+
+    // ---- send: on the carrier, from a pinned fiber ----------------------------------------------
+
+    bool sendArpRequest(uint32_t ip) noexcept {
+        rte_mbuf* m = nullptr;
+        if (!allocPackets(port->pool(), &m, 1)) {
+            QueueStats d;
+            d.noMbuf = 1;
+            port->count(queue, d);
+            return false;
+        }
+        char* data = rte_pktmbuf_append(m, kEthernetHeader + kArpPacket);
+        (void)buildArpRequest({reinterpret_cast<uint8_t*>(data), kEthernetHeader + kArpPacket}, self, ip);
+        if (port->transmit(queue, &m, 1) != 1) {
+            freePackets(&m, 1);
+            return false;
+        }
+        bump(counters.arpRequestsSent);
+        return true;
+    }
+
+    // The MAC of `ip` (on our subnet): from the cache, or asked for and waited on.
+    Result<Mac> resolve(uint32_t ip, Deadline deadline) noexcept {
+        for (;;) {
+            const uint64_t now = coarseNowNs();
+            auto it = arp.find(ip);
+            if (it == arp.end()) {
+                try {
+                    it = arp.emplace(ip, ArpEntry{}).first;
+                } catch (...) {
+                    return Error{ENOBUFS};
+                }
+            }
+            ArpEntry& e = it->second;
+            if (e.resolved && now < e.expiresNs) { return e.mac; }
+            if (e.resolved) {  // expired: ask again, keep using nothing stale
+                e.resolved = false;
+                e.attempts = 0;
+                e.nextTryNs = 0;
+            }
+            if (now >= e.nextTryNs) {
+                if (e.attempts >= options.arpAttempts) {
+                    // Given up: everyone waiting hears it, and the next send starts afresh.
+                    bump(counters.arpFailed);
+                    for (ArpWaiter* w : e.waiters) { w->done.set(-EHOSTUNREACH); }
+                    arp.erase(it);
+                    return Error{EHOSTUNREACH};
+                }
+                ++e.attempts;
+                e.nextTryNs = now + static_cast<uint64_t>(std::chrono::nanoseconds(options.arpTimeout).count());
+                (void)sendArpRequest(ip);  // a lost request is a retry later
+            }
+            ArpWaiter w;
+            try {
+                e.waiters.push_back(&w);
+            } catch (...) {
+                return Error{ENOBUFS};
+            }
+            // Until the retry is due (or the deadline, if sooner); cancellable.
+            uint64_t waitNs = e.nextTryNs > now ? e.nextTryNs - now : 0;
+            const uint64_t nowFine = monoNowNs();
+            if (deadline.isSet()) {
+                if (deadline.ns() <= nowFine) {
+                    withdraw(ip, &w);
+                    return Error{ETIMEDOUT};
+                }
+                waitNs = std::min(waitNs, deadline.ns() - nowFine);
+            }
+            const int32_t r = FiberFuture::waitWithTimeout(&w.done, std::chrono::nanoseconds(waitNs + 1));
+            if (r == -ETIMEDOUT || r == -ECANCELED) {
+                if (w.done.isSet()) {  // set in the same turn: take its answer
+                    if (w.done.result() < 0) { return Error{-w.done.result()}; }
+                    continue;
+                }
+                withdraw(ip, &w);
+                if (r == -ECANCELED) { return Error{ECANCELED}; }
+                if (deadline.isSet() && monoNowNs() >= deadline.ns()) { return Error{ETIMEDOUT}; }
+                continue;  // a retry is due
+            }
+            if (r < 0) { return Error{-r}; }
+            // Resolved: the loop finds it in the cache.
+        }
+    }
+
+    void withdraw(uint32_t ip, ArpWaiter* w) noexcept {
+        auto it = arp.find(ip);
+        if (it == arp.end()) { return; }
+        auto& ws = it->second.waiters;
+        for (size_t i = 0; i < ws.size(); ++i) {
+            if (ws[i] == w) {
+                ws.erase(ws.begin() + static_cast<std::ptrdiff_t>(i));
+                return;
+            }
+        }
+    }
+
+    Result<size_t> sendHere(uint16_t srcPort, const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {
+        if (carrier.load(std::memory_order_acquire) < 0) { return Error{ENETDOWN}; }
+        uint32_t nextHop = to.ip;
+        if ((to.ip & mask) != (self.ip & mask)) {
+            if (options.gateway == 0) { return Error{ENETUNREACH}; }
+            nextHop = options.gateway;
+        }
+        auto mac = resolve(nextHop, deadline);
+        if (!mac) { return Error{mac.errorCode()}; }
+        rte_mbuf* m = nullptr;
+        if (!allocPackets(port->pool(), &m, 1)) {
+            QueueStats d;
+            d.noMbuf = 1;
+            port->count(queue, d);
+            return Error{ENOBUFS};
+        }
+        char* data = rte_pktmbuf_append(m, static_cast<uint16_t>(kUdpFrameHeaders + len));
+        if (data == nullptr) {  // larger than an mbuf (a jumbo MTU): not chained here
+            freePackets(&m, 1);
+            return Error{EMSGSIZE};
+        }
+        std::memcpy(data + kUdpFrameHeaders, buf, len);
+        (void)buildUdpHeaders({reinterpret_cast<uint8_t*>(data), kUdpFrameHeaders + len}, self, *mac, to.ip,
+                              srcPort, to.port, len, ipId++, options.udpChecksum);
+        if (port->transmitAll(queue, &m, 1, 1024) != 1) { return Error{ENOBUFS}; }  // freed and counted
+        bump(counters.udpSent);
+        return len;
+    }
+};
+
+Interface::Interface(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+
+Interface::~Interface() = default;
+
+Result<std::unique_ptr<Interface>> Interface::create(Port& port, unsigned queue, const InterfaceOptions& o) noexcept {
+    if (!port.isOpen() || queue >= port.queues() || o.ip == 0 || o.prefixLength > 32 || o.arpAttempts == 0 ||
+        o.socketQueue == 0) {
+        return Error{EINVAL};
+    }
+    std::unique_ptr<Impl> impl(new (std::nothrow) Impl);
+    if (!impl) { return Error{ENOMEM}; }
+    impl->port = &port;
+    impl->queue = queue;
+    impl->options = o;
+    impl->self = InterfaceAddress{port.mac(), o.ip};
+    impl->mask = maskOf(o.prefixLength);
+    impl->mtu = port.mtu();
+    std::unique_ptr<Interface> iface(new (std::nothrow) Interface(std::move(impl)));
+    if (!iface) { return Error{ENOMEM}; }
+    return iface;
+}
+
+Result<void> Interface::start() noexcept {
+    if (auto r = impl_->port->startPolling(impl_->queue, &Impl::onBurst, impl_.get()); !r) { return r; }
+    impl_->carrier.store(this_fiber::carrierIndex(), std::memory_order_release);
+    return {};
+}
+
+Result<void> Interface::stop() noexcept {
+    {
+        std::lock_guard<SpinLock> g(impl_->socketsLock);
+        if (!impl_->sockets.empty()) { return Error{EBUSY}; }
+    }
+    if (auto r = impl_->port->stopPolling(impl_->queue); !r) { return r; }
+    impl_->carrier.store(-1, std::memory_order_release);
+    for (auto& [ip, e] : impl_->arp) {
+        for (Impl::ArpWaiter* w : e.waiters) { w->done.set(-EHOSTUNREACH); }
+        e.waiters.clear();
+    }
+    return {};
+}
+
+const InterfaceAddress& Interface::address() const noexcept { return impl_->self; }
+int Interface::carrier() const noexcept { return impl_->carrier.load(std::memory_order_acquire); }
+
+InterfaceStats Interface::stats() const noexcept {
+    const Impl::Counters& c = impl_->counters;
+    InterfaceStats s;
+    for (size_t i = 0; i < static_cast<size_t>(DropReason::kCount); ++i) { s.drops[i] = c.drops[i].load(std::memory_order_relaxed); }
+    s.arpRequestsAnswered = c.arpRequestsAnswered.load(std::memory_order_relaxed);
+    s.arpRequestsSent = c.arpRequestsSent.load(std::memory_order_relaxed);
+    s.arpResolved = c.arpResolved.load(std::memory_order_relaxed);
+    s.arpFailed = c.arpFailed.load(std::memory_order_relaxed);
+    s.echoReplies = c.echoReplies.load(std::memory_order_relaxed);
+    s.udpReceived = c.udpReceived.load(std::memory_order_relaxed);
+    s.udpSent = c.udpSent.load(std::memory_order_relaxed);
+    s.udpNoSocket = c.udpNoSocket.load(std::memory_order_relaxed);
+    s.udpQueueFull = c.udpQueueFull.load(std::memory_order_relaxed);
+    s.multiSegment = c.multiSegment.load(std::memory_order_relaxed);
+    return s;
+}
+
+// ---- UdpSocket -----------------------------------------------------------------------------------
+
+UdpSocket::UdpSocket() noexcept = default;
+UdpSocket::UdpSocket(std::unique_ptr<State> s) noexcept : state_(std::move(s)) {}
+UdpSocket::UdpSocket(UdpSocket&&) noexcept = default;
+UdpSocket& UdpSocket::operator=(UdpSocket&& o) noexcept {
+    if (this != &o) {
+        if (state_) { (void)close(); }
+        state_ = std::move(o.state_);
+    }
+    return *this;
+}
+UdpSocket::~UdpSocket() {
+    if (state_) { (void)close(); }
+}
+
+uint16_t UdpSocket::localPort() const noexcept { return state_ ? state_->port : 0; }
+
+Result<UdpSocket> UdpSocket::bind(Interface& iface, uint16_t port) noexcept {
+    Interface::Impl& im = *iface.impl_;
+    std::unique_ptr<State> s(new (std::nothrow) State);
+    if (!s) { return Error{ENOMEM}; }
+    s->iface = &im;
+    try {
+        s->ring.resize(im.options.socketQueue);
+    } catch (...) {
+        return Error{ENOMEM};
+    }
+    std::lock_guard<SpinLock> g(im.socketsLock);
+    if (im.carrier.load(std::memory_order_acquire) < 0) { return Error{EBADF}; }
+    if (port == 0) {
+        for (unsigned tries = 0; tries < 16384; ++tries) {
+            const uint16_t p = im.nextPort;
+            im.nextPort = p == 65535 ? 49152 : static_cast<uint16_t>(p + 1);
+            if (im.sockets.count(p) == 0) {
+                port = p;
+                break;
+            }
+        }
+        if (port == 0) { return Error{EADDRINUSE}; }
+    } else if (im.sockets.count(port) != 0) {
+        return Error{EADDRINUSE};
+    }
+    s->port = port;
+    try {
+        im.sockets.emplace(port, s.get());
+    } catch (...) {
+        return Error{ENOMEM};
+    }
+    return UdpSocket(std::move(s));
+}
+
+Result<void> UdpSocket::close() noexcept {
+    if (!state_) { return Error{EBADF}; }
+    State& s = *state_;
+    {
+        // Out of the table first: from then on no burst finds the socket.
+        std::lock_guard<SpinLock> g(s.iface->socketsLock);
+        s.iface->sockets.erase(s.port);
+    }
+    {
+        std::lock_guard<SpinLock> g(s.lock);
+        s.closed = true;
+        if (FiberFuture* w = std::exchange(s.waiter, nullptr)) { w->set(-ECANCELED); }
+        s.drainLocked();
+    }
+    // A receiver woken above may still be on its way out of recvFrom(): free the state after it.
+    while (s.receivers.load(std::memory_order_acquire) != 0) { this_fiber::yield(); }
+    state_.reset();
+    return {};
+}
+
+Result<size_t> UdpSocket::recvFrom(void* buf, size_t len, Endpoint* from, Deadline deadline, size_t* fullLength) noexcept {
+    if (!state_) { return Error{EBADF}; }
+    State& s = *state_;
+    s.receivers.fetch_add(1, std::memory_order_acq_rel);
+    struct Leave {
+        State& s;
+        ~Leave() { s.receivers.fetch_sub(1, std::memory_order_acq_rel); }
+    } leave{s};
+    for (;;) {
+        FiberFuture wake;
+        {
+            std::lock_guard<SpinLock> g(s.lock);
+            if (s.closed) { return Error{EBADF}; }
+            if (s.count > 0) {
+                const State::Datagram d = s.ring[s.head];
+                s.head = (s.head + 1) % s.ring.size();
+                --s.count;
+                // Copied outside the lock would be fine too; the mbuf is ours now either way.
+                const size_t n = std::min<size_t>(len, d.length);
+                std::memcpy(buf, rte_pktmbuf_mtod_offset(d.mbuf, const char*, d.offset), n);
+                rte_mbuf* m = d.mbuf;
+                freePackets(&m, 1);
+                if (from != nullptr) { *from = d.from; }
+                if (fullLength != nullptr) { *fullLength = d.length; }
+                return n;
+            }
+            if (s.waiter != nullptr) { return Error{EBUSY}; }  // another receiver: one at a time
+            s.waiter = &wake;
+        }
+        std::chrono::nanoseconds left = std::chrono::hours(24 * 365);
+        if (deadline.isSet()) {
+            const uint64_t now = monoNowNs();
+            left = std::chrono::nanoseconds(deadline.ns() > now ? deadline.ns() - now : 0);
+        }
+        const int32_t r = left.count() == 0 ? -ETIMEDOUT : FiberFuture::waitWithTimeout(&wake, left);
+        if (r == -ETIMEDOUT || r == -ECANCELED) {
+            bool mine = false;
+            {
+                std::lock_guard<SpinLock> g(s.lock);
+                if (s.waiter == &wake) {
+                    s.waiter = nullptr;
+                    mine = true;
+                }
+            }
+            if (mine) {
+                if (r == -ETIMEDOUT && !deadline.isSet()) { continue; }  // the stand-in year ran out
+                return Error{-r};
+            }
+            (void)wake.wait();  // the poller (or close) claimed it: its set is on the way
+        }
+        if (wake.isSet() && wake.result() == -ECANCELED) { return Error{ECANCELED}; }  // closed under us
+    }
+}
+
+Result<size_t> UdpSocket::sendTo(const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {
+    if (!state_) { return Error{EBADF}; }
+    Interface::Impl& im = *state_->iface;
+    if (len + kIpUdpHeaders > im.mtu) { return Error{EMSGSIZE}; }
+    if (to.ip == 0 || to.port == 0) { return Error{EINVAL}; }
+    if (this_fiber::cancellationRequested()) { return Error{ECANCELED}; }
+    const int c = im.carrier.load(std::memory_order_acquire);
+    if (c < 0) { return Error{ENETDOWN}; }
+    const uint16_t port = state_->port;
+    if (this_fiber::carrierIndex() == c && this_fiber::pinned()) {
+        return im.sendHere(port, buf, len, to, deadline);
+    }
+    // Elsewhere: the send runs on a pinned fiber of the interface's carrier.
+    if (!this_fiber::inFiber()) { return Error{EPERM}; }
+    auto f = spindle::spawn(
+        [&]() noexcept -> Result<size_t> { return im.sendHere(port, buf, len, to, deadline); },
+        SpawnOptions{.name = "dpdk-send", .carrier = c, .pinned = true});
+    if (!f) { return Error{f.errorCode()}; }
+    return f->join();
+}
+
+}  // namespace spindle::dpdk

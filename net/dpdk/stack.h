@@ -1,0 +1,141 @@
+#pragma once
+/// Interface and UdpSocket: spindle's small IPv4/UDP stack on one queue of a DPDK Port.
+///
+/// An Interface gives a port queue an IPv4 address. The carrier polling the queue runs the stack
+/// for each received burst: it answers ARP requests for the address and learns from ARP replies,
+/// answers ICMP echo requests (so `ping` works), hands UDP datagrams to the socket bound to their
+/// port, and drops everything else with a reason, counted (stats(); the port's queue counters get
+/// bad checksums, frames not for us, and drops). It keeps an ARP cache (entries expire), resolves a
+/// peer on the first send to it (a broadcast request, retried), and routes off-subnet destinations
+/// to the gateway.
+///
+/// A UdpSocket is bound to a port of an interface. recvFrom() parks the fiber on a FiberFuture that
+/// the polling carrier sets when a datagram arrives, with a deadline and cancellation as every
+/// spindle call. sendTo() builds the frame in an mbuf and transmits it on the interface's queue.
+/// The fast path is a fiber pinned on the interface's carrier (the one that polls the queue): it
+/// sends directly, and an ARP miss parks it until the reply (or the last retry) comes. From
+/// anywhere else sendTo() runs the send on a pinned fiber of that carrier and waits for it: correct,
+/// and some microseconds dearer.
+///
+/// Errors (sendTo): EMSGSIZE above the MTU's payload (MTU - 28), EHOSTUNREACH when ARP resolution
+/// got no answer after its retries, ENETUNREACH for an off-subnet destination without a gateway,
+/// ENOBUFS when no mbuf could be had or the device's ring stayed full, EBADF after close(),
+/// ETIMEDOUT, ECANCELED. (recvFrom): EBADF after close() (a receiver parked then gets ECANCELED),
+/// ETIMEDOUT, ECANCELED. bind(): EADDRINUSE, EBADF for a stopped interface. A datagram larger than
+/// the receive buffer is cut to it (the rest is lost, as with recvfrom(2)); the full length is
+/// returned through `truncated`.
+/// Thread-safety: one fiber receiving and one sending per socket at a time, from any carrier (a
+/// receive also from a plain thread; a send off the interface's carrier needs a fiber: EPERM);
+/// bind() and close() from anywhere. close() wakes a receiver parked in recvFrom() (ECANCELED)
+/// and waits for it to leave; it must not race with a sendTo() in progress.
+/// Lifetime: stop() the interface (from a fiber pinned on its carrier) after every socket is closed
+/// and before the port is closed.
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "base/result.h"
+#include "core/deadline.h"
+#include "net/dpdk/packet.h"
+#include "net/dpdk/port.h"
+
+namespace spindle::dpdk {
+
+struct InterfaceOptions {
+    uint32_t ip = 0;                 // network byte order; required
+    unsigned prefixLength = 24;      // of the subnet reached without the gateway
+    uint32_t gateway = 0;            // network byte order; 0: none
+    std::chrono::milliseconds arpTimeout{200};      // between ARP requests for one peer
+    unsigned arpAttempts = 3;                       // requests before EHOSTUNREACH
+    std::chrono::seconds arpLifetime{300};          // of a learned entry
+    unsigned socketQueue = 1024;     // datagrams queued per socket before arrivals are dropped
+    bool udpChecksum = true;         // compute outgoing UDP checksums (else 0, "none")
+};
+
+struct InterfaceStats {
+    uint64_t drops[static_cast<size_t>(DropReason::kCount)] = {};  // by reason (kNone: unused)
+    uint64_t arpRequestsAnswered = 0;
+    uint64_t arpRequestsSent = 0;
+    uint64_t arpResolved = 0;
+    uint64_t arpFailed = 0;
+    uint64_t echoReplies = 0;
+    uint64_t udpReceived = 0;
+    uint64_t udpSent = 0;
+    uint64_t udpNoSocket = 0;     // datagrams to a port nobody bound
+    uint64_t udpQueueFull = 0;    // datagrams dropped because their socket's queue was full
+    uint64_t multiSegment = 0;    // frames in chained mbufs (not handled; dropped)
+};
+
+class UdpSocket;
+
+class Interface {
+public:
+    /// An interface on `port`'s queue `queue` (the port must outlive it). Not polled until start().
+    /// Errors: EINVAL for a queue out of range, an address 0 or a prefix over 32.
+    [[nodiscard]] static Result<std::unique_ptr<Interface>> create(Port& port, unsigned queue,
+                                                                   const InterfaceOptions& options) noexcept;
+    ~Interface();
+    Interface(const Interface&) = delete;
+    Interface& operator=(const Interface&) = delete;
+
+    /// From a fiber pinned on the carrier that is to run the stack: starts polling the queue.
+    /// Errors: as Port::startPolling().
+    [[nodiscard]] Result<void> start() noexcept;
+    /// From a fiber on that carrier: stops polling; queued ARP waiters get EHOSTUNREACH.
+    /// Errors: EBUSY while sockets are bound; as Port::stopPolling().
+    [[nodiscard]] Result<void> stop() noexcept;
+
+    [[nodiscard]] const InterfaceAddress& address() const noexcept;
+    /// The carrier running the stack, or -1 when stopped.
+    [[nodiscard]] int carrier() const noexcept;
+    [[nodiscard]] InterfaceStats stats() const noexcept;
+
+private:
+    friend class UdpSocket;
+    struct Impl;
+    explicit Interface(std::unique_ptr<Impl> impl) noexcept;
+    std::unique_ptr<Impl> impl_;
+};
+
+/// An IPv4 address (network order) and a port (host order).
+struct Endpoint {
+    uint32_t ip = 0;
+    uint16_t port = 0;
+    bool operator==(const Endpoint&) const = default;
+};
+
+class UdpSocket {
+public:
+    UdpSocket() noexcept;
+    ~UdpSocket();
+    UdpSocket(UdpSocket&&) noexcept;
+    UdpSocket& operator=(UdpSocket&&) noexcept;
+    UdpSocket(const UdpSocket&) = delete;
+    UdpSocket& operator=(const UdpSocket&) = delete;
+
+    /// A socket on `port` of `iface` (0: a free port from 49152 up). Errors: file comment.
+    [[nodiscard]] static Result<UdpSocket> bind(Interface& iface, uint16_t port) noexcept;
+
+    /// The next datagram's payload into `buf` (cut to `len`); its sender into `*from`, its full
+    /// length into `*truncated` when given. Errors: file comment.
+    [[nodiscard]] Result<size_t> recvFrom(void* buf, size_t len, Endpoint* from, Deadline deadline = {},
+                                          size_t* fullLength = nullptr) noexcept;
+    /// One datagram of `len` bytes to `to`. Errors: file comment.
+    [[nodiscard]] Result<size_t> sendTo(const void* buf, size_t len, const Endpoint& to, Deadline deadline = {}) noexcept;
+
+    /// Unbinds; a receiver parked in recvFrom() gets ECANCELED, queued datagrams are freed.
+    /// Errors: EBADF when not bound.
+    [[nodiscard]] Result<void> close() noexcept;
+    [[nodiscard]] uint16_t localPort() const noexcept;
+    [[nodiscard]] bool isOpen() const noexcept { return state_ != nullptr; }
+
+    struct State;
+
+private:
+    explicit UdpSocket(std::unique_ptr<State> s) noexcept;
+    std::unique_ptr<State> state_;
+};
+
+}  // namespace spindle::dpdk
