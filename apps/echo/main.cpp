@@ -5,6 +5,16 @@
 //                         [--poll-mode block|spin|hybrid] [--backend auto|io_uring|epoll] ...
 //   spindle-echo client --address 127.0.0.1 --port 7000 --connections N --duration S --size BYTES
 //                       --warmup S [--carriers N] [--backend auto|io_uring|epoll] [--json] ...
+//   spindle-echo server --udp [--dpdk --dpdk-port VDEV --ip ADDR/PREFIX [--eal "ARGS"]] --port P
+//   spindle-echo client --udp [--dpdk --dpdk-port VDEV --ip ADDR/PREFIX] --address SERVER --port P
+//                       --window W ...
+//   spindle-echo udp-pair [--dpdk] --window W --size BYTES --duration S --warmup S
+//
+// --udp echoes datagrams (kernel sockets through the carriers' driver, or with --dpdk spindle's own
+// stack on a DPDK port); the UDP client keeps --window datagrams outstanding, one per fiber. udp-pair
+// runs the UDP server (carrier 0) and client (carrier 1) in one process: over kernel sockets on
+// loopback, or with --dpdk over two net_ring ports wired back to back; it prints the client's line
+// plus the process's CPU per message.
 //
 // The server runs until SIGINT or SIGTERM (read from a signalfd by a fiber), then stops accepting,
 // ends its connections and exits 0. The client prints one line of key=value pairs (or one JSON object
@@ -18,7 +28,9 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
+#include <arpa/inet.h>
 #include <chrono>
+#include <sstream>
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -28,8 +40,18 @@
 
 #include "apps/common/backend_flag.h"
 #include "apps/echo/echo.h"
+#include "apps/echo/udp_echo.h"
 #include "core/io.h"
 #include "core/runtime.h"
+
+#if defined(SPINDLE_HAVE_DPDK)
+#include <rte_eth_ring.h>
+#include <rte_ring.h>
+
+#include "net/dpdk/eal.h"
+#include "net/dpdk/port.h"
+#include "net/dpdk/stack.h"
+#endif
 
 namespace {
 
@@ -89,24 +111,190 @@ std::optional<spindle::net::SocketAddress> parseAddress(const std::string& host,
     return *address;
 }
 
-int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, spindle::echo::ServerOptions options) {
-    auto address = parseAddress(host, port);
-    if (!address) { return kExitUsage; }
-    // Block the signals before the carriers start, so that every thread inherits the mask and the
-    // signalfd is their only way in.
+
+// Blocks SIGINT and SIGTERM (before the carriers start, so every thread inherits the mask) and returns
+// a signalfd for them, or -1.
+int blockStopSignals() {
     sigset_t signals;
     sigemptyset(&signals);
     sigaddset(&signals, SIGINT);
     sigaddset(&signals, SIGTERM);
     if (::pthread_sigmask(SIG_BLOCK, &signals, nullptr) != 0) {
         std::perror("spindle-echo: pthread_sigmask");
-        return kExitFailure;
+        return -1;
     }
     const int sfd = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
-    if (sfd < 0) {
-        std::perror("spindle-echo: signalfd");
-        return kExitFailure;
+    if (sfd < 0) { std::perror("spindle-echo: signalfd"); }
+    return sfd;
+}
+
+// Waits on a fiber for a signal from `sfd`; returns its number (0 when the runtime went down).
+int waitForStopSignal(spindle::Runtime& rt, int sfd) {
+    auto waiter = rt.spawn(
+        [sfd]() -> int {
+            for (;;) {
+                auto ready = spindle::poll(sfd, POLLIN);
+                if (!ready) { return 0; }  // ECANCELED: the runtime is going down anyway
+                signalfd_siginfo info{};
+                if (::read(sfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+                    return static_cast<int>(info.ssi_signo);
+                }
+            }
+        },
+        spindle::SpawnOptions{.name = "echo-signals"});
+    if (!waiter) {
+        std::fprintf(stderr, "spindle-echo: spawn: %s\n", waiter.error().message().c_str());
+        return 0;
     }
+    return waiter->join();
+}
+
+// User plus system CPU of the process so far, in seconds.
+double processCpuSeconds() {
+    rusage ru{};
+    ::getrusage(RUSAGE_SELF, &ru);
+    return static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+           static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+}
+
+struct UdpClientFlags {
+    unsigned window = 1;
+    size_t size = 64;
+    double warmup = 1.0;
+    double duration = 5.0;
+    unsigned timeoutMs = 200;
+
+    void addTo(CLI::App& app) {
+        app.add_option("--window", window, "datagrams outstanding (one client fiber each)")->check(CLI::Range(1u, 4096u));
+        app.add_option("--udp-timeout-ms", timeoutMs, "an echo later than this counts as lost")->check(CLI::Range(1u, 60000u));
+    }
+    spindle::echo::UdpClientOptions options(int carrier) const {
+        spindle::echo::UdpClientOptions o;
+        o.window = window;
+        o.messageSize = size;
+        o.warmup = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(warmup));
+        o.duration = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::duration<double>(duration));
+        o.timeout = std::chrono::milliseconds(timeoutMs);
+        o.carrier = carrier;
+        return o;
+    }
+};
+
+#if defined(SPINDLE_HAVE_DPDK)
+
+// --dpdk and what goes with it.
+struct DpdkFlags {
+    bool on = false;
+    std::string eal;                       // extra EAL arguments, split on spaces
+    std::string device = "net_tap0,iface=spindle0";
+    std::string ip;                        // ADDR/PREFIX
+    std::string gateway;
+    unsigned memoryMb = 256;
+
+    void addTo(CLI::App& app) {
+        app.add_flag("--dpdk", on, "with --udp: spindle's own stack on a DPDK port instead of kernel sockets");
+        app.add_option("--eal", eal, "extra EAL arguments (spindle passes --no-huge, --no-pci and a file prefix)");
+        app.add_option("--dpdk-port", device, "the port: a vdev string or a PCI address")->capture_default_str();
+        app.add_option("--ip", ip, "the interface's IPv4 address and prefix length, e.g. 198.18.0.1/24");
+        app.add_option("--gateway", gateway, "IPv4 gateway for destinations off the subnet");
+        app.add_option("--dpdk-memory-mb", memoryMb, "EAL memory without hugepages, MB")->check(CLI::Range(64u, 65536u));
+    }
+
+    bool startEal() const {
+        spindle::dpdk::EalOptions o;
+        o.memoryMb = memoryMb;
+        std::istringstream words(eal);
+        for (std::string w; words >> w;) { o.extraArgs.push_back(w); }
+        std::string why;
+        if (!spindle::dpdk::startEal(o, &why)) {
+            std::fprintf(stderr, "spindle-echo: DPDK: %s\n", why.c_str());
+            return false;
+        }
+        return true;
+    }
+};
+
+std::optional<uint32_t> parseIpv4(const std::string& text) {
+    in_addr a{};
+    if (::inet_pton(AF_INET, text.c_str(), &a) != 1) { return std::nullopt; }
+    return a.s_addr;
+}
+
+// "198.18.0.1/24" into the interface options; false (with a message) when it is not that.
+bool parseIpPrefix(const std::string& text, const std::string& gateway, spindle::dpdk::InterfaceOptions& o) {
+    const size_t slash = text.find('/');
+    auto addr = parseIpv4(text.substr(0, slash));
+    unsigned prefix = 24;
+    if (slash != std::string::npos) {
+        try {
+            prefix = static_cast<unsigned>(std::stoul(text.substr(slash + 1)));
+        } catch (...) {
+            prefix = 99;
+        }
+    }
+    if (!addr || prefix > 32 || *addr == 0) {
+        std::fprintf(stderr, "spindle-echo: --ip wants an IPv4 address and prefix length, e.g. 198.18.0.1/24 (got '%s')\n",
+                     text.c_str());
+        return false;
+    }
+    o.ip = *addr;
+    o.prefixLength = prefix;
+    if (!gateway.empty()) {
+        auto g = parseIpv4(gateway);
+        if (!g) {
+            std::fprintf(stderr, "spindle-echo: --gateway: not an IPv4 address: %s\n", gateway.c_str());
+            return false;
+        }
+        o.gateway = *g;
+    }
+    return true;
+}
+
+// A port and an interface on it, run by carrier `carrier`; torn down in order by its destructor.
+struct DpdkPath {
+    spindle::Runtime& rt;
+    int carrier = 0;
+    spindle::dpdk::Port port;
+    std::unique_ptr<spindle::dpdk::Interface> iface;
+
+    DpdkPath(spindle::Runtime& runtime, int c) : rt(runtime), carrier(c) {}
+    ~DpdkPath() {
+        if (iface && iface->carrier() >= 0) {
+            auto f = rt.spawn([this]() noexcept { (void)iface->stop(); },
+                              spindle::SpawnOptions{.carrier = carrier, .pinned = true});
+            if (f) { f->join(); }
+        }
+        iface.reset();
+        if (port.isOpen()) { (void)port.close(); }
+    }
+
+    bool start(spindle::dpdk::Port p, const spindle::dpdk::InterfaceOptions& o) {
+        port = std::move(p);
+        auto i = spindle::dpdk::Interface::create(port, 0, o);
+        if (!i) {
+            std::fprintf(stderr, "spindle-echo: interface: %s\n", i.error().message().c_str());
+            return false;
+        }
+        iface = std::move(*i);
+        auto f = rt.spawn([this]() noexcept { return iface->start(); },
+                          spindle::SpawnOptions{.carrier = carrier, .pinned = true});
+        if (!f) { return false; }
+        if (auto r = f->join(); !r) {
+            std::fprintf(stderr, "spindle-echo: polling the port: %s\n", r.error().message().c_str());
+            return false;
+        }
+        return true;
+    }
+};
+
+#endif
+
+int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, spindle::echo::ServerOptions options) {
+    auto address = parseAddress(host, port);
+    if (!address) { return kExitUsage; }
+    // Before the carriers start, so that every thread inherits the mask and the signalfd is their only way in.
+    const int sfd = blockStopSignals();
+    if (sfd < 0) { return kExitFailure; }
     auto rt = spindle::Runtime::start(rtFlags.options());
     if (!rt) {
         std::fprintf(stderr, "spindle-echo: the runtime did not start: %s%s\n", rt.error().message().c_str(),
@@ -126,23 +314,7 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
                  (*server)->localAddress().toString().c_str(), (*server)->listenerCount(),
                  (*server)->listenerCount() == 1 ? "" : "s", rt->carrierCount(), rt->carrierCount() == 1 ? "" : "s",
                  spindle::toString(rt->backend()), rtFlags.pollMode.c_str());
-    auto waiter = rt->spawn(
-        [sfd]() -> int {
-            for (;;) {
-                auto ready = spindle::poll(sfd, POLLIN);
-                if (!ready) { return 0; }  // ECANCELED: the runtime is going down anyway
-                signalfd_siginfo info{};
-                if (::read(sfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
-                    return static_cast<int>(info.ssi_signo);
-                }
-            }
-        },
-        spindle::SpawnOptions{.name = "echo-signals"});
-    if (!waiter) {
-        std::fprintf(stderr, "spindle-echo: spawn: %s\n", waiter.error().message().c_str());
-        return kExitFailure;
-    }
-    const int signo = waiter->join();
+    const int signo = waitForStopSignal(*rt, sfd);
     (*server)->stop();
     const spindle::echo::ServerStats stats = (*server)->stats();
     // What the driver did, for syscalls per message: enters are io_uring_enter calls, or epoll_wait
@@ -199,6 +371,237 @@ int runClient(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
     return 0;
 }
 
+
+#if defined(SPINDLE_HAVE_DPDK)
+using DpdkFlagsArg = DpdkFlags;
+#else
+struct DpdkFlagsArg {
+    bool on = false;
+};
+#endif
+
+int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, const DpdkFlagsArg& dpdkFlags) {
+    const int sfd = blockStopSignals();
+    if (sfd < 0) { return kExitFailure; }
+#if defined(SPINDLE_HAVE_DPDK)
+    spindle::dpdk::InterfaceOptions io;
+    if (dpdkFlags.on && (!parseIpPrefix(dpdkFlags.ip, dpdkFlags.gateway, io) || !dpdkFlags.startEal())) {
+        return dpdkFlags.ip.empty() ? kExitUsage : kExitFailure;
+    }
+#endif
+    auto rt = spindle::Runtime::start(rtFlags.options());
+    if (!rt) {
+        std::fprintf(stderr, "spindle-echo: the runtime did not start: %s%s\n", rt.error().message().c_str(),
+                     spindle::apps::startFailureNote(rtFlags.backend).c_str());
+        return kExitFailure;
+    }
+    std::unique_ptr<spindle::echo::UdpEchoServer> server;
+#if defined(SPINDLE_HAVE_DPDK)
+    std::unique_ptr<DpdkPath> path;
+    if (dpdkFlags.on) {
+        std::string why;
+        auto p = spindle::dpdk::Port::open(dpdkFlags.device, {}, &why);
+        if (!p) {
+            std::fprintf(stderr, "spindle-echo: DPDK port: %s\n", why.c_str());
+            return kExitFailure;
+        }
+        path = std::make_unique<DpdkPath>(*rt, 0);
+        if (!path->start(std::move(*p), io)) { return kExitFailure; }
+        auto s = spindle::echo::startDpdkUdpEcho(*rt, *path->iface, static_cast<uint16_t>(port));
+        if (!s) {
+            std::fprintf(stderr, "spindle-echo: UDP port %u: %s\n", port, s.error().message().c_str());
+            return kExitFailure;
+        }
+        server = std::move(*s);
+        const auto mac = path->port.mac();
+        std::fprintf(stderr, "spindle-echo: UDP echo over DPDK port %s (MAC %02x:%02x:%02x:%02x:%02x:%02x), %s port %u\n",
+                     path->port.name().c_str(), mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], dpdkFlags.ip.c_str(), port);
+    }
+#endif
+    if (!dpdkFlags.on) {
+        auto address = parseAddress(host, port);
+        if (!address) { return kExitUsage; }
+        uint16_t bound = 0;
+        auto s = spindle::echo::startKernelUdpEcho(*rt, *address, &bound);
+        if (!s) {
+            std::fprintf(stderr, "spindle-echo: cannot bind UDP %s: %s\n", address->toString().c_str(),
+                         s.error().message().c_str());
+            return kExitFailure;
+        }
+        server = std::move(*s);
+        std::fprintf(stderr, "spindle-echo: UDP echo on %s port %u (%u carriers, backend %s)\n", host.c_str(), bound,
+                     rt->carrierCount(), spindle::toString(rt->backend()));
+    }
+    const int signo = waitForStopSignal(*rt, sfd);
+    server->stop();
+    const uint64_t echoed = server->echoed();
+    server.reset();
+#if defined(SPINDLE_HAVE_DPDK)
+    if (path) {
+        const spindle::dpdk::InterfaceStats st = path->iface->stats();
+        std::fprintf(stderr,
+                     "spindle-echo: arp answered %llu, echo replies %llu, udp received %llu, drops: truncated %llu "
+                     "not-for-us %llu bad-checksum %llu fragment %llu malformed %llu unsupported %llu\n",
+                     static_cast<unsigned long long>(st.arpRequestsAnswered), static_cast<unsigned long long>(st.echoReplies),
+                     static_cast<unsigned long long>(st.udpReceived),
+                     static_cast<unsigned long long>(st.drops[1]), static_cast<unsigned long long>(st.drops[2]),
+                     static_cast<unsigned long long>(st.drops[3]), static_cast<unsigned long long>(st.drops[4]),
+                     static_cast<unsigned long long>(st.drops[5]), static_cast<unsigned long long>(st.drops[6]));
+    }
+    path.reset();
+#endif
+    rt->shutdown();
+    rt->join();
+    ::close(sfd);
+    std::fprintf(stderr, "spindle-echo: %s; echoed %llu datagrams\n", signo != 0 ? strsignal(signo) : "stopped",
+                 static_cast<unsigned long long>(echoed));
+    return 0;
+}
+
+int printUdpReport(const spindle::Result<spindle::echo::UdpReport>& report, const std::string& extra) {
+    if (!report) {
+        std::fprintf(stderr, "spindle-echo: client: %s\n", report.error().message().c_str());
+        return kExitFailure;
+    }
+    std::printf("%s\n", spindle::echo::formatUdpReport(*report, extra).c_str());
+    if (!report->ok()) {
+        std::fprintf(stderr, "spindle-echo: the UDP client failed: %s\n", report->firstError.c_str());
+        return kExitFailure;
+    }
+    return 0;
+}
+
+int runUdpClient(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, const UdpClientFlags& flags,
+                 const DpdkFlagsArg& dpdkFlags) {
+#if defined(SPINDLE_HAVE_DPDK)
+    spindle::dpdk::InterfaceOptions io;
+    if (dpdkFlags.on && (!parseIpPrefix(dpdkFlags.ip, dpdkFlags.gateway, io) || !dpdkFlags.startEal())) {
+        return dpdkFlags.ip.empty() ? kExitUsage : kExitFailure;
+    }
+#endif
+    auto rt = spindle::Runtime::start(rtFlags.options());
+    if (!rt) {
+        std::fprintf(stderr, "spindle-echo: the runtime did not start: %s\n", rt.error().message().c_str());
+        return kExitFailure;
+    }
+    int rc = kExitFailure;
+#if defined(SPINDLE_HAVE_DPDK)
+    if (dpdkFlags.on) {
+        auto serverIp = parseIpv4(host);
+        if (!serverIp) {
+            std::fprintf(stderr, "spindle-echo: --address: not an IPv4 address: %s\n", host.c_str());
+            return kExitUsage;
+        }
+        std::string why;
+        auto p = spindle::dpdk::Port::open(dpdkFlags.device, {}, &why);
+        if (!p) {
+            std::fprintf(stderr, "spindle-echo: DPDK port: %s\n", why.c_str());
+            return kExitFailure;
+        }
+        {
+            DpdkPath path(*rt, 0);
+            if (path.start(std::move(*p), io)) {
+                rc = printUdpReport(spindle::echo::runDpdkUdpClient(*rt, *path.iface,
+                                                                    spindle::dpdk::Endpoint{*serverIp, static_cast<uint16_t>(port)},
+                                                                    flags.options(0)),
+                                    "transport=dpdk");
+            }
+        }
+        rt->shutdown();
+        rt->join();
+        return rc;
+    }
+#endif
+    auto address = parseAddress(host, port);
+    if (!address) { return kExitUsage; }
+    rc = printUdpReport(spindle::echo::runKernelUdpClient(*rt, *address, flags.options(-1)), "transport=kernel");
+    rt->shutdown();
+    rt->join();
+    return rc;
+}
+
+// Server on carrier 0, client on carrier 1, in this process.
+int runUdpPair(const RuntimeFlags& rtFlags, const UdpClientFlags& flags, bool overDpdk) {
+    RuntimeFlags two = rtFlags;
+    two.carriers = 2;
+#if defined(SPINDLE_HAVE_DPDK)
+    DpdkFlags dpdkFlags;
+    if (overDpdk && !dpdkFlags.startEal()) { return kExitFailure; }
+#else
+    if (overDpdk) {
+        std::fprintf(stderr, "spindle-echo: built without DPDK (libdpdk-dev was not found)\n");
+        return kExitFailure;
+    }
+#endif
+    auto rt = spindle::Runtime::start(two.options());
+    if (!rt) {
+        std::fprintf(stderr, "spindle-echo: the runtime did not start: %s\n", rt.error().message().c_str());
+        return kExitFailure;
+    }
+    int rc = kExitFailure;
+    double cpu0 = 0;
+    double cpu1 = 0;
+    spindle::Result<spindle::echo::UdpReport> report = spindle::Error{EINVAL};
+    if (!overDpdk) {
+        uint16_t bound = 0;
+        auto server = spindle::echo::startKernelUdpEcho(*rt, spindle::net::SocketAddress::ipv4Loopback(0), &bound, 0);
+        if (!server) {
+            std::fprintf(stderr, "spindle-echo: UDP echo: %s\n", server.error().message().c_str());
+            return kExitFailure;
+        }
+        cpu0 = processCpuSeconds();
+        report = spindle::echo::runKernelUdpClient(*rt, spindle::net::SocketAddress::ipv4Loopback(bound), flags.options(1));
+        cpu1 = processCpuSeconds();
+        (*server)->stop();
+    }
+#if defined(SPINDLE_HAVE_DPDK)
+    if (overDpdk) {
+        // Two ring ports wired back to back: what A sends, B receives, and the other way round.
+        const std::string tag = std::to_string(::getpid());
+        rte_ring* ab = rte_ring_create(("echo-ab-" + tag).c_str(), 1024, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
+        rte_ring* ba = rte_ring_create(("echo-ba-" + tag).c_str(), 1024, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
+        const int idA = ab && ba ? rte_eth_from_rings(("echoA" + tag).c_str(), &ba, 1, &ab, 1, SOCKET_ID_ANY) : -1;
+        const int idB = ab && ba ? rte_eth_from_rings(("echoB" + tag).c_str(), &ab, 1, &ba, 1, SOCKET_ID_ANY) : -1;
+        if (idA < 0 || idB < 0) {
+            std::fprintf(stderr, "spindle-echo: cannot make two ring ports\n");
+            return kExitFailure;
+        }
+        auto pa = spindle::dpdk::Port::attach(static_cast<uint16_t>(idA));
+        auto pb = spindle::dpdk::Port::attach(static_cast<uint16_t>(idB));
+        if (!pa || !pb) { return kExitFailure; }
+        {
+            DpdkPath server(*rt, 0);
+            DpdkPath client(*rt, 1);
+            spindle::dpdk::InterfaceOptions oa;
+            oa.ip = *parseIpv4("198.18.0.1");
+            spindle::dpdk::InterfaceOptions ob = oa;
+            ob.ip = *parseIpv4("198.18.0.2");
+            if (server.start(std::move(*pa), oa) && client.start(std::move(*pb), ob)) {
+                auto echo = spindle::echo::startDpdkUdpEcho(*rt, *server.iface, 7);
+                if (echo) {
+                    cpu0 = processCpuSeconds();
+                    report = spindle::echo::runDpdkUdpClient(*rt, *client.iface, spindle::dpdk::Endpoint{oa.ip, 7},
+                                                             flags.options(1));
+                    cpu1 = processCpuSeconds();
+                    (*echo)->stop();
+                }
+            }
+        }
+        rte_ring_free(ab);
+        rte_ring_free(ba);
+    }
+#endif
+    std::string extra = fmt::format("transport={}", overDpdk ? "dpdk" : "kernel");
+    if (report) {
+        extra += fmt::format(" cpu_s={:.3f} cpu_us_per_msg={:.3f}", cpu1 - cpu0,
+                             report->totalMessages > 0 ? (cpu1 - cpu0) * 1e6 / static_cast<double>(report->totalMessages) : 0.0);
+    }
+    rc = printUdpReport(report, extra);
+    rt->shutdown();
+    rt->join();
+    return rc;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -237,6 +640,12 @@ int main(int argc, char** argv) {
     server->add_option("--provided-buffer-size", serverOptions.providedBufferSize, "bytes of each provided buffer")
         ->check(CLI::Range(size_t{1}, size_t{1} << 20))->capture_default_str();
     serverRt.addTo(*server);
+    bool serverUdp = false;
+    server->add_flag("--udp", serverUdp, "echo UDP datagrams instead of TCP streams");
+    DpdkFlagsArg serverDpdk;
+#if defined(SPINDLE_HAVE_DPDK)
+    serverDpdk.addTo(*server);
+#endif
 
     CLI::App* client = app.add_subcommand("client", "ping-pong load: send, read the echo back, check it, time it");
     RuntimeFlags clientRt;
@@ -264,6 +673,26 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1u, 3600000u));
     client->add_flag("--json", json, "print one JSON object instead of key=value pairs");
     clientRt.addTo(*client);
+    bool clientUdp = false;
+    client->add_flag("--udp", clientUdp, "UDP datagrams instead of TCP streams (--window of them outstanding)");
+    UdpClientFlags udpFlags;
+    udpFlags.addTo(*client);
+    DpdkFlagsArg clientDpdk;
+#if defined(SPINDLE_HAVE_DPDK)
+    clientDpdk.addTo(*client);
+#endif
+
+    CLI::App* pair = app.add_subcommand("udp-pair", "UDP echo server (carrier 0) and client (carrier 1) in one process");
+    RuntimeFlags pairRt;
+    UdpClientFlags pairFlags;
+    bool pairDpdk = false;
+    pair->add_flag("--dpdk", pairDpdk, "over two net_ring ports wired back to back instead of kernel sockets on loopback");
+    pair->add_option("--size", pairFlags.size, "bytes per datagram")
+        ->check(CLI::Range(spindle::echo::kUdpMinMessage, spindle::echo::kUdpMaxMessage));
+    pair->add_option("--duration", pairFlags.duration, "measured seconds, after the warm-up")->check(CLI::Range(0.001, 86400.0));
+    pair->add_option("--warmup", pairFlags.warmup, "seconds of load before measuring")->check(CLI::Range(0.0, 3600.0));
+    pairFlags.addTo(*pair);
+    pairRt.addTo(*pair);
 
     try {
         app.parse(static_cast<int>(args.size()), args.data());
@@ -272,6 +701,23 @@ int main(int argc, char** argv) {
         return rc == 0 ? 0 : kExitUsage;
     }
     raiseDescriptorLimit();
+    if (pair->parsed()) { return runUdpPair(pairRt, pairFlags, pairDpdk); }
+    if (client->parsed() && clientUdp) {
+        if (clientOptions.messageSize < spindle::echo::kUdpMinMessage || clientOptions.messageSize > spindle::echo::kUdpMaxMessage) {
+            std::fprintf(stderr, "spindle-echo: --udp: --size must be %zu..%zu bytes\n", spindle::echo::kUdpMinMessage,
+                         spindle::echo::kUdpMaxMessage);
+            return kExitUsage;
+        }
+        udpFlags.size = clientOptions.messageSize;
+        udpFlags.warmup = warmup;
+        udpFlags.duration = duration;
+        return runUdpClient(clientRt, clientHost, clientPort, udpFlags, clientDpdk);
+    }
+    if (server->parsed() && serverUdp) { return runUdpServer(serverRt, serverHost, serverPort, serverDpdk); }
+    if (serverDpdk.on || clientDpdk.on) {
+        std::fprintf(stderr, "spindle-echo: --dpdk goes with --udp\n");
+        return kExitUsage;
+    }
     if (client->parsed()) {
         clientOptions.connectTimeout = std::chrono::milliseconds(connectTimeoutMs);
         clientOptions.ioTimeout = std::chrono::milliseconds(ioTimeoutMs);

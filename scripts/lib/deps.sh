@@ -14,7 +14,7 @@ SPINDLE_DEB_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev
   libboost-context-dev libboost-fiber-dev
   libfmt-dev libcli11-dev python3
-  libdpdk-dev
+  libdpdk-dev iproute2 iputils-ping ethtool
 )
 
 # Prints, on one line, those of the named packages that dpkg does not list as installed.
