@@ -501,10 +501,10 @@ int runUdpClient(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
         {
             DpdkPath path(*rt, 0);
             if (path.start(std::move(*p), io)) {
-                rc = printUdpReport(spindle::echo::runDpdkUdpClient(*rt, *path.iface,
-                                                                    spindle::dpdk::Endpoint{*serverIp, static_cast<uint16_t>(port)},
-                                                                    flags.options(0)),
-                                    "transport=dpdk");
+                const double cpu0 = processCpuSeconds();
+                auto report = spindle::echo::runDpdkUdpClient(
+                    *rt, *path.iface, spindle::dpdk::Endpoint{*serverIp, static_cast<uint16_t>(port)}, flags.options(0));
+                rc = printUdpReport(report, fmt::format("transport=dpdk client_cpu_s={:.3f}", processCpuSeconds() - cpu0));
             }
         }
         rt->shutdown();
@@ -514,7 +514,9 @@ int runUdpClient(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
 #endif
     auto address = parseAddress(host, port);
     if (!address) { return kExitUsage; }
-    rc = printUdpReport(spindle::echo::runKernelUdpClient(*rt, *address, flags.options(-1)), "transport=kernel");
+    const double cpu0 = processCpuSeconds();
+    auto report = spindle::echo::runKernelUdpClient(*rt, *address, flags.options(-1));
+    rc = printUdpReport(report, fmt::format("transport=kernel client_cpu_s={:.3f}", processCpuSeconds() - cpu0));
     rt->shutdown();
     rt->join();
     return rc;

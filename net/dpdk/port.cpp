@@ -362,6 +362,14 @@ bool Port::polled(unsigned queue) const noexcept {
     return impl_ && queue < impl_->queues.size() && impl_->queues[queue]->polled.load(std::memory_order_acquire);
 }
 
+uint16_t Port::receive(unsigned queue, rte_mbuf** packets, uint16_t n) noexcept {
+    Impl::Queue& q = *impl_->queues[queue];
+    const uint16_t got = ::rte_eth_rx_burst(impl_->portId, q.index, packets, n);
+    for (uint16_t i = 0; i < got; ++i) { detail::takeOver(packets[i]); }
+    if (got != 0) { bump(q.counters.rxPackets, got); }
+    return got;
+}
+
 uint16_t Port::transmit(unsigned queue, rte_mbuf** packets, uint16_t n) noexcept {
     Impl::Queue& q = *impl_->queues[queue];
     // Handed over before the device sees them; those it refuses stay the caller's all the same.

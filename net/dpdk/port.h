@@ -100,6 +100,10 @@ public:
     /// Whether a carrier polls `queue`.
     [[nodiscard]] bool polled(unsigned queue) const noexcept;
 
+    /// Takes up to `n` received packets from `queue`, now the caller's, for code that polls a queue
+    /// itself (a forwarding loop on a fiber) instead of through startPolling(). Returns how many.
+    /// Precondition: nobody polls `queue`; one thread at a time.
+    uint16_t receive(unsigned queue, rte_mbuf** packets, uint16_t n) noexcept;
     /// Hands up to `n` packets to `queue`'s TX ring; returns how many it took (the caller still owns
     /// the rest). Precondition: on the thread allowed to use the queue (file comment).
     uint16_t transmit(unsigned queue, rte_mbuf** packets, uint16_t n) noexcept;
