@@ -218,6 +218,12 @@ void Carrier::setUpNodeMemory() noexcept {
 }
 
 void Carrier::tearDown() noexcept {
+    // Pollers still registered outlive the loop that ran them: unregister each and tell it, on this
+    // thread (a DPDK queue unregisters the thread from DPDK here).
+    while (Poller* p = pollers_) {
+        removePoller(p);
+        if (p->detached != nullptr) { p->detached(p); }
+    }
     // On this thread, with the ring still open and nothing in flight (the loop has drained it); the
     // memory itself is freed by ~Carrier once every carrier thread is gone.
     if (driver_ && driver_->ring() != nullptr && driver_->ring()->initialized()) {

@@ -21,6 +21,10 @@ struct Poller {
     bool (*poll)(Poller* self) noexcept = nullptr;
     /// Whether the carrier may park now (null: always). Asked only when poll() found nothing.
     bool (*mayPark)(Poller* self) noexcept = nullptr;
+    /// Called on the carrier's thread when the carrier leaves its loop (the runtime shut down) with
+    /// the poller still registered: the poller is unregistered first and never called again. Null:
+    /// nothing to do. Lets a component release what it holds for that thread.
+    void (*detached)(Poller* self) noexcept = nullptr;
     // Owned by the carrier while registered.
     Poller* next = nullptr;
     Poller* prev = nullptr;

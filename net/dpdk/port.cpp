@@ -90,6 +90,14 @@ struct Port::Impl {
     }
     // No Rx interrupts on the ports spindle opens: a carrier that polls one keeps polling.
     static bool mayPark(Poller*) noexcept { return false; }
+    // The carrier left its loop (runtime shutdown) with the queue still polled: on its thread, undo
+    // what startPolling() did there, so that the port can close.
+    static void detached(Poller* p) noexcept {
+        auto* q = reinterpret_cast<Queue*>(p);
+        q->polled.store(false, std::memory_order_release);
+        q->carrier = -1;
+        unregisterThread();
+    }
 
     // Stops, closes and (when created) removes the device, frees the pool. Returns the first error.
     int tearDown() noexcept {
@@ -276,6 +284,7 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
         queue->index = static_cast<uint16_t>(q);
         queue->poller.poll = &Impl::poll;
         queue->poller.mayPark = &Impl::mayPark;
+        queue->poller.detached = &Impl::detached;
         try {
             impl->queues.push_back(std::move(queue));
         } catch (const std::bad_alloc&) {

@@ -16,7 +16,9 @@
 /// and DPDK's errno from configuration and start. Nothing is left behind by a failed open.
 /// Thread-safety: a queue's receive (its poller) and transmit() run on one thread at a time, the
 /// carrier polling it (or, for a queue nobody polls, the caller's thread). stats() from anywhere.
-/// Lifetime: stopPolling() every polled queue, then close() (or destroy), before stopEal().
+/// Lifetime: stopPolling() every polled queue, then close() (or destroy), before stopEal(). A runtime
+/// that shuts down first ends the polling itself (its carriers detach their pollers on the way out),
+/// and the port can then be closed from any thread.
 
 #include <array>
 #include <cstdint>

@@ -402,7 +402,10 @@ Result<void> Interface::stop() noexcept {
         std::lock_guard<SpinLock> g(impl_->socketsLock);
         if (!impl_->sockets.empty()) { return Error{EBUSY}; }
     }
-    if (auto r = impl_->port->stopPolling(impl_->queue); !r) { return r; }
+    // Not polled any more: stopped already, or its carrier left with the runtime's shutdown.
+    if (impl_->port->polled(impl_->queue)) {
+        if (auto r = impl_->port->stopPolling(impl_->queue); !r) { return r; }
+    }
     impl_->carrier.store(-1, std::memory_order_release);
     for (auto& [ip, e] : impl_->arp) {
         for (Impl::ArpWaiter* w : e.waiters) { w->done.set(-EHOSTUNREACH); }
@@ -412,7 +415,11 @@ Result<void> Interface::stop() noexcept {
 }
 
 const InterfaceAddress& Interface::address() const noexcept { return impl_->self; }
-int Interface::carrier() const noexcept { return impl_->carrier.load(std::memory_order_acquire); }
+int Interface::carrier() const noexcept {
+    // -1 as well once the carrier has gone with the runtime (its poller was detached).
+    if (!impl_->port->polled(impl_->queue)) { return -1; }
+    return impl_->carrier.load(std::memory_order_acquire);
+}
 
 InterfaceStats Interface::stats() const noexcept {
     const Impl::Counters& c = impl_->counters;

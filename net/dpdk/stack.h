@@ -83,8 +83,9 @@ public:
     /// From a fiber pinned on the carrier that is to run the stack: starts polling the queue.
     /// Errors: as Port::startPolling().
     [[nodiscard]] Result<void> start() noexcept;
-    /// From a fiber on that carrier: stops polling; queued ARP waiters get EHOSTUNREACH.
-    /// Errors: EBUSY while sockets are bound; as Port::stopPolling().
+    /// From a fiber on that carrier: stops polling; queued ARP waiters get EHOSTUNREACH. After the
+    /// runtime has shut down (its carrier detached the poller) it only marks the interface stopped,
+    /// from any thread. Errors: EBUSY while sockets are bound; as Port::stopPolling().
     [[nodiscard]] Result<void> stop() noexcept;
 
     [[nodiscard]] const InterfaceAddress& address() const noexcept;

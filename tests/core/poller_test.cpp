@@ -164,6 +164,35 @@ TEST_F(PollerTest, RunOnCarrierRunsOnTheCarrierItNamesFromThreadsAndFibers) {
     EXPECT_EQ(count.load(), 200);
 }
 
+// A poller still registered when the runtime shuts down is unregistered by its carrier on the way
+// out, on that carrier's thread, and told so; it is never called afterwards.
+TEST_F(PollerTest, APollerLeftRegisteredIsDetachedOnItsCarrierAtShutdown) {
+    struct Counting : Poller {
+        std::atomic<int> polls{0};
+        std::atomic<int> detaches{0};
+        std::atomic<int> detachedOnCarrier{-2};
+    } p;
+    p.poll = [](Poller* self) noexcept {
+        static_cast<Counting*>(self)->polls.fetch_add(1);
+        return false;
+    };
+    p.detached = [](Poller* self) noexcept {
+        auto* c = static_cast<Counting*>(self);
+        c->detaches.fetch_add(1);
+        c->detachedOnCarrier.store(this_fiber::carrierIndex());
+    };
+    on(1, [&] { ASSERT_TRUE(addPoller(&p)); }).join();
+    rt().shutdown();
+    rt().join();
+    EXPECT_EQ(p.detaches.load(), 1);
+    EXPECT_EQ(p.detachedOnCarrier.load(), 1);
+    EXPECT_EQ(p.carrier, nullptr);
+    const int polls = p.polls.load();
+    EXPECT_GT(polls, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    EXPECT_EQ(p.polls.load(), polls);
+}
+
 TEST_F(PollerTest, RunOnCarrierErrors) {
     bool ran = false;
     EXPECT_EQ(rt().runOnCarrier(2, [&] { ran = true; }).errorCode(), EINVAL);

@@ -15,7 +15,9 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/fiber.h"
@@ -238,6 +240,31 @@ TEST_F(DpdkStack, SocketErrorsDeadlinesCancelAndClose) {
     ASSERT_TRUE(t);
     on(1, [&] { EXPECT_EQ(b_->stop().errorCode(), EBUSY); }).join();
     EXPECT_TRUE(t->close());
+}
+
+// The runtime shuts down with a receiver parked and the interfaces still running: the receiver
+// gets ECANCELED, the carriers detach their pollers on the way out, and the ports then close.
+TEST_F(DpdkStack, ARuntimeShutdownEndsParkedReceiversAndLetsThePortsClose) {
+    auto s = UdpSocket::bind(*b_, 6000);
+    ASSERT_TRUE(s);
+    std::atomic<bool> parked{false};
+    auto waiter = on(1, [&] {
+        parked = true;
+        char buf[16];
+        EXPECT_EQ(s->recvFrom(buf, sizeof(buf), nullptr).errorCode(), ECANCELED);
+    });
+    while (!parked) { std::this_thread::sleep_for(1ms); }
+    std::this_thread::sleep_for(5ms);
+    rt().shutdown();
+    waiter.join();
+    rt().join();
+    EXPECT_EQ(a_->carrier(), -1);
+    EXPECT_EQ(b_->carrier(), -1);
+    EXPECT_FALSE(portA_.polled(0));
+    EXPECT_TRUE(s->close());
+    EXPECT_TRUE(a_->stop());  // from a plain thread: nothing is polled any more
+    EXPECT_TRUE(b_->stop());
+    // TearDown closes the ports and checks every mbuf is back.
 }
 
 TEST_F(DpdkStack, PingIsAnsweredAndBadFramesAreCountedNeverAnswered) {
