@@ -339,14 +339,52 @@ struct Interface::Impl {
         }
     }
 
-    Result<size_t> sendHere(uint16_t srcPort, const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {
-        if (carrier.load(std::memory_order_acquire) < 0) { return Error{ENETDOWN}; }
-        uint32_t nextHop = to.ip;
-        if ((to.ip & mask) != (self.ip & mask)) {
+    // The MAC to send to `ip` through: itself on the subnet, else the gateway.
+    Result<Mac> nextHopMac(uint32_t ip, Deadline deadline) noexcept {
+        uint32_t nextHop = ip;
+        if ((ip & mask) != (self.ip & mask)) {
             if (options.gateway == 0) { return Error{ENETUNREACH}; }
             nextHop = options.gateway;
         }
-        auto mac = resolve(nextHop, deadline);
+        return resolve(nextHop, deadline);
+    }
+
+    // sendBurst() on the interface's carrier: headers for every datagram whose peer resolves, one
+    // transmit for them all; what cannot go is freed.
+    Result<size_t> sendBurstHere(uint16_t srcPort, rte_mbuf** mbufs, const Endpoint* to, size_t n, Deadline deadline) noexcept {
+        size_t ready = 0;
+        int error = 0;
+        for (; ready < n; ++ready) {
+            rte_mbuf* m = mbufs[ready];
+            const size_t frame = rte_pktmbuf_data_len(m);
+            if (m->nb_segs != 1 || frame < kUdpFrameHeaders || to[ready].ip == 0 || to[ready].port == 0) {
+                error = EINVAL;
+                break;
+            }
+            auto mac = nextHopMac(to[ready].ip, deadline);
+            if (!mac) {
+                error = mac.errorCode();
+                break;
+            }
+            (void)buildUdpHeaders({frameOf(m), frame}, self, *mac, to[ready].ip, srcPort, to[ready].port,
+                                  frame - kUdpFrameHeaders, ipId++, options.udpChecksum);
+        }
+        if (ready < n) { freePackets(mbufs + ready, static_cast<unsigned>(n - ready)); }
+        size_t sent = 0;
+        for (size_t done = 0; done < ready;) {  // each chunk is sent, or freed and counted, by transmitAll
+            const auto chunk = static_cast<uint16_t>(std::min<size_t>(ready - done, 32768));
+            sent += port->transmitAll(queue, mbufs + done, chunk, 1024);
+            done += chunk;
+        }
+        bump(counters.udpSent, sent);
+        if (sent == 0 && error != 0) { return Error{error}; }
+        if (sent == 0 && ready > 0) { return Error{ENOBUFS}; }
+        return sent;
+    }
+
+    Result<size_t> sendHere(uint16_t srcPort, const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {
+        if (carrier.load(std::memory_order_acquire) < 0) { return Error{ENETDOWN}; }
+        auto mac = nextHopMac(to.ip, deadline);
         if (!mac) { return Error{mac.errorCode()}; }
         rte_mbuf* m = nullptr;
         if (!allocPackets(port->pool(), &m, 1)) {
@@ -510,12 +548,15 @@ Result<void> UdpSocket::close() noexcept {
     return {};
 }
 
-Result<size_t> UdpSocket::recvFrom(void* buf, size_t len, Endpoint* from, Deadline deadline, size_t* fullLength) noexcept {
-    if (!state_) { return Error{EBADF}; }
-    State& s = *state_;
+namespace {
+
+// The receive loop of recvFrom() and recvBurst(): `take(s)` runs under the socket's lock when
+// datagrams are queued and returns what the call returns; otherwise the caller parks until one comes.
+template <class Take>
+Result<size_t> receiveWith(UdpSocket::State& s, Deadline deadline, Take&& take) noexcept {
     s.receivers.fetch_add(1, std::memory_order_acq_rel);
     struct Leave {
-        State& s;
+        UdpSocket::State& s;
         ~Leave() { s.receivers.fetch_sub(1, std::memory_order_acq_rel); }
     } leave{s};
     for (;;) {
@@ -523,19 +564,7 @@ Result<size_t> UdpSocket::recvFrom(void* buf, size_t len, Endpoint* from, Deadli
         {
             std::lock_guard<SpinLock> g(s.lock);
             if (s.closed) { return Error{EBADF}; }
-            if (s.count > 0) {
-                const State::Datagram d = s.ring[s.head];
-                s.head = (s.head + 1) % s.ring.size();
-                --s.count;
-                // Copied outside the lock would be fine too; the mbuf is ours now either way.
-                const size_t n = std::min<size_t>(len, d.length);
-                std::memcpy(buf, rte_pktmbuf_mtod_offset(d.mbuf, const char*, d.offset), n);
-                rte_mbuf* m = d.mbuf;
-                freePackets(&m, 1);
-                if (from != nullptr) { *from = d.from; }
-                if (fullLength != nullptr) { *fullLength = d.length; }
-                return n;
-            }
+            if (s.count > 0) { return take(s); }
             if (s.waiter != nullptr) { return Error{EBUSY}; }  // another receiver: one at a time
             s.waiter = &wake;
         }
@@ -562,6 +591,90 @@ Result<size_t> UdpSocket::recvFrom(void* buf, size_t len, Endpoint* from, Deadli
         }
         if (wake.isSet() && wake.result() == -ECANCELED) { return Error{ECANCELED}; }  // closed under us
     }
+}
+
+}  // namespace
+
+Result<size_t> UdpSocket::recvFrom(void* buf, size_t len, Endpoint* from, Deadline deadline, size_t* fullLength) noexcept {
+    if (!state_) { return Error{EBADF}; }
+    return receiveWith(*state_, deadline, [&](State& s) noexcept -> Result<size_t> {
+        const State::Datagram d = s.ring[s.head];
+        s.head = (s.head + 1) % s.ring.size();
+        --s.count;
+        const size_t n = std::min<size_t>(len, d.length);
+        std::memcpy(buf, rte_pktmbuf_mtod_offset(d.mbuf, const char*, d.offset), n);
+        rte_mbuf* m = d.mbuf;
+        freePackets(&m, 1);
+        if (from != nullptr) { *from = d.from; }
+        if (fullLength != nullptr) { *fullLength = d.length; }
+        return n;
+    });
+}
+
+Result<size_t> UdpSocket::recvBurst(DatagramView* out, size_t n, Deadline deadline) noexcept {
+    if (!state_) { return Error{EBADF}; }
+    if (n == 0) { return size_t{0}; }
+    return receiveWith(*state_, deadline, [&](State& s) noexcept -> Result<size_t> {
+        size_t taken = 0;
+        while (taken < n && s.count > 0) {
+            const State::Datagram& d = s.ring[s.head];
+            out[taken++] = DatagramView{d.mbuf, rte_pktmbuf_mtod_offset(d.mbuf, uint8_t*, d.offset), d.length, d.from};
+            s.head = (s.head + 1) % s.ring.size();
+            --s.count;
+        }
+        return taken;
+    });
+}
+
+Result<rte_mbuf*> UdpSocket::allocDatagram(size_t length, uint8_t** payload) noexcept {
+    if (!state_) { return Error{EBADF}; }
+    Interface::Impl& im = *state_->iface;
+    if (length + kIpUdpHeaders > im.mtu) { return Error{EMSGSIZE}; }
+    rte_mbuf* m = nullptr;
+    if (!allocPackets(im.port->pool(), &m, 1)) { return Error{ENOBUFS}; }
+    char* data = rte_pktmbuf_append(m, static_cast<uint16_t>(kUdpFrameHeaders + length));
+    if (data == nullptr) {
+        freePackets(&m, 1);
+        return Error{EMSGSIZE};
+    }
+    *payload = reinterpret_cast<uint8_t*>(data) + kUdpFrameHeaders;
+    return m;
+}
+
+Result<void> UdpSocket::prepareReply(const DatagramView& v) noexcept {
+    if (v.mbuf == nullptr || v.mbuf->nb_segs != 1) { return Error{EINVAL}; }
+    uint8_t* start = rte_pktmbuf_mtod(v.mbuf, uint8_t*);
+    if (v.data < start + kUdpFrameHeaders || v.data + v.length > start + rte_pktmbuf_data_len(v.mbuf)) {
+        return Error{EINVAL};
+    }
+    // Where sendBurst() builds the headers: the payload right after 42 bytes of them.
+    if (v.data != start + kUdpFrameHeaders) { std::memmove(start + kUdpFrameHeaders, v.data, v.length); }
+    setLength(v.mbuf, kUdpFrameHeaders + v.length);
+    return {};
+}
+
+Result<size_t> UdpSocket::sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t n, Deadline deadline) noexcept {
+    if (!state_) {
+        freePackets(mbufs, static_cast<unsigned>(n));
+        return Error{EBADF};
+    }
+    Interface::Impl& im = *state_->iface;
+    const int c = im.carrier.load(std::memory_order_acquire);
+    const uint16_t port = state_->port;
+    if (c >= 0 && this_fiber::carrierIndex() == c && this_fiber::pinned()) {
+        return im.sendBurstHere(port, mbufs, to, n, deadline);
+    }
+    if (c < 0 || !this_fiber::inFiber()) {
+        freePackets(mbufs, static_cast<unsigned>(n));
+        return Error{c < 0 ? ENETDOWN : EPERM};
+    }
+    auto f = spindle::spawn([&]() noexcept -> Result<size_t> { return im.sendBurstHere(port, mbufs, to, n, deadline); },
+                            SpawnOptions{.name = "dpdk-send", .carrier = c, .pinned = true});
+    if (!f) {
+        freePackets(mbufs, static_cast<unsigned>(n));
+        return Error{f.errorCode()};
+    }
+    return f->join();
 }
 
 Result<size_t> UdpSocket::sendTo(const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {

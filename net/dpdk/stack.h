@@ -107,6 +107,14 @@ struct Endpoint {
     bool operator==(const Endpoint&) const = default;
 };
 
+/// A received datagram in place (UdpSocket::recvBurst): `length` payload bytes at `data`, inside `mbuf`.
+struct DatagramView {
+    rte_mbuf* mbuf = nullptr;
+    uint8_t* data = nullptr;
+    uint16_t length = 0;
+    Endpoint from;
+};
+
 class UdpSocket {
 public:
     UdpSocket() noexcept;
@@ -125,6 +133,27 @@ public:
                                           size_t* fullLength = nullptr) noexcept;
     /// One datagram of `len` bytes to `to`. Errors: file comment.
     [[nodiscard]] Result<size_t> sendTo(const void* buf, size_t len, const Endpoint& to, Deadline deadline = {}) noexcept;
+
+    // ---- zero copy: datagrams that stay in their mbufs ----
+
+    /// Up to `n` queued datagrams, without copying: each view's payload lies in its mbuf, which the
+    /// caller now owns and gives back with freePackets() (or hands to sendBurst() after
+    /// prepareReply()). Waits for the first datagram as recvFrom() does; returns how many it took.
+    /// Errors: as recvFrom().
+    [[nodiscard]] Result<size_t> recvBurst(DatagramView* out, size_t n, Deadline deadline = {}) noexcept;
+    /// An mbuf for a `length`-byte datagram from this socket's interface pool; its payload area
+    /// (`*payload`) is the caller's to fill before sendBurst(). Errors: EMSGSIZE above the MTU's
+    /// payload, ENOBUFS when the pool is empty, EBADF after close().
+    [[nodiscard]] Result<rte_mbuf*> allocDatagram(size_t length, uint8_t** payload) noexcept;
+    /// Turns a received datagram's mbuf into one ready for sendBurst() with the same payload (an
+    /// echo without a copy): the payload moves to where sendBurst() expects it when the request had
+    /// IP options. Errors: EINVAL for a view not from recvBurst().
+    [[nodiscard]] Result<void> prepareReply(const DatagramView& view) noexcept;
+    /// Sends `n` datagrams from mbufs made by allocDatagram() or prepareReply(), `mbufs[i]` to
+    /// `to[i]`, in one transmit where the peers are resolved; takes every mbuf whatever happens (an
+    /// unsent one is freed and counted). Returns how many were sent. Errors: as sendTo(), for the
+    /// first datagram that could not go (those after it are freed unsent).
+    [[nodiscard]] Result<size_t> sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t n, Deadline deadline = {}) noexcept;
 
     /// Unbinds; a receiver parked in recvFrom() gets ECANCELED, queued datagrams are freed.
     /// Errors: EBADF when not bound.

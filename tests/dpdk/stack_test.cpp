@@ -172,6 +172,82 @@ TEST_F(DpdkStack, TheFirstSendResolvesThePeerAndDatagramsGoBothWays) {
     EXPECT_EQ(sa.udpReceived, static_cast<uint64_t>(kRounds));
 }
 
+// The zero-copy path: the server echoes bursts in their own mbufs (recvBurst, prepareReply,
+// sendBurst); the client fills mbufs it allocated and reads the echoes in place.
+TEST_F(DpdkStack, BurstsGoBothWaysWithoutACopy) {
+    constexpr int kRounds = testing_support::kSanitized ? 50 : 500;
+    constexpr size_t kBatch = 8;
+    auto server = on(1, [&] {
+        auto s = UdpSocket::bind(*b_, 7);
+        ASSERT_TRUE(s);
+        size_t echoed = 0;
+        while (echoed < kRounds * kBatch) {
+            DatagramView views[16];
+            auto n = s->recvBurst(views, 16, 10s);
+            ASSERT_TRUE(n) << n.error().message();
+            rte_mbuf* out[16];
+            Endpoint to[16];
+            for (size_t i = 0; i < *n; ++i) {
+                ASSERT_TRUE(s->prepareReply(views[i]));
+                out[i] = views[i].mbuf;
+                to[i] = views[i].from;
+            }
+            ASSERT_EQ(s->sendBurst(out, to, *n, 10s).value(), *n);
+            echoed += *n;
+        }
+        EXPECT_TRUE(s->close());
+    });
+    on(0, [&] {
+        auto c = UdpSocket::bind(*a_, 0);
+        ASSERT_TRUE(c);
+        const Endpoint peer{ip("198.18.0.2"), 7};
+        for (int round = 0; round < kRounds; ++round) {
+            rte_mbuf* out[kBatch];
+            Endpoint to[kBatch];
+            for (size_t i = 0; i < kBatch; ++i) {
+                uint8_t* payload = nullptr;
+                const size_t len = 1 + (round * kBatch + i) % 1000;
+                auto m = c->allocDatagram(len, &payload);
+                ASSERT_TRUE(m) << m.error().message();
+                for (size_t k = 0; k < len; ++k) { payload[k] = static_cast<uint8_t>(round + i + k); }
+                out[i] = *m;
+                to[i] = peer;
+            }
+            ASSERT_EQ(c->sendBurst(out, to, kBatch, 10s).value(), kBatch);
+            size_t got = 0;
+            while (got < kBatch) {
+                DatagramView views[kBatch];
+                auto n = c->recvBurst(views, kBatch - got, 10s);
+                ASSERT_TRUE(n) << n.error().message();
+                for (size_t j = 0; j < *n; ++j, ++got) {
+                    const size_t len = 1 + (round * kBatch + got) % 1000;
+                    EXPECT_EQ(views[j].length, len);
+                    EXPECT_EQ(views[j].from, peer);
+                    for (size_t k = 0; k < views[j].length; ++k) {
+                        if (views[j].data[k] != static_cast<uint8_t>(round + got + k)) {
+                            ADD_FAILURE() << "byte " << k << " of datagram " << got << " in round " << round;
+                            break;
+                        }
+                    }
+                    freePackets(&views[j].mbuf, 1);
+                }
+            }
+        }
+        // Errors: too large, a view that is not a received datagram, a closed socket takes the mbufs.
+        uint8_t* payload = nullptr;
+        EXPECT_EQ(c->allocDatagram(1473, &payload).errorCode(), EMSGSIZE);
+        EXPECT_EQ(c->prepareReply(DatagramView{}).errorCode(), EINVAL);
+        auto m = c->allocDatagram(4, &payload);
+        ASSERT_TRUE(m);
+        EXPECT_TRUE(c->close());
+        rte_mbuf* last = *m;
+        EXPECT_EQ(c->sendBurst(&last, &peer, 1).errorCode(), EBADF);  // and freed: TearDown counts the pool
+    }).join();
+    server.join();
+    EXPECT_EQ(a_->stats().udpSent, static_cast<uint64_t>(kRounds * kBatch));
+    EXPECT_EQ(b_->stats().udpSent, static_cast<uint64_t>(kRounds * kBatch));
+}
+
 TEST_F(DpdkStack, ASendFromAnotherCarrierRunsOnTheInterfacesCarrier) {
     auto server = on(1, [&] {
         auto s = UdpSocket::bind(*b_, 9);
