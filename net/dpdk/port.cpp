@@ -68,6 +68,7 @@ struct Port::Impl {
         void* arg = nullptr;
         std::atomic<bool> polled{false};
         int carrier = -1;
+        rte_mempool* pool = nullptr;  // one of the port's pools: the one on this queue's node
         Counters counters;
     };
 
@@ -75,7 +76,7 @@ struct Port::Impl {
     bool created = false;  // a vdev that open() created: close() removes it
     bool started = false;
     std::string name;
-    rte_mempool* pool = nullptr;
+    std::vector<std::pair<int, rte_mempool*>> pools;  // by DPDK socket id asked for
     std::vector<std::unique_ptr<Queue>> queues;
 
     static bool poll(Poller* p) noexcept {
@@ -111,10 +112,8 @@ struct Port::Impl {
             if (const int r = ::rte_vdev_uninit(name.c_str()); r != 0 && err == 0) { err = dpdkErrno(r); }
             created = false;
         }
-        if (pool != nullptr) {
-            ::rte_mempool_free(pool);
-            pool = nullptr;
-        }
+        for (auto& [socket, pool] : pools) { ::rte_mempool_free(pool); }
+        pools.clear();
         return err;
     }
 };
@@ -253,24 +252,47 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
         return fail(EINVAL, fmt::format("{} RX / {} TX descriptors: {}", o.rxDescriptors, o.txDescriptors,
                                         ::rte_strerror(dpdkErrno(r))));
     }
-    int socket = ::rte_eth_dev_socket_id(portId);
-    if (socket < 0) { socket = SOCKET_ID_ANY; }
-    const unsigned mbufs = o.mbufs != 0 ? o.mbufs : 2 * queues * (rxd + txd) + 2 * kBurst * queues + 1024;
-    char poolName[RTE_MEMPOOL_NAMESIZE];
-    std::snprintf(poolName, sizeof(poolName), "spindle-p%u-%u", portId,
-                  gPoolSerial.fetch_add(1, std::memory_order_relaxed));
-    impl->pool = ::rte_pktmbuf_pool_create(poolName, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE, socket);
-    if (impl->pool == nullptr && socket != SOCKET_ID_ANY) {
-        // Memory on the device's node may not exist (no hugepages there): any node will do.
-        impl->pool = ::rte_pktmbuf_pool_create(poolName, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE, SOCKET_ID_ANY);
-    }
-    if (impl->pool == nullptr) {
-        return fail(ENOMEM, fmt::format("an mbuf pool of {} mbufs: {} (raise EalOptions::memoryMb)", mbufs,
-                                        ::rte_strerror(rte_errno)));
-    }
+    int deviceSocket = ::rte_eth_dev_socket_id(portId);
+    if (deviceSocket < 0) { deviceSocket = SOCKET_ID_ANY; }
+    auto socketOf = [&](unsigned q) {
+        return q < o.queueNodes.size() && o.queueNodes[q] >= 0 ? o.queueNodes[q] : deviceSocket;
+    };
+    // The pool of a node: made on its first queue, sized for every queue on that node.
+    auto poolFor = [&](int socket) -> rte_mempool* {
+        for (auto& [s, p] : impl->pools) {
+            if (s == socket) { return p; }
+        }
+        unsigned onNode = 0;
+        for (unsigned q = 0; q < queues; ++q) { onNode += socketOf(q) == socket ? 1 : 0; }
+        const unsigned mbufs = o.mbufs != 0 ? o.mbufs : 2 * onNode * (rxd + txd) + 2 * kBurst * onNode + 1024;
+        char poolName[RTE_MEMPOOL_NAMESIZE];
+        std::snprintf(poolName, sizeof(poolName), "spindle-p%u-%u", portId,
+                      gPoolSerial.fetch_add(1, std::memory_order_relaxed));
+        rte_mempool* p = ::rte_pktmbuf_pool_create(poolName, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE, socket);
+        if (p == nullptr && socket != SOCKET_ID_ANY) {
+            // No memory on that node (no hugepages there, or no such node): any node will do.
+            log::info("dpdk: port {}: no mbuf pool on node {} ({}); using any node", impl->name, socket,
+                      ::rte_strerror(rte_errno));
+            p = ::rte_pktmbuf_pool_create(poolName, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE, SOCKET_ID_ANY);
+        }
+        if (p == nullptr) { return nullptr; }
+        try {
+            impl->pools.emplace_back(socket, p);
+        } catch (const std::bad_alloc&) {
+            ::rte_mempool_free(p);
+            return nullptr;
+        }
+        return p;
+    };
     for (unsigned q = 0; q < queues; ++q) {
+        const int socket = socketOf(q);
+        rte_mempool* pool = poolFor(socket);
+        if (pool == nullptr) {
+            return fail(ENOMEM, fmt::format("an mbuf pool for queue {} (node {}): {} (raise EalOptions::memoryMb)", q,
+                                            socket, ::rte_strerror(rte_errno)));
+        }
         if (const int r = ::rte_eth_rx_queue_setup(portId, static_cast<uint16_t>(q), rxd, static_cast<unsigned>(socket),
-                                                   nullptr, impl->pool);
+                                                   nullptr, pool);
             r != 0) {
             return fail(dpdkErrno(r), fmt::format("RX queue {}: {}", q, ::rte_strerror(dpdkErrno(r))));
         }
@@ -282,6 +304,7 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
         if (!queue) { return fail(ENOMEM, "out of memory"); }
         queue->port = impl.get();
         queue->index = static_cast<uint16_t>(q);
+        queue->pool = pool;
         queue->poller.poll = &Impl::poll;
         queue->poller.mayPark = &Impl::mayPark;
         queue->poller.detached = &Impl::detached;
@@ -305,15 +328,15 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
             return fail(dpdkErrno(r), fmt::format("promiscuous mode: {}", ::rte_strerror(dpdkErrno(r))));
         }
     }
-    log::info("dpdk: port {} ({}) up: driver {}, {} queue pairs, {} RX / {} TX descriptors, {} mbufs", impl->name,
-              portId, info.driver_name, queues, rxd, txd, mbufs);
+    log::info("dpdk: port {} ({}) up: driver {}, {} queue pairs, {} RX / {} TX descriptors, {} mbuf pool(s)",
+              impl->name, portId, info.driver_name, queues, rxd, txd, impl->pools.size());
     return Port(std::move(impl));
 }
 
 uint16_t Port::id() const noexcept { return impl_->portId; }
 const std::string& Port::name() const noexcept { return impl_->name; }
 unsigned Port::queues() const noexcept { return static_cast<unsigned>(impl_->queues.size()); }
-rte_mempool* Port::pool() const noexcept { return impl_->pool; }
+rte_mempool* Port::pool(unsigned queue) const noexcept { return impl_->queues[queue]->pool; }
 
 std::array<uint8_t, 6> Port::mac() const noexcept {
     rte_ether_addr a{};

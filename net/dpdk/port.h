@@ -25,6 +25,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "base/result.h"
 
@@ -37,7 +38,11 @@ struct PortOptions {
     unsigned queues = 1;            // RX/TX queue pairs wanted; fewer when the device has fewer
     uint16_t rxDescriptors = 512;   // per RX queue
     uint16_t txDescriptors = 512;   // per TX queue
-    unsigned mbufs = 0;             // in the port's pool; 0: enough for every descriptor twice over
+    unsigned mbufs = 0;             // in each of the port's pools; 0: enough for their queues' descriptors twice over
+    // The NUMA node (DPDK socket id) of the carrier that will poll each queue, for the queue's mbuf
+    // pool and descriptor rings (Runtime::stats()[carrier].memoryNode); missing or -1: the device's
+    // node. Queues on one node share a pool. A node without memory falls back to any node.
+    std::vector<int> queueNodes;
     uint16_t mtu = 0;               // 0: the device's default
     bool promiscuous = false;
 };
@@ -88,8 +93,9 @@ public:
     [[nodiscard]] std::array<uint8_t, 6> mac() const noexcept;
     [[nodiscard]] uint16_t mtu() const noexcept;
     [[nodiscard]] LinkStatus link() const noexcept;
-    /// The pool this port's queues receive into; transmit() takes mbufs from any pool.
-    [[nodiscard]] rte_mempool* pool() const noexcept;
+    /// The pool queue `queue` receives into (on its node; see PortOptions::queueNodes); transmit()
+    /// takes mbufs from any pool. Precondition: queue < queues().
+    [[nodiscard]] rte_mempool* pool(unsigned queue = 0) const noexcept;
 
     /// From a fiber pinned on the carrier that is to poll `queue`: registers the thread with DPDK
     /// and a poller that hands each received burst to `handler(arg, ...)`. Errors: EINVAL for a

@@ -248,7 +248,7 @@ struct Interface::Impl {
 
     bool sendArpRequest(uint32_t ip) noexcept {
         rte_mbuf* m = nullptr;
-        if (!allocPackets(port->pool(), &m, 1)) {
+        if (!allocPackets(port->pool(queue), &m, 1)) {
             QueueStats d;
             d.noMbuf = 1;
             port->count(queue, d);
@@ -387,7 +387,7 @@ struct Interface::Impl {
         auto mac = nextHopMac(to.ip, deadline);
         if (!mac) { return Error{mac.errorCode()}; }
         rte_mbuf* m = nullptr;
-        if (!allocPackets(port->pool(), &m, 1)) {
+        if (!allocPackets(port->pool(queue), &m, 1)) {
             QueueStats d;
             d.noMbuf = 1;
             port->count(queue, d);
@@ -631,7 +631,7 @@ Result<rte_mbuf*> UdpSocket::allocDatagram(size_t length, uint8_t** payload) noe
     Interface::Impl& im = *state_->iface;
     if (length + kIpUdpHeaders > im.mtu) { return Error{EMSGSIZE}; }
     rte_mbuf* m = nullptr;
-    if (!allocPackets(im.port->pool(), &m, 1)) { return Error{ENOBUFS}; }
+    if (!allocPackets(im.port->pool(im.queue), &m, 1)) { return Error{ENOBUFS}; }
     char* data = rte_pktmbuf_append(m, static_cast<uint16_t>(kUdpFrameHeaders + length));
     if (data == nullptr) {
         freePackets(&m, 1);

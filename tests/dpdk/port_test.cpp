@@ -134,6 +134,27 @@ TEST_F(DpdkPort, ANullPortOpensWithItsQueuesLinkAndAddress) {
     EXPECT_TRUE(p->close());
 }
 
+// Queues polled from different NUMA nodes get a pool each, on their node where it has memory; queues
+// on one node share theirs. (This machine has one node: node 1 falls back to any node, and still
+// gets a pool of its own.)
+TEST_F(DpdkPort, EachNodeOfThePollingCarriersGetsItsOwnPool) {
+    PortOptions o;
+    o.queues = 3;
+    o.rxDescriptors = 128;
+    o.txDescriptors = 128;
+    o.queueNodes = {0, 1, 0};
+    auto p = Port::open("net_null3", o);
+    ASSERT_TRUE(p);
+    ASSERT_EQ(p->queues(), 3u);
+    EXPECT_EQ(p->pool(0), p->pool(2));
+    EXPECT_NE(p->pool(0), p->pool(1));
+    EXPECT_EQ(p->pool(0)->socket_id, 0);
+    EXPECT_EQ(p->pool(), p->pool(0));
+    // Sized for its queues: two on node 0, one on node 1.
+    EXPECT_GT(p->pool(0)->size, p->pool(1)->size);
+    EXPECT_TRUE(p->close());
+}
+
 TEST_F(DpdkPort, PollingIsRefusedWhereItCannotWork) {
     auto p = Port::open("net_null2");
     ASSERT_TRUE(p);
