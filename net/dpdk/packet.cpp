@@ -48,8 +48,9 @@ void writeEthernet(uint8_t* p, const Mac& dst, const Mac& src, uint16_t type) no
     store16(p + 12, type);
 }
 
-// A 20-byte IPv4 header with its checksum; TTL 64, DF set.
-void writeIpv4(uint8_t* p, uint32_t src, uint32_t dst, uint8_t protocol, uint16_t totalLength, uint16_t id) noexcept {
+// A 20-byte IPv4 header, with its checksum unless a device will compute it; TTL 64, DF set.
+void writeIpv4(uint8_t* p, uint32_t src, uint32_t dst, uint8_t protocol, uint16_t totalLength, uint16_t id,
+               bool checksum = true) noexcept {
     p[0] = 0x45;
     p[1] = 0;
     store16(p + 2, totalLength);
@@ -60,7 +61,7 @@ void writeIpv4(uint8_t* p, uint32_t src, uint32_t dst, uint8_t protocol, uint16_
     store16(p + 10, 0);
     storeIp(p + 12, src);
     storeIp(p + 16, dst);
-    store16(p + 10, checksumFinish(checksumAdd(0, {p, kIpv4Header})));
+    if (checksum) { store16(p + 10, checksumFinish(checksumAdd(0, {p, kIpv4Header}))); }
 }
 
 ParsedFrame parseArp(std::span<const uint8_t> f, const InterfaceAddress& self, ParsedFrame out) noexcept {
@@ -85,7 +86,8 @@ ParsedFrame parseArp(std::span<const uint8_t> f, const InterfaceAddress& self, P
     return drop(out, DropReason::kMalformed);
 }
 
-ParsedFrame parseIpv4(std::span<const uint8_t> f, const InterfaceAddress& self, ParsedFrame out) noexcept {
+ParsedFrame parseIpv4(std::span<const uint8_t> f, const InterfaceAddress& self, ParsedFrame out,
+                      VerifiedChecksums verified) noexcept {
     if (f.size() < kEthernetHeader + kIpv4Header) { return drop(out, DropReason::kTruncated); }
     const uint8_t* ip = f.data() + kEthernetHeader;
     const size_t available = f.size() - kEthernetHeader;
@@ -96,7 +98,9 @@ ParsedFrame parseIpv4(std::span<const uint8_t> f, const InterfaceAddress& self, 
     const size_t total = load16(ip + 2);
     if (total < ihl) { return drop(out, DropReason::kMalformed); }
     if (total > available) { return drop(out, DropReason::kTruncated); }  // bytes past `total`: padding
-    if (checksumFinish(checksumAdd(0, {ip, ihl})) != 0) { return drop(out, DropReason::kBadChecksum); }
+    if (!verified.ipHeader && checksumFinish(checksumAdd(0, {ip, ihl})) != 0) {
+        return drop(out, DropReason::kBadChecksum);
+    }
     out.srcIp = loadIp(ip + 12);
     out.dstIp = loadIp(ip + 16);
     out.ipOffset = static_cast<uint16_t>(kEthernetHeader);
@@ -120,7 +124,7 @@ ParsedFrame parseIpv4(std::span<const uint8_t> f, const InterfaceAddress& self, 
             if (l4Length < kUdpHeader) { return drop(out, DropReason::kTruncated); }
             const size_t udpLength = load16(l4 + 4);
             if (udpLength != l4Length) { return drop(out, DropReason::kMalformed); }  // disagrees with IP's
-            if (load16(l4 + 6) != 0) {  // 0: the sender computed none
+            if (!verified.l4 && load16(l4 + 6) != 0) {  // 0: the sender computed none
                 const uint32_t sum = checksumAdd(pseudoHeaderSum(out.srcIp, out.dstIp, static_cast<uint16_t>(udpLength)),
                                                  {l4, udpLength});
                 if (checksumFinish(sum) != 0) { return drop(out, DropReason::kBadChecksum); }
@@ -167,7 +171,7 @@ uint16_t checksumFinish(uint32_t sum) noexcept {
     return static_cast<uint16_t>(~sum & 0xffff);
 }
 
-ParsedFrame parseFrame(std::span<const uint8_t> frame, const InterfaceAddress& self) noexcept {
+ParsedFrame parseFrame(std::span<const uint8_t> frame, const InterfaceAddress& self, VerifiedChecksums verified) noexcept {
     ParsedFrame out;
     if (frame.size() < kEthernetHeader) { return drop(out, DropReason::kTruncated); }
     const Mac dst = loadMac(frame.data());
@@ -178,7 +182,7 @@ ParsedFrame parseFrame(std::span<const uint8_t> frame, const InterfaceAddress& s
     if (type == kEtherTypeArp) { return parseArp(frame, self, out); }
     if (type != kEtherTypeIpv4) { return drop(out, DropReason::kUnsupported); }
     if (!toUs) { return drop(out, DropReason::kNotForUs); }  // IPv4 broadcast: not served
-    return parseIpv4(frame, self, out);
+    return parseIpv4(frame, self, out, verified);
 }
 
 size_t buildArpRequest(std::span<uint8_t> out, const InterfaceAddress& self, uint32_t targetIp) noexcept {
@@ -240,22 +244,26 @@ size_t buildEchoReply(std::span<uint8_t> out, std::span<const uint8_t> frame, co
 
 size_t buildUdpHeaders(std::span<uint8_t> out, const InterfaceAddress& self, const Mac& dstMac, uint32_t dstIp,
                        uint16_t srcPort, uint16_t dstPort, size_t payloadLength, uint16_t ipId,
-                       bool udpChecksum) noexcept {
+                       UdpChecksum checksum) noexcept {
     constexpr size_t kMaxPayload = 65535 - kIpv4Header - kUdpHeader;
     if (payloadLength > kMaxPayload || out.size() < kUdpFrameHeaders + payloadLength) { return 0; }
     uint8_t* p = out.data();
     const auto udpLength = static_cast<uint16_t>(kUdpHeader + payloadLength);
     writeEthernet(p, dstMac, self.mac, kEtherTypeIpv4);
-    writeIpv4(p + kEthernetHeader, self.ip, dstIp, 17, static_cast<uint16_t>(kIpv4Header + udpLength), ipId);
+    writeIpv4(p + kEthernetHeader, self.ip, dstIp, 17, static_cast<uint16_t>(kIpv4Header + udpLength), ipId,
+              checksum != UdpChecksum::kOffload);
     uint8_t* udp = p + kEthernetHeader + kIpv4Header;
     store16(udp, srcPort);
     store16(udp + 2, dstPort);
     store16(udp + 4, udpLength);
     store16(udp + 6, 0);
-    if (udpChecksum) {
+    if (checksum == UdpChecksum::kCompute) {
         uint16_t c = checksumFinish(checksumAdd(pseudoHeaderSum(self.ip, dstIp, udpLength), {udp, udpLength}));
         if (c == 0) { c = 0xffff; }  // 0 on the wire means "no checksum"
         store16(udp + 6, c);
+    } else if (checksum == UdpChecksum::kOffload) {
+        // The device adds the header and payload to this and complements (DPDK's convention).
+        store16(udp + 6, static_cast<uint16_t>(pseudoHeaderSum(self.ip, dstIp, udpLength)));
     }
     return kUdpFrameHeaders + payloadLength;
 }

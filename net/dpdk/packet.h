@@ -71,9 +71,17 @@ struct ParsedFrame {
     uint16_t payloadLength = 0;  // UDP payload bytes, or ICMP message bytes
 };
 
+/// Checksums a device verified on receipt (its RX checksum offload), which parseFrame() then does
+/// not compute again. A device that found one bad makes the caller drop the frame itself.
+struct VerifiedChecksums {
+    bool ipHeader = false;  // the IPv4 header checksum is right
+    bool l4 = false;        // the UDP checksum is right
+};
+
 /// Classifies `frame` for `self` (see the file comment). Broadcast frames are for us when they are
 /// ARP; IPv4 must be to our MAC and our IP.
-[[nodiscard]] ParsedFrame parseFrame(std::span<const uint8_t> frame, const InterfaceAddress& self) noexcept;
+[[nodiscard]] ParsedFrame parseFrame(std::span<const uint8_t> frame, const InterfaceAddress& self,
+                                     VerifiedChecksums verified = {}) noexcept;
 
 /// The internet checksum (RFC 1071) of `data`, folded, not complemented, added to `sum`.
 [[nodiscard]] uint32_t checksumAdd(uint32_t sum, std::span<const uint8_t> data) noexcept;
@@ -89,13 +97,19 @@ size_t buildArpReply(std::span<uint8_t> out, const InterfaceAddress& self, const
 size_t buildEchoReply(std::span<uint8_t> out, std::span<const uint8_t> frame, const ParsedFrame& request,
                       const InterfaceAddress& self) noexcept;
 
-/// Headers of a UDP datagram of `payloadLength` bytes: Ethernet, IPv4 (TTL 64, DF, checksum) and
-/// UDP (checksum over the payload at `out[kUdpFrameHeaders...]`, which must be written first; pass
-/// `udpChecksum` false to leave it 0, "none", for a device that will compute it). Returns the frame
+/// How buildUdpHeaders() fills the checksums.
+enum class UdpChecksum : uint8_t {
+    kCompute,  // both computed here (the UDP one over the payload, which must be written first)
+    kNone,     // the IPv4 one computed, the UDP one 0 ("none", as RFC 768 allows)
+    kOffload,  // for a device's TX checksum offload: the IPv4 one 0, the UDP one the pseudo-header sum
+};
+
+/// Headers of a UDP datagram of `payloadLength` bytes: Ethernet, IPv4 (TTL 64, DF) and UDP, with
+/// checksums as `checksum` says; the payload lies at `out[kUdpFrameHeaders...]`. Returns the frame
 /// length, or 0 when `out` is too small or the datagram would exceed 65,507 bytes.
 inline constexpr size_t kUdpFrameHeaders = kEthernetHeader + kIpv4Header + kUdpHeader;
 size_t buildUdpHeaders(std::span<uint8_t> out, const InterfaceAddress& self, const Mac& dstMac, uint32_t dstIp,
                        uint16_t srcPort, uint16_t dstPort, size_t payloadLength, uint16_t ipId,
-                       bool udpChecksum = true) noexcept;
+                       UdpChecksum checksum = UdpChecksum::kCompute) noexcept;
 
 }  // namespace spindle::dpdk

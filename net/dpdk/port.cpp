@@ -75,6 +75,8 @@ struct Port::Impl {
     uint16_t portId = 0;
     bool created = false;  // a vdev that open() created: close() removes it
     bool started = false;
+    bool txChecksum = false;  // TX IPv4 + UDP checksum offloads on
+    bool rxChecksum = false;  // RX IPv4 + UDP checksum offloads on
     std::string name;
     std::vector<std::pair<int, rte_mempool*>> pools;  // by DPDK socket id asked for
     std::vector<std::unique_ptr<Queue>> queues;
@@ -241,6 +243,16 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
         conf.rxmode.mq_mode = RTE_ETH_MQ_RX_RSS;
         conf.rx_adv_conf.rss_conf.rss_hf = rss;
     }
+    constexpr uint64_t kTxCsum = RTE_ETH_TX_OFFLOAD_IPV4_CKSUM | RTE_ETH_TX_OFFLOAD_UDP_CKSUM;
+    constexpr uint64_t kRxCsum = RTE_ETH_RX_OFFLOAD_IPV4_CKSUM | RTE_ETH_RX_OFFLOAD_UDP_CKSUM;
+    if (o.checksumOffload && (info.tx_offload_capa & kTxCsum) == kTxCsum) {
+        conf.txmode.offloads |= kTxCsum;
+        impl->txChecksum = true;
+    }
+    if (o.checksumOffload && (info.rx_offload_capa & kRxCsum) == kRxCsum) {
+        conf.rxmode.offloads |= kRxCsum;
+        impl->rxChecksum = true;
+    }
     if (const int r = ::rte_eth_dev_configure(portId, static_cast<uint16_t>(queues), static_cast<uint16_t>(queues), &conf);
         r != 0) {
         return fail(dpdkErrno(r), fmt::format("rte_eth_dev_configure with {} queue pairs: {}", queues,
@@ -328,8 +340,10 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
             return fail(dpdkErrno(r), fmt::format("promiscuous mode: {}", ::rte_strerror(dpdkErrno(r))));
         }
     }
-    log::info("dpdk: port {} ({}) up: driver {}, {} queue pairs, {} RX / {} TX descriptors, {} mbuf pool(s)",
-              impl->name, portId, info.driver_name, queues, rxd, txd, impl->pools.size());
+    log::info("dpdk: port {} ({}) up: driver {}, {} queue pairs, {} RX / {} TX descriptors, {} mbuf pool(s), "
+              "checksum offload TX {} RX {}",
+              impl->name, portId, info.driver_name, queues, rxd, txd, impl->pools.size(), impl->txChecksum ? "on" : "off",
+              impl->rxChecksum ? "on" : "off");
     return Port(std::move(impl));
 }
 
@@ -345,6 +359,9 @@ std::array<uint8_t, 6> Port::mac() const noexcept {
     for (size_t i = 0; i < out.size(); ++i) { out[i] = a.addr_bytes[i]; }
     return out;
 }
+
+bool Port::txChecksumOffload() const noexcept { return impl_->txChecksum; }
+bool Port::rxChecksumOffload() const noexcept { return impl_->rxChecksum; }
 
 uint16_t Port::mtu() const noexcept {
     uint16_t m = 0;

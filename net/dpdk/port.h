@@ -45,6 +45,7 @@ struct PortOptions {
     std::vector<int> queueNodes;
     uint16_t mtu = 0;               // 0: the device's default
     bool promiscuous = false;
+    bool checksumOffload = true;    // use the device's IPv4/UDP checksum offloads where it has both
 };
 
 struct LinkStatus {
@@ -93,6 +94,10 @@ public:
     [[nodiscard]] std::array<uint8_t, 6> mac() const noexcept;
     [[nodiscard]] uint16_t mtu() const noexcept;
     [[nodiscard]] LinkStatus link() const noexcept;
+    /// Whether the device computes IPv4 and UDP checksums on transmit (mbufs flagged
+    /// RTE_MBUF_F_TX_IP_CKSUM | RTE_MBUF_F_TX_UDP_CKSUM), and verifies them on receipt (RX flags).
+    [[nodiscard]] bool txChecksumOffload() const noexcept;
+    [[nodiscard]] bool rxChecksumOffload() const noexcept;
     /// The pool queue `queue` receives into (on its node; see PortOptions::queueNodes); transmit()
     /// takes mbufs from any pool. Precondition: queue < queues().
     [[nodiscard]] rte_mempool* pool(unsigned queue = 0) const noexcept;

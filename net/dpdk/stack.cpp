@@ -116,6 +116,8 @@ struct Interface::Impl {
     InterfaceAddress self;
     uint32_t mask = 0;
     uint16_t mtu = 1500;
+    UdpChecksum txChecksum = UdpChecksum::kCompute;  // the device's offload where it has one
+    bool rxChecksum = false;                          // the device flags received checksums
     std::atomic<int> carrier{-1};
     Counters counters;
     uint16_t ipId = 0;  // carrier thread only
@@ -146,7 +148,15 @@ struct Interface::Impl {
                 continue;
             }
             const std::span<const uint8_t> frame(frameOf(m), rte_pktmbuf_data_len(m));
-            const ParsedFrame p = parseFrame(frame, self);
+            VerifiedChecksums verified;
+            if (rxChecksum) {
+                // Only a device's "good" is taken on trust. Its "bad" (or "unknown") leaves the check to
+                // the parser, which also says why: a UDP length that disagrees with IP's is malformed
+                // before its checksum is wrong, and a checksum of 0 means none was sent.
+                verified.ipHeader = (m->ol_flags & RTE_MBUF_F_RX_IP_CKSUM_MASK) == RTE_MBUF_F_RX_IP_CKSUM_GOOD;
+                verified.l4 = (m->ol_flags & RTE_MBUF_F_RX_L4_CKSUM_MASK) == RTE_MBUF_F_RX_L4_CKSUM_GOOD;
+            }
+            const ParsedFrame p = parseFrame(frame, self, verified);
             switch (p.kind) {
                 case FrameKind::kDrop:
                     bump(counters.drops[static_cast<size_t>(p.reason)]);
@@ -339,6 +349,14 @@ struct Interface::Impl {
         }
     }
 
+    // Asks the device for the checksums buildUdpHeaders() left to it.
+    void flagChecksums(rte_mbuf* m) const noexcept {
+        if (txChecksum != UdpChecksum::kOffload) { return; }
+        m->ol_flags |= RTE_MBUF_F_TX_IPV4 | RTE_MBUF_F_TX_IP_CKSUM | RTE_MBUF_F_TX_UDP_CKSUM;
+        m->l2_len = kEthernetHeader;
+        m->l3_len = kIpv4Header;
+    }
+
     // The MAC to send to `ip` through: itself on the subnet, else the gateway.
     Result<Mac> nextHopMac(uint32_t ip, Deadline deadline) noexcept {
         uint32_t nextHop = ip;
@@ -367,7 +385,8 @@ struct Interface::Impl {
                 break;
             }
             (void)buildUdpHeaders({frameOf(m), frame}, self, *mac, to[ready].ip, srcPort, to[ready].port,
-                                  frame - kUdpFrameHeaders, ipId++, options.udpChecksum);
+                                  frame - kUdpFrameHeaders, ipId++, txChecksum);
+            flagChecksums(m);
         }
         if (ready < n) { freePackets(mbufs + ready, static_cast<unsigned>(n - ready)); }
         size_t sent = 0;
@@ -400,7 +419,8 @@ struct Interface::Impl {
         }
         std::memcpy(data + kUdpFrameHeaders, buf, len);
         (void)buildUdpHeaders({reinterpret_cast<uint8_t*>(data), kUdpFrameHeaders + len}, self, *mac, to.ip,
-                              srcPort, to.port, len, ipId++, options.udpChecksum);
+                              srcPort, to.port, len, ipId++, txChecksum);
+        flagChecksums(m);
         if (port->transmitAll(queue, &m, 1, 1024) != 1) { return Error{ENOBUFS}; }  // freed and counted
         bump(counters.udpSent);
         return len;
@@ -424,6 +444,10 @@ Result<std::unique_ptr<Interface>> Interface::create(Port& port, unsigned queue,
     impl->self = InterfaceAddress{port.mac(), o.ip};
     impl->mask = maskOf(o.prefixLength);
     impl->mtu = port.mtu();
+    impl->txChecksum = !o.udpChecksum ? UdpChecksum::kNone
+                       : port.txChecksumOffload() ? UdpChecksum::kOffload
+                                                  : UdpChecksum::kCompute;
+    impl->rxChecksum = port.rxChecksumOffload();
     std::unique_ptr<Interface> iface(new (std::nothrow) Interface(std::move(impl)));
     if (!iface) { return Error{ENOMEM}; }
     return iface;

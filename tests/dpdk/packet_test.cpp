@@ -26,7 +26,8 @@ std::vector<uint8_t> udpFrame(const std::string& payload, const InterfaceAddress
                               const InterfaceAddress& to = kUs, bool checksum = true) {
     std::vector<uint8_t> f(kUdpFrameHeaders + payload.size());
     std::memcpy(f.data() + kUdpFrameHeaders, payload.data(), payload.size());
-    const size_t n = buildUdpHeaders(f, from, to.mac, to.ip, 40000, 7, payload.size(), 1, checksum);
+    const size_t n = buildUdpHeaders(f, from, to.mac, to.ip, 40000, 7, payload.size(), 1,
+                                     checksum ? UdpChecksum::kCompute : UdpChecksum::kNone);
     EXPECT_EQ(n, f.size());
     return f;
 }
@@ -194,6 +195,35 @@ TEST(DpdkPacket, EveryPrefixOfAValidFrameIsTruncatedNeverValid) {
             EXPECT_EQ(p.reason, DropReason::kTruncated) << n;
         }
     }
+}
+
+// For a device's TX checksum offload the IPv4 checksum is left 0 and the UDP one holds the
+// pseudo-header sum; finishing them as a device would gives the computed frame, byte for byte.
+TEST(DpdkPacket, OffloadedChecksumsAreWhatTheDeviceFinishes) {
+    const std::string payload = "offload me";
+    std::vector<uint8_t> soft(kUdpFrameHeaders + payload.size());
+    std::vector<uint8_t> off(soft.size());
+    for (auto* f : {&soft, &off}) { std::memcpy(f->data() + kUdpFrameHeaders, payload.data(), payload.size()); }
+    ASSERT_EQ(buildUdpHeaders(soft, kPeer, kUs.mac, kUs.ip, 5, 7, payload.size(), 9), soft.size());
+    ASSERT_EQ(buildUdpHeaders(off, kPeer, kUs.mac, kUs.ip, 5, 7, payload.size(), 9, UdpChecksum::kOffload), off.size());
+    uint8_t* ipHeader = off.data() + kEthernetHeader;
+    EXPECT_EQ(ipHeader[10], 0);
+    EXPECT_EQ(ipHeader[11], 0);
+    // The device: the IPv4 checksum over the header; the UDP one over the datagram, seeded with the field.
+    uint16_t c = checksumFinish(checksumAdd(0, {ipHeader, kIpv4Header}));
+    ipHeader[10] = static_cast<uint8_t>(c >> 8);
+    ipHeader[11] = static_cast<uint8_t>(c);
+    uint8_t* udp = ipHeader + kIpv4Header;
+    c = checksumFinish(checksumAdd(0, {udp, kUdpHeader + payload.size()}));
+    udp[6] = static_cast<uint8_t>(c >> 8);
+    udp[7] = static_cast<uint8_t>(c);
+    EXPECT_EQ(off, soft);
+    // A frame whose checksums a device vouched for is not checked again: a wrong one passes.
+    std::vector<uint8_t> wrong = soft;
+    wrong[kEthernetHeader + 10] ^= 0xff;
+    wrong.back() ^= 0x0f;
+    EXPECT_EQ(parseFrame(wrong, kUs).reason, DropReason::kBadChecksum);
+    EXPECT_EQ(parseFrame(wrong, kUs, VerifiedChecksums{true, true}).kind, FrameKind::kUdp);
 }
 
 TEST(DpdkPacket, BuildersRefuseBuffersTooSmall) {
