@@ -4,6 +4,7 @@
 // UDP socket gets every datagram echoed byte for byte, the kernel's ARP cache learns spindle's MAC,
 // and bad frames sent from the kernel side through a raw socket are counted and never answered
 // while the echo keeps serving. Needs root, ip(8), ping, ethtool and python3; skips, saying which, without.
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -168,7 +169,9 @@ protected:
             ASSERT_EQ(run(inNs("ethtool -K " + kernelIf_ + " tx off"), &out), 0) << out;
         }
         InterfaceOptions o;
-        o.ip = 0x010012c6;  // 198.18.0.1
+        in_addr ours{};
+        ASSERT_EQ(::inet_pton(AF_INET, "198.18.0.1", &ours), 1);
+        o.ip = ours.s_addr;
         auto i = Interface::create(port_, 0, o);
         ASSERT_TRUE(i);
         iface_ = std::move(*i);
