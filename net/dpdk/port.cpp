@@ -102,12 +102,18 @@ struct Port::Impl {
         unregisterThread();
     }
 
-    // Stops, closes and (when created) removes the device, frees the pool. Returns the first error.
-    int tearDown() noexcept {
+    // Stops, closes and (when created) removes the device, frees the pools. Returns the first error.
+    // `keepPort`: a failed attach() only stops the port it was given, which stays the caller's.
+    int tearDown(bool keepPort = false) noexcept {
         int err = 0;
         if (started) {
             if (const int r = ::rte_eth_dev_stop(portId); r != 0 && err == 0) { err = dpdkErrno(r); }
             started = false;
+        }
+        if (keepPort) {
+            for (auto& [socket, pool] : pools) { ::rte_mempool_free(pool); }
+            pools.clear();
+            return err;
         }
         if (const int r = ::rte_eth_dev_close(portId); r != 0 && err == 0) { err = dpdkErrno(r); }
         if (created) {
@@ -222,7 +228,7 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
     // From here, a failure tears down what was done (the device too, when we created it).
     auto fail = [&](int e, std::string text) -> Result<Port> {
         report(why, fmt::format("port {} ({}): {}", impl->name, portId, text));
-        (void)impl->tearDown();
+        (void)impl->tearDown(/*keepPort=*/!created);
         return Error{e};
     };
     if (o.queues == 0) { return fail(EINVAL, "0 queues asked for"); }
@@ -270,9 +276,14 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
         return q < o.queueNodes.size() && o.queueNodes[q] >= 0 ? o.queueNodes[q] : deviceSocket;
     };
     // The pool of a node: made on its first queue, sized for every queue on that node.
-    auto poolFor = [&](int socket) -> rte_mempool* {
+    // Returns the pool and sets `*landed` to the node it is on (SOCKET_ID_ANY after a fallback),
+    // which the queue's descriptor rings then use too.
+    auto poolFor = [&](int socket, int* landed) -> rte_mempool* {
         for (auto& [s, p] : impl->pools) {
-            if (s == socket) { return p; }
+            if (s == socket) {
+                *landed = p->socket_id;
+                return p;
+            }
         }
         unsigned onNode = 0;
         for (unsigned q = 0; q < queues; ++q) { onNode += socketOf(q) == socket ? 1 : 0; }
@@ -281,11 +292,13 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
         std::snprintf(poolName, sizeof(poolName), "spindle-p%u-%u", portId,
                       gPoolSerial.fetch_add(1, std::memory_order_relaxed));
         rte_mempool* p = ::rte_pktmbuf_pool_create(poolName, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE, socket);
+        *landed = socket;
         if (p == nullptr && socket != SOCKET_ID_ANY) {
             // No memory on that node (no hugepages there, or no such node): any node will do.
             log::info("dpdk: port {}: no mbuf pool on node {} ({}); using any node", impl->name, socket,
                       ::rte_strerror(rte_errno));
             p = ::rte_pktmbuf_pool_create(poolName, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE, SOCKET_ID_ANY);
+            *landed = SOCKET_ID_ANY;
         }
         if (p == nullptr) { return nullptr; }
         try {
@@ -297,8 +310,8 @@ Result<Port> Port::setUp(uint16_t portId, bool created, std::string name, const 
         return p;
     };
     for (unsigned q = 0; q < queues; ++q) {
-        const int socket = socketOf(q);
-        rte_mempool* pool = poolFor(socket);
+        int socket = socketOf(q);
+        rte_mempool* pool = poolFor(socket, &socket);
         if (pool == nullptr) {
             return fail(ENOMEM, fmt::format("an mbuf pool for queue {} (node {}): {} (raise EalOptions::memoryMb)", q,
                                             socket, ::rte_strerror(rte_errno)));
@@ -382,17 +395,22 @@ Result<void> Port::startPolling(unsigned queue, RxHandler handler, void* arg) no
     if (queue >= impl_->queues.size() || handler == nullptr) { return Error{EINVAL}; }
     if (!this_fiber::inFiber()) { return Error{EPERM}; }
     Impl::Queue& q = *impl_->queues[queue];
-    if (q.polled.load(std::memory_order_acquire)) { return Error{EBUSY}; }
-    if (auto r = registerThread(); !r) { return r; }
+    // Claimed first, atomically: two carriers starting the same queue at once get one EBUSY.
+    bool expected = false;
+    if (!q.polled.compare_exchange_strong(expected, true, std::memory_order_acq_rel)) { return Error{EBUSY}; }
+    if (auto r = registerThread(); !r) {
+        q.polled.store(false, std::memory_order_release);
+        return r;
+    }
     q.handler = handler;
     q.arg = arg;
     auto carrier = addPoller(&q.poller);
     if (!carrier) {
         unregisterThread();
+        q.polled.store(false, std::memory_order_release);
         return Error{carrier.errorCode()};
     }
     q.carrier = static_cast<int>(*carrier);
-    q.polled.store(true, std::memory_order_release);
     return {};
 }
 

@@ -76,7 +76,8 @@ struct UdpSocket::State {
     size_t count = 0;
     FiberFuture* waiter = nullptr;
     bool closed = false;
-    std::atomic<unsigned> receivers{0};  // recvFrom() calls inside: close() frees the state after them
+    std::atomic<unsigned> receivers{0};  // recvFrom()/recvBurst() calls inside: close() waits for them
+    std::atomic<bool> open{true};        // false once close() began
 
     // Frees what is queued. Under `lock`.
     void drainLocked() noexcept {
@@ -118,7 +119,13 @@ struct Interface::Impl {
     uint16_t mtu = 1500;
     UdpChecksum txChecksum = UdpChecksum::kCompute;  // the device's offload where it has one
     bool rxChecksum = false;                          // the device flags received checksums
-    std::atomic<int> carrier{-1};
+    std::atomic<int> carrier{-1};  // -1: stopped (or stopping)
+
+    // The carrier running the stack, or -1: stopped, stopping, or gone with the runtime's shutdown.
+    int liveCarrier() const noexcept {
+        const int c = carrier.load(std::memory_order_acquire);
+        return c >= 0 && port->polled(queue) ? c : -1;
+    }
     Counters counters;
     uint16_t ipId = 0;  // carrier thread only
 
@@ -233,12 +240,30 @@ struct Interface::Impl {
         if (FiberFuture* w = std::exchange(s.waiter, nullptr)) { w->set(0); }
     }
 
+    // The cache holds at most this many peers: requests from spoofed senders cannot grow it without
+    // bound. When full, expired entries nobody waits on go first; then nothing new is added.
+    static constexpr size_t kArpCacheLimit = 4096;
+
+    // Whether a new entry fits, pruning expired ones when the cache is full.
+    bool arpRoom() noexcept {
+        if (arp.size() < kArpCacheLimit) { return true; }
+        const uint64_t now = coarseNowNs();
+        for (auto it = arp.begin(); it != arp.end();) {
+            if (it->second.waiters.empty() && (!it->second.resolved || it->second.expiresNs <= now)) {
+                it = arp.erase(it);
+            } else {
+                ++it;
+            }
+        }
+        return arp.size() < kArpCacheLimit;
+    }
+
     // RFC 826's merge: update a known peer; add one only when the frame was meant for us.
     void learn(uint32_t ip, const Mac& mac, bool create) noexcept {
         if (ip == 0) { return; }  // an ARP probe says nothing about the sender
         auto it = arp.find(ip);
         if (it == arp.end()) {
-            if (!create) { return; }
+            if (!create || !arpRoom()) { return; }
             try {
                 it = arp.emplace(ip, ArpEntry{}).first;
             } catch (...) {
@@ -280,6 +305,7 @@ struct Interface::Impl {
             const uint64_t now = coarseNowNs();
             auto it = arp.find(ip);
             if (it == arp.end()) {
+                if (!arpRoom()) { return Error{ENOBUFS}; }  // as many peers resolving or fresh as the cache holds
                 try {
                     it = arp.emplace(ip, ArpEntry{}).first;
                 } catch (...) {
@@ -402,7 +428,7 @@ struct Interface::Impl {
     }
 
     Result<size_t> sendHere(uint16_t srcPort, const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {
-        if (carrier.load(std::memory_order_acquire) < 0) { return Error{ENETDOWN}; }
+        if (liveCarrier() < 0) { return Error{ENETDOWN}; }
         auto mac = nextHopMac(to.ip, deadline);
         if (!mac) { return Error{mac.errorCode()}; }
         rte_mbuf* m = nullptr;
@@ -460,15 +486,20 @@ Result<void> Interface::start() noexcept {
 }
 
 Result<void> Interface::stop() noexcept {
+    int was = -1;
     {
+        // Marked stopping in the same step that finds no socket: a bind() after it gets EBADF.
         std::lock_guard<SpinLock> g(impl_->socketsLock);
         if (!impl_->sockets.empty()) { return Error{EBUSY}; }
+        was = impl_->carrier.exchange(-1, std::memory_order_acq_rel);
     }
     // Not polled any more: stopped already, or its carrier left with the runtime's shutdown.
     if (impl_->port->polled(impl_->queue)) {
-        if (auto r = impl_->port->stopPolling(impl_->queue); !r) { return r; }
+        if (auto r = impl_->port->stopPolling(impl_->queue); !r) {
+            impl_->carrier.store(was, std::memory_order_release);  // still running: undo the mark
+            return r;
+        }
     }
-    impl_->carrier.store(-1, std::memory_order_release);
     for (auto& [ip, e] : impl_->arp) {
         for (Impl::ArpWaiter* w : e.waiters) { w->done.set(-EHOSTUNREACH); }
         e.waiters.clear();
@@ -477,11 +508,7 @@ Result<void> Interface::stop() noexcept {
 }
 
 const InterfaceAddress& Interface::address() const noexcept { return impl_->self; }
-int Interface::carrier() const noexcept {
-    // -1 as well once the carrier has gone with the runtime (its poller was detached).
-    if (!impl_->port->polled(impl_->queue)) { return -1; }
-    return impl_->carrier.load(std::memory_order_acquire);
-}
+int Interface::carrier() const noexcept { return impl_->liveCarrier(); }
 
 InterfaceStats Interface::stats() const noexcept {
     const Impl::Counters& c = impl_->counters;
@@ -513,10 +540,11 @@ UdpSocket& UdpSocket::operator=(UdpSocket&& o) noexcept {
     return *this;
 }
 UdpSocket::~UdpSocket() {
-    if (state_) { (void)close(); }
+    if (state_) { (void)close(); }  // EBADF when closed already: either way no receiver is inside
 }
 
-uint16_t UdpSocket::localPort() const noexcept { return state_ ? state_->port : 0; }
+uint16_t UdpSocket::localPort() const noexcept { return isOpen() ? state_->port : 0; }
+bool UdpSocket::isOpen() const noexcept { return state_ && state_->open.load(std::memory_order_acquire); }
 
 Result<UdpSocket> UdpSocket::bind(Interface& iface, uint16_t port) noexcept {
     Interface::Impl& im = *iface.impl_;
@@ -529,7 +557,7 @@ Result<UdpSocket> UdpSocket::bind(Interface& iface, uint16_t port) noexcept {
         return Error{ENOMEM};
     }
     std::lock_guard<SpinLock> g(im.socketsLock);
-    if (im.carrier.load(std::memory_order_acquire) < 0) { return Error{EBADF}; }
+    if (im.liveCarrier() < 0) { return Error{EBADF}; }
     if (port == 0) {
         for (unsigned tries = 0; tries < 16384; ++tries) {
             const uint16_t p = im.nextPort;
@@ -553,7 +581,9 @@ Result<UdpSocket> UdpSocket::bind(Interface& iface, uint16_t port) noexcept {
 }
 
 Result<void> UdpSocket::close() noexcept {
-    if (!state_) { return Error{EBADF}; }
+    // The state stays allocated until the destructor: a receiver that is just entering recvFrom()
+    // on another thread finds it closed (EBADF) instead of freed.
+    if (!state_ || !state_->open.exchange(false, std::memory_order_acq_rel)) { return Error{EBADF}; }
     State& s = *state_;
     {
         // Out of the table first: from then on no burst finds the socket.
@@ -566,9 +596,8 @@ Result<void> UdpSocket::close() noexcept {
         if (FiberFuture* w = std::exchange(s.waiter, nullptr)) { w->set(-ECANCELED); }
         s.drainLocked();
     }
-    // A receiver woken above may still be on its way out of recvFrom(): free the state after it.
+    // A receiver woken above may still be on its way out of recvFrom(): wait for it.
     while (s.receivers.load(std::memory_order_acquire) != 0) { this_fiber::yield(); }
-    state_.reset();
     return {};
 }
 
@@ -651,7 +680,7 @@ Result<size_t> UdpSocket::recvBurst(DatagramView* out, size_t n, Deadline deadli
 }
 
 Result<rte_mbuf*> UdpSocket::allocDatagram(size_t length, uint8_t** payload) noexcept {
-    if (!state_) { return Error{EBADF}; }
+    if (!isOpen()) { return Error{EBADF}; }
     Interface::Impl& im = *state_->iface;
     if (length + kIpUdpHeaders > im.mtu) { return Error{EMSGSIZE}; }
     rte_mbuf* m = nullptr;
@@ -678,12 +707,12 @@ Result<void> UdpSocket::prepareReply(const DatagramView& v) noexcept {
 }
 
 Result<size_t> UdpSocket::sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t n, Deadline deadline) noexcept {
-    if (!state_) {
+    if (!isOpen()) {
         freePackets(mbufs, static_cast<unsigned>(n));
         return Error{EBADF};
     }
     Interface::Impl& im = *state_->iface;
-    const int c = im.carrier.load(std::memory_order_acquire);
+    const int c = im.liveCarrier();
     const uint16_t port = state_->port;
     if (c >= 0 && this_fiber::carrierIndex() == c && this_fiber::pinned()) {
         return im.sendBurstHere(port, mbufs, to, n, deadline);
@@ -702,12 +731,12 @@ Result<size_t> UdpSocket::sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t
 }
 
 Result<size_t> UdpSocket::sendTo(const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {
-    if (!state_) { return Error{EBADF}; }
+    if (!isOpen()) { return Error{EBADF}; }
     Interface::Impl& im = *state_->iface;
     if (len + kIpUdpHeaders > im.mtu) { return Error{EMSGSIZE}; }
     if (to.ip == 0 || to.port == 0) { return Error{EINVAL}; }
     if (this_fiber::cancellationRequested()) { return Error{ECANCELED}; }
-    const int c = im.carrier.load(std::memory_order_acquire);
+    const int c = im.liveCarrier();
     if (c < 0) { return Error{ENETDOWN}; }
     const uint16_t port = state_->port;
     if (this_fiber::carrierIndex() == c && this_fiber::pinned()) {

@@ -19,8 +19,9 @@
 ///
 /// Errors (sendTo): EMSGSIZE above the MTU's payload (MTU - 28), EHOSTUNREACH when ARP resolution
 /// got no answer after its retries, ENETUNREACH for an off-subnet destination without a gateway,
-/// ENOBUFS when no mbuf could be had or the device's ring stayed full, EBADF after close(),
-/// ETIMEDOUT, ECANCELED. (recvFrom): EBADF after close() (a receiver parked then gets ECANCELED),
+/// ENOBUFS when no mbuf could be had or the device's ring stayed full, EINVAL for address or port 0,
+/// ENETDOWN when the interface is stopped (or its carrier gone with the runtime), EBADF after
+/// close(), ETIMEDOUT, ECANCELED (a send run for another carrier finishes its ARP wait first). (recvFrom): EBADF after close() (a receiver parked then gets ECANCELED),
 /// ETIMEDOUT, ECANCELED. bind(): EADDRINUSE, EBADF for a stopped interface. A datagram larger than
 /// the receive buffer is cut to it (the rest is lost, as with recvfrom(2)); the full length is
 /// returned through `truncated`.
@@ -159,7 +160,7 @@ public:
     /// Errors: EBADF when not bound.
     [[nodiscard]] Result<void> close() noexcept;
     [[nodiscard]] uint16_t localPort() const noexcept;
-    [[nodiscard]] bool isOpen() const noexcept { return state_ != nullptr; }
+    [[nodiscard]] bool isOpen() const noexcept;
 
     struct State;
 

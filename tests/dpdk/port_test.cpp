@@ -211,6 +211,14 @@ TEST_F(DpdkPort, RingPortsBackToBackCarryEveryFrameInOrderAcrossCarriers) {
     ASSERT_GE(idB, 0);
     PortOptions o;
     o.mbufs = 2047;
+    // A refused attach leaves the port as it was: the caller's, attachable again.
+    PortOptions none;
+    none.queues = 0;
+    EXPECT_EQ(Port::attach(static_cast<uint16_t>(idA), none).errorCode(), EINVAL);
+    PortOptions badMtu = o;
+    badMtu.mtu = 1;  // refused after the queues are set up: the failure path that undoes them
+    EXPECT_FALSE(Port::attach(static_cast<uint16_t>(idA), badMtu));
+    EXPECT_TRUE(rte_eth_dev_is_valid_port(static_cast<uint16_t>(idA)));
     auto a = Port::attach(static_cast<uint16_t>(idA), o);
     auto b = Port::attach(static_cast<uint16_t>(idB), o);
     ASSERT_TRUE(a && b);

@@ -311,11 +311,18 @@ TEST_F(DpdkStack, SocketErrorsDeadlinesCancelAndClose) {
     EXPECT_EQ(s->close().errorCode(), EBADF);
     EXPECT_EQ(s->recvFrom(buf, sizeof(buf), nullptr).errorCode(), EBADF);
     EXPECT_EQ(s->sendTo("x", 1, Endpoint{ip("198.18.0.1"), 1}).errorCode(), EBADF);
-    // An interface with a socket bound cannot stop.
+    EXPECT_FALSE(s->isOpen());
+    uint8_t* payload = nullptr;
+    EXPECT_EQ(s->allocDatagram(4, &payload).errorCode(), EBADF);
+    // An interface with a socket bound cannot stop; a stopped one binds nothing.
     auto t = UdpSocket::bind(*b_, 0);
     ASSERT_TRUE(t);
     on(1, [&] { EXPECT_EQ(b_->stop().errorCode(), EBUSY); }).join();
+    EXPECT_EQ(b_->carrier(), 1);  // the refused stop left it running
     EXPECT_TRUE(t->close());
+    on(1, [&] { EXPECT_TRUE(b_->stop()); }).join();
+    EXPECT_EQ(b_->carrier(), -1);
+    EXPECT_EQ(UdpSocket::bind(*b_, 0).errorCode(), EBADF);
 }
 
 // The runtime shuts down with a receiver parked and the interfaces still running: the receiver
@@ -337,6 +344,8 @@ TEST_F(DpdkStack, ARuntimeShutdownEndsParkedReceiversAndLetsThePortsClose) {
     EXPECT_EQ(a_->carrier(), -1);
     EXPECT_EQ(b_->carrier(), -1);
     EXPECT_FALSE(portA_.polled(0));
+    EXPECT_EQ(UdpSocket::bind(*a_, 0).errorCode(), EBADF);  // its carrier is gone
+    EXPECT_EQ(s->sendTo("x", 1, Endpoint{ip("198.18.0.1"), 7}).errorCode(), ENETDOWN);
     EXPECT_TRUE(s->close());
     EXPECT_TRUE(a_->stop());  // from a plain thread: nothing is polled any more
     EXPECT_TRUE(b_->stop());
