@@ -74,6 +74,7 @@ ParsedFrame parseArp(std::span<const uint8_t> f, const InterfaceAddress& self, P
     out.srcMac = loadMac(a + 8);
     out.srcIp = loadIp(a + 14);
     out.dstIp = loadIp(a + 24);
+    out.arpSender = op == 1 || op == 2;
     if (op == 1) {
         if (out.dstIp != self.ip) { return drop(out, DropReason::kNotForUs); }
         out.kind = FrameKind::kArpRequest;

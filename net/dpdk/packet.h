@@ -69,6 +69,7 @@ struct ParsedFrame {
     uint16_t ipHeaderLength = 0;
     uint16_t payloadOffset = 0;  // of the UDP payload, or of the ICMP header
     uint16_t payloadLength = 0;  // UDP payload bytes, or ICMP message bytes
+    bool arpSender = false;      // a well-formed ARP packet (kept or not): srcIp/srcMac are its sender's
 };
 
 /// Checksums a device verified on receipt (its RX checksum offload), which parseFrame() then does

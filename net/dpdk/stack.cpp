@@ -166,6 +166,9 @@ struct Interface::Impl {
             const ParsedFrame p = parseFrame(frame, self, verified);
             switch (p.kind) {
                 case FrameKind::kDrop:
+                    // An ARP request for another address still updates a peer we know (RFC 826's
+                    // merge; a gratuitous announcement after a fail-over is one).
+                    if (p.arpSender) { learn(p.srcIp, p.srcMac, /*create=*/false); }
                     bump(counters.drops[static_cast<size_t>(p.reason)]);
                     if (p.reason == DropReason::kBadChecksum) {
                         ++delta.badChecksum;

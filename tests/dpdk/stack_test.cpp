@@ -268,6 +268,37 @@ TEST_F(DpdkStack, ASendFromAnotherCarrierRunsOnTheInterfacesCarrier) {
     EXPECT_TRUE(c->close());
 }
 
+// A gratuitous ARP request (a peer announcing a new MAC for its address, as after a fail-over) moves
+// what A sends to that address to the new MAC, though the request asks for no address of A's.
+TEST_F(DpdkStack, AGratuitousAnnouncementMovesAKnownPeer) {
+    const InterfaceAddress bAddr = b_->address();
+    auto server = on(1, [&] {
+        auto s = UdpSocket::bind(*b_, 7);
+        ASSERT_TRUE(s);
+        char buf[16];
+        Endpoint from;
+        ASSERT_TRUE(s->recvFrom(buf, sizeof(buf), &from, 10s));  // the first datagram: A resolved B
+        EXPECT_EQ(s->recvFrom(buf, sizeof(buf), &from, 200ms).errorCode(), ETIMEDOUT);  // the second went elsewhere
+        EXPECT_TRUE(s->close());
+    });
+    auto c = on(0, [&] { return UdpSocket::bind(*a_, 0).value(); }).join();
+    on(0, [&] { ASSERT_TRUE(c.sendTo("one", 3, Endpoint{bAddr.ip, 7}, 10s)); }).join();
+    const uint64_t before = b_->stats().drops[static_cast<size_t>(DropReason::kNotForUs)];
+    // B's address announced with another MAC.
+    InterfaceAddress moved = bAddr;
+    moved.mac[5] ^= 0x5a;
+    std::vector<uint8_t> announce(42);
+    ASSERT_EQ(buildArpRequest(announce, moved, bAddr.ip), 42u);
+    injectFromB(announce);
+    EXPECT_EQ(waitFor([&] { return a_->stats().drops[static_cast<size_t>(DropReason::kNotForUs)]; }, 1), 1u);
+    on(0, [&] { ASSERT_TRUE(c.sendTo("two", 3, Endpoint{bAddr.ip, 7}, 10s)); }).join();
+    // It reached B's port addressed to the new MAC, which B's stack does not answer to.
+    EXPECT_EQ(waitFor([&] { return b_->stats().drops[static_cast<size_t>(DropReason::kNotForUs)]; }, before + 1),
+              before + 1);
+    server.join();
+    EXPECT_TRUE(c.close());
+}
+
 TEST_F(DpdkStack, AnUnansweredPeerIsUnreachableAfterTheRetries) {
     on(0, [&] {
         auto c = UdpSocket::bind(*a_, 0);
