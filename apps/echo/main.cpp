@@ -250,6 +250,14 @@ bool parseIpPrefix(const std::string& text, const std::string& gateway, spindle:
     return true;
 }
 
+// With --dpdk: the interface options from --ip/--gateway, then EAL. Returns 0, or the exit status:
+// kExitUsage for a flag that does not parse, kExitFailure when EAL does not start.
+int prepareDpdk(const DpdkFlags& flags, spindle::dpdk::InterfaceOptions& io) {
+    if (!flags.on) { return 0; }
+    if (!parseIpPrefix(flags.ip, flags.gateway, io)) { return kExitUsage; }
+    return flags.startEal() ? 0 : kExitFailure;
+}
+
 // A port and an interface on it, run by carrier `carrier`; torn down in order by its destructor.
 struct DpdkPath {
     spindle::Runtime& rt;
@@ -385,9 +393,7 @@ int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
     if (sfd < 0) { return kExitFailure; }
 #if defined(SPINDLE_HAVE_DPDK)
     spindle::dpdk::InterfaceOptions io;
-    if (dpdkFlags.on && (!parseIpPrefix(dpdkFlags.ip, dpdkFlags.gateway, io) || !dpdkFlags.startEal())) {
-        return dpdkFlags.ip.empty() ? kExitUsage : kExitFailure;
-    }
+    if (const int rc = prepareDpdk(dpdkFlags, io); rc != 0) { return rc; }
 #endif
     auto rt = spindle::Runtime::start(rtFlags.options());
     if (!rt) {
@@ -475,9 +481,7 @@ int runUdpClient(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
                  const DpdkFlagsArg& dpdkFlags) {
 #if defined(SPINDLE_HAVE_DPDK)
     spindle::dpdk::InterfaceOptions io;
-    if (dpdkFlags.on && (!parseIpPrefix(dpdkFlags.ip, dpdkFlags.gateway, io) || !dpdkFlags.startEal())) {
-        return dpdkFlags.ip.empty() ? kExitUsage : kExitFailure;
-    }
+    if (const int rc = prepareDpdk(dpdkFlags, io); rc != 0) { return rc; }
 #endif
     auto rt = spindle::Runtime::start(rtFlags.options());
     if (!rt) {

@@ -1,5 +1,6 @@
 #include "apps/echo/udp_echo.h"
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -28,6 +29,7 @@ struct ClientRun {
     Clock::time_point start;
     Clock::time_point measureFrom;
     Clock::time_point end;
+    std::atomic<bool> cutShort{false};  // a spawn failed: the fibers started stop after their round trip
     std::mutex lock;
     UdpReport report;
 
@@ -47,7 +49,7 @@ void clientLoop(ClientRun& run, uint32_t index, Send&& send, Recv&& recv) {
     LogLinearHistogram latency;
     uint64_t measured = 0, total = 0, lost = 0, stale = 0, mismatches = 0;
     bool failed = false;
-    for (uint64_t seq = 0; !failed && Clock::now() < run.end; ++seq) {
+    for (uint64_t seq = 0; !failed && !run.cutShort.load(std::memory_order_relaxed) && Clock::now() < run.end; ++seq) {
         fillMessage(out.data(), size, index, seq);
         const auto sent = Clock::now();
         if (auto r = send(out.data(), size); !r) {
@@ -123,6 +125,45 @@ void beginRun(ClientRun& run, const UdpClientOptions& o) {
     run.report.seconds = std::chrono::duration<double>(o.duration).count();
 }
 
+// Runs `window` client fibers, fiber i on carrierOf(i), each with the socket open(i) gives it, and
+// waits for them all. A spawn that fails ends the run at once and still joins the fibers already
+// started (they hold references to `run`), then reports the spawn's errno.
+template <class CarrierOf, class Open, class To>
+Result<UdpReport> runClientFibers(Runtime& rt, const UdpClientOptions& o, const char* name, CarrierOf&& carrierOf,
+                                  Open&& open, const To& to) {
+    if (auto r = checkOptions(o); !r) { return Error{r.errorCode()}; }
+    ClientRun run;
+    beginRun(run, o);
+    std::vector<FiberHandle<void>> fibers;
+    int spawnError = 0;
+    for (unsigned i = 0; i < o.window && spawnError == 0; ++i) {
+        auto f = rt.spawn(
+            [&run, &open, &to, i]() noexcept {
+                auto s = open(i);
+                if (!s) {
+                    run.fail(fmt::format("socket: {}", std::strerror(s.errorCode())));
+                    return;
+                }
+                clientLoop(
+                    run, i, [&](const char* b, size_t n) -> Result<size_t> { return s->sendTo(b, n, to); },
+                    [&](char* b, size_t cap, std::chrono::nanoseconds left) -> Result<size_t> {
+                        return s->recvFrom(b, cap, nullptr, left);
+                    });
+                (void)s->close();
+            },
+            SpawnOptions{.name = name, .carrier = carrierOf(i), .pinned = true});
+        if (f) {
+            fibers.push_back(std::move(*f));
+        } else {
+            spawnError = f.errorCode();
+            run.cutShort.store(true, std::memory_order_relaxed);
+        }
+    }
+    for (auto& f : fibers) { f.join(); }
+    if (spawnError != 0) { return Error{spawnError}; }
+    return std::move(run.report);
+}
+
 // ---- kernel sockets --------------------------------------------------------------------------------
 
 class KernelEcho final : public UdpEchoServer {
@@ -194,33 +235,10 @@ Result<std::unique_ptr<UdpEchoServer>> startKernelUdpEcho(Runtime& rt, const net
 }
 
 Result<UdpReport> runKernelUdpClient(Runtime& rt, const net::SocketAddress& server, const UdpClientOptions& o) {
-    if (auto r = checkOptions(o); !r) { return Error{r.errorCode()}; }
-    ClientRun run;
-    beginRun(run, o);
-    std::vector<FiberHandle<void>> fibers;
-    for (unsigned i = 0; i < o.window; ++i) {
-        const int carrier = o.carrier >= 0 ? o.carrier : static_cast<int>(i % rt.carrierCount());
-        auto f = rt.spawn(
-            [&run, &server, i]() noexcept {
-                auto s = net::UdpSocket::open(server.family());
-                if (!s) {
-                    run.fail(fmt::format("socket: {}", std::strerror(s.errorCode())));
-                    return;
-                }
-                clientLoop(
-                    run, i,
-                    [&](const char* b, size_t n) -> Result<size_t> { return s->sendTo(b, n, server); },
-                    [&](char* b, size_t cap, std::chrono::nanoseconds left) -> Result<size_t> {
-                        return s->recvFrom(b, cap, nullptr, left);
-                    });
-                (void)s->close();
-            },
-            SpawnOptions{.name = "udp-client", .carrier = carrier, .pinned = true});
-        if (!f) { return Error{f.errorCode()}; }
-        fibers.push_back(std::move(*f));
-    }
-    for (auto& f : fibers) { f.join(); }
-    return std::move(run.report);
+    return runClientFibers(
+        rt, o, "udp-client",
+        [&](unsigned i) { return o.carrier >= 0 ? o.carrier : static_cast<int>(i % rt.carrierCount()); },
+        [&](unsigned) { return net::UdpSocket::open(server.family()); }, server);
 }
 
 #if defined(SPINDLE_HAVE_DPDK)
@@ -270,33 +288,11 @@ Result<std::unique_ptr<UdpEchoServer>> startDpdkUdpEcho(Runtime& rt, dpdk::Inter
 
 Result<UdpReport> runDpdkUdpClient(Runtime& rt, dpdk::Interface& iface, const dpdk::Endpoint& server,
                                    const UdpClientOptions& o) {
-    if (auto r = checkOptions(o); !r) { return Error{r.errorCode()}; }
     if (iface.carrier() < 0) { return Error{ENETDOWN}; }
-    ClientRun run;
-    beginRun(run, o);
-    std::vector<FiberHandle<void>> fibers;
-    for (unsigned i = 0; i < o.window; ++i) {
-        auto f = rt.spawn(
-            [&run, &iface, &server, i]() noexcept {
-                auto s = dpdk::UdpSocket::bind(iface, 0);
-                if (!s) {
-                    run.fail(fmt::format("bind: {}", std::strerror(s.errorCode())));
-                    return;
-                }
-                clientLoop(
-                    run, i,
-                    [&](const char* b, size_t n) -> Result<size_t> { return s->sendTo(b, n, server); },
-                    [&](char* b, size_t cap, std::chrono::nanoseconds left) -> Result<size_t> {
-                        return s->recvFrom(b, cap, nullptr, left);
-                    });
-                (void)s->close();
-            },
-            SpawnOptions{.name = "udp-client-dpdk", .carrier = iface.carrier(), .pinned = true});
-        if (!f) { return Error{f.errorCode()}; }
-        fibers.push_back(std::move(*f));
-    }
-    for (auto& f : fibers) { f.join(); }
-    return std::move(run.report);
+    const int carrier = iface.carrier();
+    return runClientFibers(
+        rt, o, "udp-client-dpdk", [carrier](unsigned) { return carrier; },
+        [&](unsigned) { return dpdk::UdpSocket::bind(iface, 0); }, server);
 }
 
 #endif

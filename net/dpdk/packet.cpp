@@ -64,6 +64,27 @@ void writeIpv4(uint8_t* p, uint32_t src, uint32_t dst, uint8_t protocol, uint16_
     if (checksum) { store16(p + 10, checksumFinish(checksumAdd(0, {p, kIpv4Header}))); }
 }
 
+// An Ethernet frame holding one IPv4-over-Ethernet ARP packet: operation `op` from `self` to
+// (`targetMac`, `targetIp`), sent to `dst`. Returns its length (42), or 0 when `out` is shorter.
+size_t writeArp(std::span<uint8_t> out, uint16_t op, const Mac& dst, const InterfaceAddress& self, const Mac& targetMac,
+                uint32_t targetIp) noexcept {
+    constexpr size_t kLength = kEthernetHeader + kArpPacket;
+    if (out.size() < kLength) { return 0; }
+    uint8_t* p = out.data();
+    writeEthernet(p, dst, self.mac, kEtherTypeArp);
+    uint8_t* a = p + kEthernetHeader;
+    store16(a, 1);  // hardware: Ethernet
+    store16(a + 2, kEtherTypeIpv4);
+    a[4] = 6;
+    a[5] = 4;
+    store16(a + 6, op);
+    std::memcpy(a + 8, self.mac.data(), 6);
+    storeIp(a + 14, self.ip);
+    std::memcpy(a + 18, targetMac.data(), 6);
+    storeIp(a + 24, targetIp);
+    return kLength;
+}
+
 ParsedFrame parseArp(std::span<const uint8_t> f, const InterfaceAddress& self, ParsedFrame out) noexcept {
     if (f.size() < kEthernetHeader + kArpPacket) { return drop(out, DropReason::kTruncated); }
     const uint8_t* a = f.data() + kEthernetHeader;
@@ -187,39 +208,11 @@ ParsedFrame parseFrame(std::span<const uint8_t> frame, const InterfaceAddress& s
 }
 
 size_t buildArpRequest(std::span<uint8_t> out, const InterfaceAddress& self, uint32_t targetIp) noexcept {
-    constexpr size_t kLength = kEthernetHeader + kArpPacket;
-    if (out.size() < kLength) { return 0; }
-    uint8_t* p = out.data();
-    writeEthernet(p, kBroadcastMac, self.mac, kEtherTypeArp);
-    uint8_t* a = p + kEthernetHeader;
-    store16(a, 1);
-    store16(a + 2, kEtherTypeIpv4);
-    a[4] = 6;
-    a[5] = 4;
-    store16(a + 6, 1);
-    std::memcpy(a + 8, self.mac.data(), 6);
-    storeIp(a + 14, self.ip);
-    std::memset(a + 18, 0, 6);
-    storeIp(a + 24, targetIp);
-    return kLength;
+    return writeArp(out, 1, kBroadcastMac, self, Mac{}, targetIp);
 }
 
 size_t buildArpReply(std::span<uint8_t> out, const InterfaceAddress& self, const ParsedFrame& request) noexcept {
-    constexpr size_t kLength = kEthernetHeader + kArpPacket;
-    if (out.size() < kLength) { return 0; }
-    uint8_t* p = out.data();
-    writeEthernet(p, request.srcMac, self.mac, kEtherTypeArp);
-    uint8_t* a = p + kEthernetHeader;
-    store16(a, 1);
-    store16(a + 2, kEtherTypeIpv4);
-    a[4] = 6;
-    a[5] = 4;
-    store16(a + 6, 2);
-    std::memcpy(a + 8, self.mac.data(), 6);
-    storeIp(a + 14, self.ip);
-    std::memcpy(a + 18, request.srcMac.data(), 6);
-    storeIp(a + 24, request.srcIp);
-    return kLength;
+    return writeArp(out, 2, request.srcMac, self, request.srcMac, request.srcIp);
 }
 
 size_t buildEchoReply(std::span<uint8_t> out, std::span<const uint8_t> frame, const ParsedFrame& request,

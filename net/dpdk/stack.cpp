@@ -201,7 +201,7 @@ struct Interface::Impl {
                     break;
                 }
                 case FrameKind::kUdp:
-                    deliver(m, p);
+                    deliver(m, p, delta);
                     break;
             }
         }
@@ -216,13 +216,11 @@ struct Interface::Impl {
     }
 
     // Under socketsLock.
-    void deliver(rte_mbuf* m, const ParsedFrame& p) noexcept {
+    void deliver(rte_mbuf* m, const ParsedFrame& p, QueueStats& delta) noexcept {
         const auto it = sockets.find(p.dstPort);
         if (it == sockets.end()) {
             bump(counters.udpNoSocket);
-            QueueStats d;
-            d.notForUs = 1;
-            port->count(queue, d);
+            ++delta.notForUs;
             freePackets(&m, 1);
             return;
         }
@@ -230,9 +228,7 @@ struct Interface::Impl {
         std::lock_guard<SpinLock> g(s.lock);
         if (s.count == s.ring.size()) {
             bump(counters.udpQueueFull);
-            QueueStats d;
-            d.dropped = 1;
-            port->count(queue, d);
+            ++delta.dropped;
             freePackets(&m, 1);
             return;
         }
@@ -428,31 +424,6 @@ struct Interface::Impl {
         if (sent == 0 && error != 0) { return Error{error}; }
         if (sent == 0 && ready > 0) { return Error{ENOBUFS}; }
         return sent;
-    }
-
-    Result<size_t> sendHere(uint16_t srcPort, const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {
-        if (liveCarrier() < 0) { return Error{ENETDOWN}; }
-        auto mac = nextHopMac(to.ip, deadline);
-        if (!mac) { return Error{mac.errorCode()}; }
-        rte_mbuf* m = nullptr;
-        if (!allocPackets(port->pool(queue), &m, 1)) {
-            QueueStats d;
-            d.noMbuf = 1;
-            port->count(queue, d);
-            return Error{ENOBUFS};
-        }
-        char* data = rte_pktmbuf_append(m, static_cast<uint16_t>(kUdpFrameHeaders + len));
-        if (data == nullptr) {  // larger than an mbuf (a jumbo MTU): not chained here
-            freePackets(&m, 1);
-            return Error{EMSGSIZE};
-        }
-        std::memcpy(data + kUdpFrameHeaders, buf, len);
-        (void)buildUdpHeaders({reinterpret_cast<uint8_t*>(data), kUdpFrameHeaders + len}, self, *mac, to.ip,
-                              srcPort, to.port, len, ipId++, txChecksum);
-        flagChecksums(m);
-        if (port->transmitAll(queue, &m, 1, 1024) != 1) { return Error{ENOBUFS}; }  // freed and counted
-        bump(counters.udpSent);
-        return len;
     }
 };
 
@@ -687,7 +658,12 @@ Result<rte_mbuf*> UdpSocket::allocDatagram(size_t length, uint8_t** payload) noe
     Interface::Impl& im = *state_->iface;
     if (length + kIpUdpHeaders > im.mtu) { return Error{EMSGSIZE}; }
     rte_mbuf* m = nullptr;
-    if (!allocPackets(im.port->pool(im.queue), &m, 1)) { return Error{ENOBUFS}; }
+    if (!allocPackets(im.port->pool(im.queue), &m, 1)) {
+        QueueStats d;
+        d.noMbuf = 1;
+        im.port->count(im.queue, d);
+        return Error{ENOBUFS};
+    }
     char* data = rte_pktmbuf_append(m, static_cast<uint16_t>(kUdpFrameHeaders + length));
     if (data == nullptr) {
         freePackets(&m, 1);
@@ -735,23 +711,17 @@ Result<size_t> UdpSocket::sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t
 
 Result<size_t> UdpSocket::sendTo(const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {
     if (!isOpen()) { return Error{EBADF}; }
-    Interface::Impl& im = *state_->iface;
-    if (len + kIpUdpHeaders > im.mtu) { return Error{EMSGSIZE}; }
     if (to.ip == 0 || to.port == 0) { return Error{EINVAL}; }
     if (this_fiber::cancellationRequested()) { return Error{ECANCELED}; }
-    const int c = im.liveCarrier();
-    if (c < 0) { return Error{ENETDOWN}; }
-    const uint16_t port = state_->port;
-    if (this_fiber::carrierIndex() == c && this_fiber::pinned()) {
-        return im.sendHere(port, buf, len, to, deadline);
-    }
-    // Elsewhere: the send runs on a pinned fiber of the interface's carrier.
-    if (!this_fiber::inFiber()) { return Error{EPERM}; }
-    auto f = spindle::spawn(
-        [&]() noexcept -> Result<size_t> { return im.sendHere(port, buf, len, to, deadline); },
-        SpawnOptions{.name = "dpdk-send", .carrier = c, .pinned = true});
-    if (!f) { return Error{f.errorCode()}; }
-    return f->join();
+    // A burst of one: the payload copied into a fresh mbuf, which sendBurst() takes whatever happens.
+    uint8_t* payload = nullptr;
+    auto m = allocDatagram(len, &payload);
+    if (!m) { return Error{m.errorCode()}; }
+    std::memcpy(payload, buf, len);
+    rte_mbuf* one = *m;
+    auto sent = sendBurst(&one, &to, 1, deadline);
+    if (!sent) { return Error{sent.errorCode()}; }
+    return len;
 }
 
 }  // namespace spindle::dpdk

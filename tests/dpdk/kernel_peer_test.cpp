@@ -18,6 +18,7 @@
 
 #include "core/fiber.h"
 #include "net/dpdk/eal.h"
+#include "tests/dpdk/test_eal.h"
 #include "net/dpdk/port.h"
 #include "net/dpdk/stack.h"
 #include "tests/core/with_runtime.h"
@@ -129,16 +130,11 @@ enum class Kind { kTap, kAfPacket };
 
 class DpdkKernelPeer : public testing_support::WithRuntime, public ::testing::WithParamInterface<Kind> {
 protected:
-    static void SetUpTestSuite() {
-        if (ealRunning()) { return; }
-        EalOptions o;
-        o.logLevel = "*:error";
-        (void)startEal(o, &failure_);
-    }
-
     void SetUp() override {
         if (const std::string why = missingPrerequisite(); !why.empty()) { GTEST_SKIP() << why; }
-        if (!ealRunning()) { GTEST_SKIP() << "DPDK cannot initialise here: " << failure_; }
+        if (const std::string why = testing_support::startTestEal(); !why.empty()) {
+            GTEST_SKIP() << "DPDK cannot initialise here: " << why;
+        }
         WithRuntime::SetUp();
         const std::string tag = std::to_string(::getpid() % 100000);
         ns_ = "spindle-t" + tag;
@@ -223,7 +219,6 @@ protected:
         return s;
     }
 
-    static std::string failure_;
     std::string ns_;
     std::string kernelIf_;
     std::string vethOurs_;
@@ -231,7 +226,6 @@ protected:
     std::unique_ptr<Interface> iface_;
     FiberHandle<void> echo_;
 };
-std::string DpdkKernelPeer::failure_;
 
 TEST_P(DpdkKernelPeer, PingUdpAndArpWorkWithTheKernelsStack) {
     std::string out;

@@ -20,6 +20,7 @@
 
 #include "core/fiber.h"
 #include "net/dpdk/eal.h"
+#include "tests/dpdk/test_eal.h"
 #include "net/dpdk/mbuf.h"
 #include "tests/core/with_runtime.h"
 
@@ -74,21 +75,13 @@ TEST(DpdkEal, PortsAndThreadsNeedARunningEal) {
 /// EAL started once for the process (ctest runs each test in its own); a runtime of two carriers.
 class DpdkPort : public testing_support::WithRuntime {
 protected:
-    static void SetUpTestSuite() {
-        if (ealRunning()) { return; }
-        EalOptions o;
-        o.memoryMb = 256;
-        o.logLevel = "*:error";
-        auto r = startEal(o, &failure_);
-        if (!r && failure_.empty()) { failure_ = r.error().message(); }
-    }
     void SetUp() override {
-        if (!ealRunning()) { GTEST_SKIP() << "DPDK cannot initialise here: " << failure_; }
+        if (const std::string why = testing_support::startTestEal(); !why.empty()) {
+            GTEST_SKIP() << "DPDK cannot initialise here: " << why;
+        }
         WithRuntime::SetUp();
     }
-    static std::string failure_;
 };
-std::string DpdkPort::failure_;
 
 TEST_F(DpdkPort, StartingEalTwiceIsRefusedWithAReason) {
     std::string why;

@@ -22,6 +22,7 @@
 
 #include "core/fiber.h"
 #include "net/dpdk/eal.h"
+#include "tests/dpdk/test_eal.h"
 #include "net/dpdk/mbuf.h"
 #include "tests/core/with_runtime.h"
 
@@ -40,15 +41,10 @@ uint32_t ip(const char* dotted) {
 /// 198.18.0.2 on carrier 1), torn down in order.
 class DpdkStack : public testing_support::WithRuntime {
 protected:
-    static void SetUpTestSuite() {
-        if (ealRunning()) { return; }
-        EalOptions o;
-        o.logLevel = "*:error";
-        (void)startEal(o, &failure_);
-    }
-
     void SetUp() override {
-        if (!ealRunning()) { GTEST_SKIP() << "DPDK cannot initialise here: " << failure_; }
+        if (const std::string why = testing_support::startTestEal(); !why.empty()) {
+            GTEST_SKIP() << "DPDK cannot initialise here: " << why;
+        }
         WithRuntime::SetUp();
         const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(serial_++);
         aToB_ = rte_ring_create(("ab" + tag).c_str(), 1024, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
@@ -116,7 +112,6 @@ protected:
         return v;
     }
 
-    static std::string failure_;
     static inline unsigned serial_ = 0;
     rte_ring* aToB_ = nullptr;
     rte_ring* bToA_ = nullptr;
@@ -125,7 +120,6 @@ protected:
     std::unique_ptr<Interface> a_;
     std::unique_ptr<Interface> b_;
 };
-std::string DpdkStack::failure_;
 
 TEST_F(DpdkStack, TheFirstSendResolvesThePeerAndDatagramsGoBothWays) {
     constexpr int kRounds = testing_support::kSanitized ? 200 : 2000;
@@ -297,6 +291,28 @@ TEST_F(DpdkStack, AGratuitousAnnouncementMovesAKnownPeer) {
               before + 1);
     server.join();
     EXPECT_TRUE(c.close());
+}
+
+// With the interface's pool empty, a send fails with ENOBUFS (and is counted) instead of waiting, and
+// works again once mbufs are back.
+TEST_F(DpdkStack, AnEmptyPoolIsENOBUFSAndCounted) {
+    on(0, [&] {
+        auto c = UdpSocket::bind(*a_, 0);
+        ASSERT_TRUE(c);
+        const Endpoint peer{ip("198.18.0.2"), 9};
+        ASSERT_TRUE(c->sendTo("warm", 4, peer, 10s));  // resolves B first
+        std::vector<rte_mbuf*> held;
+        rte_mbuf* m = nullptr;
+        while (allocPackets(portA_.pool(0), &m, 1)) { held.push_back(m); }  // this carrier's cache and the ring
+        const uint64_t before = portA_.stats(0).noMbuf;
+        EXPECT_EQ(c->sendTo("x", 1, peer, 10s).errorCode(), ENOBUFS);
+        uint8_t* payload = nullptr;
+        EXPECT_EQ(c->allocDatagram(8, &payload).errorCode(), ENOBUFS);
+        EXPECT_EQ(portA_.stats(0).noMbuf, before + 2);
+        freePackets(held.data(), static_cast<unsigned>(held.size()));
+        EXPECT_TRUE(c->sendTo("x", 1, peer, 10s));
+        EXPECT_TRUE(c->close());
+    }).join();
 }
 
 TEST_F(DpdkStack, AnUnansweredPeerIsUnreachableAfterTheRetries) {
