@@ -3,8 +3,10 @@
 #include <rte_mbuf.h>
 #include <time.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <mutex>
 #include <unordered_map>
@@ -13,6 +15,7 @@
 #include "core/fiber.h"
 #include "core/fiber_future.h"
 #include "core/internal/sync_support.h"
+#include "core/poller.h"
 #include "core/runtime.h"
 #include "net/dpdk/mbuf.h"
 
@@ -92,23 +95,26 @@ struct UdpSocket::State {
 // ---- the interface -----------------------------------------------------------------------------------
 
 struct Interface::Impl {
-    // A fiber waiting for a peer's MAC (on the interface's carrier).
-    struct ArpWaiter {
-        FiberFuture done;  // 0: resolved; -EHOSTUNREACH: given up
-    };
+    // A peer in the ARP cache (carrier thread only).
     struct ArpEntry {
+        enum class State : uint8_t { kResolving, kReachable, kFailed };
+        State state = State::kResolving;
         Mac mac{};
-        bool resolved = false;
-        uint64_t expiresNs = 0;    // resolved: when to ask again
-        unsigned attempts = 0;     // unresolved: requests sent
-        uint64_t nextTryNs = 0;    // unresolved: when the next request is due
-        std::vector<ArpWaiter*> waiters;
+        uint64_t untilNs = 0;     // reachable: expiry; resolving: next request due; failed: end of hold-down
+        unsigned attempts = 0;    // resolving: requests sent
+        std::vector<rte_mbuf*> pending;  // resolving: datagrams waiting for the MAC, oldest first
+    };
+    // The ARP retry timer: a poller on the interface's carrier that has work only while peers resolve.
+    struct ArpTimer : Poller {
+        Impl* impl = nullptr;
+        bool live = false;  // registered; false again once removed or detached at the runtime's shutdown
     };
     struct Counters {
         std::atomic<uint64_t> drops[static_cast<size_t>(DropReason::kCount)] = {};
         std::atomic<uint64_t> arpRequestsAnswered{0}, arpRequestsSent{0}, arpResolved{0}, arpFailed{0};
         std::atomic<uint64_t> echoReplies{0}, udpReceived{0}, udpSent{0}, udpNoSocket{0}, udpQueueFull{0};
         std::atomic<uint64_t> multiSegment{0};
+        std::atomic<uint64_t> arpQueued{0}, arpQueueDropped{0};
     };
 
     Port* port = nullptr;
@@ -129,7 +135,12 @@ struct Interface::Impl {
     Counters counters;
     uint16_t ipId = 0;  // carrier thread only
 
-    std::unordered_map<uint32_t, ArpEntry> arp;  // carrier thread only
+    // Carrier thread only (or any thread once the carrier has left with the runtime's shutdown).
+    std::unordered_map<uint32_t, ArpEntry> arp;
+    std::vector<uint32_t> resolving;  // the peers in kResolving: the timer's work list
+    size_t pendingTotal = 0;          // datagrams in every peer's `pending`
+    uint64_t nextDueNs = UINT64_MAX;  // the earliest request due among `resolving`
+    ArpTimer timer;
 
     SpinLock socketsLock;  // guards sockets, nextPort
     std::unordered_map<uint16_t, UdpSocket::State*> sockets;
@@ -240,15 +251,17 @@ struct Interface::Impl {
     }
 
     // The cache holds at most this many peers: requests from spoofed senders cannot grow it without
-    // bound. When full, expired entries nobody waits on go first; then nothing new is added.
+    // bound. When full, expired and failed entries go first; then nothing new is added.
     static constexpr size_t kArpCacheLimit = 4096;
 
-    // Whether a new entry fits, pruning expired ones when the cache is full.
+    uint64_t ns(std::chrono::nanoseconds d) const noexcept { return static_cast<uint64_t>(d.count()); }
+
+    // Whether a new entry fits, pruning stale ones when the cache is full. Peers being resolved stay.
     bool arpRoom() noexcept {
         if (arp.size() < kArpCacheLimit) { return true; }
         const uint64_t now = coarseNowNs();
         for (auto it = arp.begin(); it != arp.end();) {
-            if (it->second.waiters.empty() && (!it->second.resolved || it->second.expiresNs <= now)) {
+            if (it->second.state != ArpEntry::State::kResolving && it->second.untilNs <= now) {
                 it = arp.erase(it);
             } else {
                 ++it;
@@ -257,7 +270,29 @@ struct Interface::Impl {
         return arp.size() < kArpCacheLimit;
     }
 
-    // RFC 826's merge: update a known peer; add one only when the frame was meant for us.
+    // Frees datagrams that will not go: their peer did not answer, its queue overflowed, or the
+    // interface stopped. Counted in arpQueueDropped and the queue's `dropped`.
+    void dropPending(rte_mbuf** mbufs, size_t n) noexcept {
+        if (n == 0) { return; }
+        freePackets(mbufs, static_cast<unsigned>(n));
+        bump(counters.arpQueueDropped, n);
+        QueueStats d;
+        d.dropped = n;
+        port->count(queue, d);
+    }
+
+    void forgetResolving(uint32_t ip) noexcept {
+        for (size_t i = 0; i < resolving.size(); ++i) {
+            if (resolving[i] == ip) {
+                resolving[i] = resolving.back();
+                resolving.pop_back();
+                return;
+            }
+        }
+    }
+
+    // RFC 826's merge: update a known peer; add one only when the frame was meant for us. A peer
+    // being resolved gets its waiting datagrams sent, addressed to the MAC just learned.
     void learn(uint32_t ip, const Mac& mac, bool create) noexcept {
         if (ip == 0) { return; }  // an ARP probe says nothing about the sender
         auto it = arp.find(ip);
@@ -268,14 +303,78 @@ struct Interface::Impl {
             } catch (...) {
                 return;  // no memory: the peer will be asked when we need it
             }
+            it->second.state = ArpEntry::State::kFailed;  // not waited on: nothing to flush below
         }
         ArpEntry& e = it->second;
-        if (!e.resolved) { bump(counters.arpResolved); }
+        if (e.state != ArpEntry::State::kReachable) { bump(counters.arpResolved); }
+        const bool wasResolving = e.state == ArpEntry::State::kResolving;
         e.mac = mac;
-        e.resolved = true;
-        e.expiresNs = coarseNowNs() + static_cast<uint64_t>(std::chrono::nanoseconds(options.arpLifetime).count());
-        for (ArpWaiter* w : e.waiters) { w->done.set(0); }
-        e.waiters.clear();
+        e.state = ArpEntry::State::kReachable;
+        e.untilNs = coarseNowNs() + ns(options.arpLifetime);
+        if (!wasResolving) { return; }
+        forgetResolving(ip);
+        const size_t n = e.pending.size();
+        pendingTotal -= n;
+        for (rte_mbuf* m : e.pending) { std::memcpy(frameOf(m), mac.data(), mac.size()); }
+        // On the poller, which must not wait: what the ring refuses now is dropped.
+        size_t sent = 0;
+        while (sent < n) {
+            const auto chunk = static_cast<uint16_t>(std::min<size_t>(n - sent, Port::kBurst));
+            const uint16_t k = port->transmit(queue, e.pending.data() + sent, chunk);
+            sent += k;
+            if (k < chunk) { break; }
+        }
+        bump(counters.udpSent, sent);
+        dropPending(e.pending.data() + sent, n - sent);
+        e.pending.clear();
+        e.pending.shrink_to_fit();
+    }
+
+    // ---- the ARP timer: retries and give-ups, on the carrier --------------------------------------
+
+    static bool pollArp(Poller* p) noexcept {
+        Impl& im = *static_cast<ArpTimer*>(p)->impl;
+        if (im.resolving.empty()) { return false; }
+        const uint64_t now = coarseNowNs();
+        if (now < im.nextDueNs) { return false; }
+        im.runArpTimer(now);
+        return true;
+    }
+    // A carrier whose other pollers let it park must still wake for the next retry.
+    static bool arpMayPark(Poller* p) noexcept { return static_cast<ArpTimer*>(p)->impl->resolving.empty(); }
+    static void arpDetached(Poller* p) noexcept { static_cast<ArpTimer*>(p)->live = false; }
+
+    void runArpTimer(uint64_t now) noexcept {
+        nextDueNs = UINT64_MAX;
+        for (size_t i = 0; i < resolving.size();) {
+            const uint32_t ip = resolving[i];
+            ArpEntry& e = arp.find(ip)->second;  // a resolving peer is never pruned
+            if (now >= e.untilNs) {
+                if (e.attempts >= options.arpAttempts) {
+                    giveUp(e, now);
+                    resolving[i] = resolving.back();
+                    resolving.pop_back();
+                    continue;
+                }
+                ++e.attempts;
+                e.untilNs = now + ns(options.arpTimeout);
+                (void)sendArpRequest(ip);  // a lost request is one retry fewer
+            }
+            nextDueNs = std::min(nextDueNs, e.untilNs);
+            ++i;
+        }
+    }
+
+    // No answer after the last retry: the waiting datagrams are dropped and, for the hold-down,
+    // sends to the peer fail with EHOSTUNREACH instead of asking again.
+    void giveUp(ArpEntry& e, uint64_t now) noexcept {
+        bump(counters.arpFailed);
+        pendingTotal -= e.pending.size();
+        dropPending(e.pending.data(), e.pending.size());
+        e.pending.clear();
+        e.pending.shrink_to_fit();
+        e.state = ArpEntry::State::kFailed;
+        e.untilNs = now + ns(options.arpHoldDown);
     }
 
     // ---- send: on the carrier, from a pinned fiber ----------------------------------------------
@@ -298,80 +397,62 @@ struct Interface::Impl {
         return true;
     }
 
-    // The MAC of `ip` (on our subnet): from the cache, or asked for and waited on.
-    Result<Mac> resolve(uint32_t ip, Deadline deadline) noexcept {
-        for (;;) {
-            const uint64_t now = coarseNowNs();
-            auto it = arp.find(ip);
-            if (it == arp.end()) {
-                if (!arpRoom()) { return Error{ENOBUFS}; }  // as many peers resolving or fresh as the cache holds
-                try {
-                    it = arp.emplace(ip, ArpEntry{}).first;
-                } catch (...) {
-                    return Error{ENOBUFS};
-                }
-            }
-            ArpEntry& e = it->second;
-            if (e.resolved && now < e.expiresNs) { return e.mac; }
-            if (e.resolved) {  // expired: ask again, keep using nothing stale
-                e.resolved = false;
-                e.attempts = 0;
-                e.nextTryNs = 0;
-            }
-            if (now >= e.nextTryNs) {
-                if (e.attempts >= options.arpAttempts) {
-                    // Given up: everyone waiting hears it, and the next send starts afresh.
-                    bump(counters.arpFailed);
-                    for (ArpWaiter* w : e.waiters) { w->done.set(-EHOSTUNREACH); }
-                    arp.erase(it);
-                    return Error{EHOSTUNREACH};
-                }
-                ++e.attempts;
-                e.nextTryNs = now + static_cast<uint64_t>(std::chrono::nanoseconds(options.arpTimeout).count());
-                (void)sendArpRequest(ip);  // a lost request is a retry later
-            }
-            ArpWaiter w;
+    // The entry of next hop `ip` for a send: reachable (send to its MAC) or resolving (queue on it);
+    // a peer not asked yet, or whose entry expired, is asked now. Errors: EHOSTUNREACH in the
+    // hold-down after a failed resolution; ENOBUFS when the cache has no room or no memory.
+    Result<ArpEntry*> neighbour(uint32_t ip, uint64_t now) noexcept {
+        auto it = arp.find(ip);
+        if (it == arp.end()) {
+            if (!arpRoom()) { return Error{ENOBUFS}; }  // as many peers resolving or fresh as the cache holds
             try {
-                e.waiters.push_back(&w);
+                it = arp.emplace(ip, ArpEntry{}).first;
             } catch (...) {
                 return Error{ENOBUFS};
             }
-            // Until the retry is due (or the deadline, if sooner); cancellable.
-            uint64_t waitNs = e.nextTryNs > now ? e.nextTryNs - now : 0;
-            const uint64_t nowFine = monoNowNs();
-            if (deadline.isSet()) {
-                if (deadline.ns() <= nowFine) {
-                    withdraw(ip, &w);
-                    return Error{ETIMEDOUT};
-                }
-                waitNs = std::min(waitNs, deadline.ns() - nowFine);
-            }
-            const int32_t r = FiberFuture::waitWithTimeout(&w.done, std::chrono::nanoseconds(waitNs + 1));
-            if (r == -ETIMEDOUT || r == -ECANCELED) {
-                if (w.done.isSet()) {  // set in the same turn: take its answer
-                    if (w.done.result() < 0) { return Error{-w.done.result()}; }
-                    continue;
-                }
-                withdraw(ip, &w);
-                if (r == -ECANCELED) { return Error{ECANCELED}; }
-                if (deadline.isSet() && monoNowNs() >= deadline.ns()) { return Error{ETIMEDOUT}; }
-                continue;  // a retry is due
-            }
-            if (r < 0) { return Error{-r}; }
-            // Resolved: the loop finds it in the cache.
+            it->second.state = ArpEntry::State::kFailed;  // untilNs 0: asked below
         }
+        ArpEntry& e = it->second;
+        switch (e.state) {
+            case ArpEntry::State::kResolving:
+                return &e;
+            case ArpEntry::State::kReachable:
+                if (now < e.untilNs) { return &e; }
+                break;  // expired: ask again, and send nothing to a MAC that may be stale
+            case ArpEntry::State::kFailed:
+                if (now < e.untilNs) { return Error{EHOSTUNREACH}; }
+                break;
+        }
+        try {
+            resolving.push_back(ip);
+        } catch (...) {
+            return Error{ENOBUFS};
+        }
+        e.state = ArpEntry::State::kResolving;
+        e.attempts = 1;
+        e.untilNs = now + ns(options.arpTimeout);
+        nextDueNs = std::min(nextDueNs, e.untilNs);
+        (void)sendArpRequest(ip);
+        return &e;
     }
 
-    void withdraw(uint32_t ip, ArpWaiter* w) noexcept {
-        auto it = arp.find(ip);
-        if (it == arp.end()) { return; }
-        auto& ws = it->second.waiters;
-        for (size_t i = 0; i < ws.size(); ++i) {
-            if (ws[i] == w) {
-                ws.erase(ws.begin() + static_cast<std::ptrdiff_t>(i));
-                return;
-            }
+    // Holds `m` until `e` resolves: the oldest datagram of a full queue is dropped for it (as
+    // Linux's neighbour queue does). False (`m` still the caller's) when every peer's queues together
+    // hold arpQueueTotal datagrams, or on no memory.
+    bool hold(ArpEntry& e, rte_mbuf* m) noexcept {
+        if (e.pending.size() >= options.arpQueue) {
+            dropPending(e.pending.data(), 1);
+            e.pending.erase(e.pending.begin());
+            --pendingTotal;
         }
+        if (pendingTotal >= options.arpQueueTotal) { return false; }
+        try {
+            e.pending.push_back(m);
+        } catch (...) {
+            return false;
+        }
+        ++pendingTotal;
+        bump(counters.arpQueued);
+        return true;
     }
 
     // Asks the device for the checksums buildUdpHeaders() left to it.
@@ -382,38 +463,51 @@ struct Interface::Impl {
         m->l3_len = kIpv4Header;
     }
 
-    // The MAC to send to `ip` through: itself on the subnet, else the gateway.
-    Result<Mac> nextHopMac(uint32_t ip, Deadline deadline) noexcept {
-        uint32_t nextHop = ip;
-        if ((ip & mask) != (self.ip & mask)) {
-            if (options.gateway == 0) { return Error{ENETUNREACH}; }
-            nextHop = options.gateway;
-        }
-        return resolve(nextHop, deadline);
-    }
-
-    // sendBurst() on the interface's carrier: headers for every datagram whose peer resolves, one
-    // transmit for them all; what cannot go is freed.
-    Result<size_t> sendBurstHere(uint16_t srcPort, rte_mbuf** mbufs, const Endpoint* to, size_t n, Deadline deadline) noexcept {
-        size_t ready = 0;
+    // sendBurst() on the interface's carrier: headers for every datagram; those whose peer is known
+    // go in one transmit, those whose peer is being resolved wait in its queue; what cannot go is
+    // freed. Returns how many were sent or queued.
+    Result<size_t> sendBurstHere(uint16_t srcPort, rte_mbuf** mbufs, const Endpoint* to, size_t n) noexcept {
+        const uint64_t now = coarseNowNs();
+        size_t ready = 0;   // mbufs[0, ready): addressed, for the transmit below
+        size_t queued = 0;
+        size_t i = 0;
         int error = 0;
-        for (; ready < n; ++ready) {
-            rte_mbuf* m = mbufs[ready];
+        for (; i < n; ++i) {
+            rte_mbuf* m = mbufs[i];
             const size_t frame = rte_pktmbuf_data_len(m);
-            if (m->nb_segs != 1 || frame < kUdpFrameHeaders || to[ready].ip == 0 || to[ready].port == 0) {
+            if (m->nb_segs != 1 || frame < kUdpFrameHeaders || to[i].ip == 0 || to[i].port == 0) {
                 error = EINVAL;
                 break;
             }
-            auto mac = nextHopMac(to[ready].ip, deadline);
-            if (!mac) {
-                error = mac.errorCode();
+            uint32_t nextHop = to[i].ip;
+            if ((nextHop & mask) != (self.ip & mask)) {
+                if (options.gateway == 0) {
+                    error = ENETUNREACH;
+                    break;
+                }
+                nextHop = options.gateway;
+            }
+            auto peer = neighbour(nextHop, now);
+            if (!peer) {
+                error = peer.errorCode();
                 break;
             }
-            (void)buildUdpHeaders({frameOf(m), frame}, self, *mac, to[ready].ip, srcPort, to[ready].port,
+            ArpEntry& e = **peer;
+            const bool known = e.state == ArpEntry::State::kReachable;
+            // A queued datagram gets its MAC when the reply comes (learn()).
+            (void)buildUdpHeaders({frameOf(m), frame}, self, known ? e.mac : Mac{}, to[i].ip, srcPort, to[i].port,
                                   frame - kUdpFrameHeaders, ipId++, txChecksum);
             flagChecksums(m);
+            if (known) {
+                mbufs[ready++] = m;
+            } else if (hold(e, m)) {
+                ++queued;
+            } else {
+                error = ENOBUFS;
+                break;
+            }
         }
-        if (ready < n) { freePackets(mbufs + ready, static_cast<unsigned>(n - ready)); }
+        if (i < n) { freePackets(mbufs + i, static_cast<unsigned>(n - i)); }
         size_t sent = 0;
         for (size_t done = 0; done < ready;) {  // each chunk is sent, or freed and counted, by transmitAll
             const auto chunk = static_cast<uint16_t>(std::min<size_t>(ready - done, 32768));
@@ -421,9 +515,25 @@ struct Interface::Impl {
             done += chunk;
         }
         bump(counters.udpSent, sent);
-        if (sent == 0 && error != 0) { return Error{error}; }
-        if (sent == 0 && ready > 0) { return Error{ENOBUFS}; }
-        return sent;
+        if (sent + queued == 0 && error != 0) { return Error{error}; }
+        if (sent + queued == 0 && ready > 0) { return Error{ENOBUFS}; }
+        return sent + queued;
+    }
+
+    // Frees every datagram still waiting for ARP. On the carrier, or anywhere once it has left.
+    void dropAllPending() noexcept {
+        for (auto& [ip, e] : arp) {
+            dropPending(e.pending.data(), e.pending.size());
+            e.pending.clear();
+            if (e.state == ArpEntry::State::kResolving) { e.state = ArpEntry::State::kFailed; }
+        }
+        resolving.clear();
+        pendingTotal = 0;
+        nextDueNs = UINT64_MAX;
+    }
+
+    ~Impl() {
+        for (auto& [ip, e] : arp) { freePackets(e.pending.data(), static_cast<unsigned>(e.pending.size())); }
     }
 };
 
@@ -433,7 +543,7 @@ Interface::~Interface() = default;
 
 Result<std::unique_ptr<Interface>> Interface::create(Port& port, unsigned queue, const InterfaceOptions& o) noexcept {
     if (!port.isOpen() || queue >= port.queues() || o.ip == 0 || o.prefixLength > 32 || o.arpAttempts == 0 ||
-        o.socketQueue == 0) {
+        o.socketQueue == 0 || o.arpQueue == 0) {
         return Error{EINVAL};
     }
     std::unique_ptr<Impl> impl(new (std::nothrow) Impl);
@@ -448,6 +558,10 @@ Result<std::unique_ptr<Interface>> Interface::create(Port& port, unsigned queue,
                        : port.txChecksumOffload() ? UdpChecksum::kOffload
                                                   : UdpChecksum::kCompute;
     impl->rxChecksum = port.rxChecksumOffload();
+    impl->timer.poll = &Impl::pollArp;
+    impl->timer.mayPark = &Impl::arpMayPark;
+    impl->timer.detached = &Impl::arpDetached;
+    impl->timer.impl = impl.get();
     std::unique_ptr<Interface> iface(new (std::nothrow) Interface(std::move(impl)));
     if (!iface) { return Error{ENOMEM}; }
     return iface;
@@ -455,6 +569,11 @@ Result<std::unique_ptr<Interface>> Interface::create(Port& port, unsigned queue,
 
 Result<void> Interface::start() noexcept {
     if (auto r = impl_->port->startPolling(impl_->queue, &Impl::onBurst, impl_.get()); !r) { return r; }
+    if (auto r = addPoller(&impl_->timer); !r) {
+        (void)impl_->port->stopPolling(impl_->queue);
+        return Error{r.errorCode()};
+    }
+    impl_->timer.live = true;
     impl_->carrier.store(this_fiber::carrierIndex(), std::memory_order_release);
     return {};
 }
@@ -474,10 +593,11 @@ Result<void> Interface::stop() noexcept {
             return r;
         }
     }
-    for (auto& [ip, e] : impl_->arp) {
-        for (Impl::ArpWaiter* w : e.waiters) { w->done.set(-EHOSTUNREACH); }
-        e.waiters.clear();
+    if (impl_->timer.live) {
+        (void)removePoller(&impl_->timer);  // on the carrier, which stopPolling() above has just checked
+        impl_->timer.live = false;
     }
+    impl_->dropAllPending();
     return {};
 }
 
@@ -498,6 +618,8 @@ InterfaceStats Interface::stats() const noexcept {
     s.udpNoSocket = c.udpNoSocket.load(std::memory_order_relaxed);
     s.udpQueueFull = c.udpQueueFull.load(std::memory_order_relaxed);
     s.multiSegment = c.multiSegment.load(std::memory_order_relaxed);
+    s.arpQueued = c.arpQueued.load(std::memory_order_relaxed);
+    s.arpQueueDropped = c.arpQueueDropped.load(std::memory_order_relaxed);
     return s;
 }
 
@@ -685,7 +807,7 @@ Result<void> UdpSocket::prepareReply(const DatagramView& v) noexcept {
     return {};
 }
 
-Result<size_t> UdpSocket::sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t n, Deadline deadline) noexcept {
+Result<size_t> UdpSocket::sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t n) noexcept {
     if (!isOpen()) {
         freePackets(mbufs, static_cast<unsigned>(n));
         return Error{EBADF};
@@ -694,13 +816,13 @@ Result<size_t> UdpSocket::sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t
     const int c = im.liveCarrier();
     const uint16_t port = state_->port;
     if (c >= 0 && this_fiber::carrierIndex() == c && this_fiber::pinned()) {
-        return im.sendBurstHere(port, mbufs, to, n, deadline);
+        return im.sendBurstHere(port, mbufs, to, n);
     }
     if (c < 0 || !this_fiber::inFiber()) {
         freePackets(mbufs, static_cast<unsigned>(n));
         return Error{c < 0 ? ENETDOWN : EPERM};
     }
-    auto f = spindle::spawn([&]() noexcept -> Result<size_t> { return im.sendBurstHere(port, mbufs, to, n, deadline); },
+    auto f = spindle::spawn([&]() noexcept -> Result<size_t> { return im.sendBurstHere(port, mbufs, to, n); },
                             SpawnOptions{.name = "dpdk-send", .carrier = c, .pinned = true});
     if (!f) {
         freePackets(mbufs, static_cast<unsigned>(n));
@@ -709,7 +831,7 @@ Result<size_t> UdpSocket::sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t
     return f->join();
 }
 
-Result<size_t> UdpSocket::sendTo(const void* buf, size_t len, const Endpoint& to, Deadline deadline) noexcept {
+Result<size_t> UdpSocket::sendTo(const void* buf, size_t len, const Endpoint& to) noexcept {
     if (!isOpen()) { return Error{EBADF}; }
     if (to.ip == 0 || to.port == 0) { return Error{EINVAL}; }
     if (this_fiber::cancellationRequested()) { return Error{ECANCELED}; }
@@ -719,7 +841,7 @@ Result<size_t> UdpSocket::sendTo(const void* buf, size_t len, const Endpoint& to
     if (!m) { return Error{m.errorCode()}; }
     std::memcpy(payload, buf, len);
     rte_mbuf* one = *m;
-    auto sent = sendBurst(&one, &to, 1, deadline);
+    auto sent = sendBurst(&one, &to, 1);
     if (!sent) { return Error{sent.errorCode()}; }
     return len;
 }

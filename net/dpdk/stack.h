@@ -5,26 +5,35 @@
 /// for each received burst: it answers ARP requests for the address and learns from ARP replies,
 /// answers ICMP echo requests (so `ping` works), hands UDP datagrams to the socket bound to their
 /// port, and drops everything else with a reason, counted (stats(); the port's queue counters get
-/// bad checksums, frames not for us, and drops). It keeps an ARP cache (entries expire), resolves a
-/// peer on the first send to it (a broadcast request, retried), and routes off-subnet destinations
-/// to the gateway.
+/// bad checksums, frames not for us, and drops). It keeps an ARP cache (entries expire) and routes
+/// off-subnet destinations to the gateway.
+///
+/// ARP, as a send sees it: the first datagram to a peer not in the cache sends a broadcast request
+/// and waits, with the ones after it, in the peer's queue (arpQueue datagrams; a full queue drops
+/// its oldest, as Linux's does; arpQueueTotal for all peers together). The sender does not wait:
+/// the datagram counts as sent. The reply sends the queue. A timer on the interface's carrier (a
+/// Poller with work only while peers resolve) repeats the request every arpTimeout; after
+/// arpAttempts requests without an answer the queue is dropped (arpQueueDropped) and, for
+/// arpHoldDown, sends to that peer fail with EHOSTUNREACH instead of asking again (as BSD's
+/// arpt_down). An entry expires after arpLifetime; the next send asks again.
 ///
 /// A UdpSocket is bound to a port of an interface. recvFrom() parks the fiber on a FiberFuture that
 /// the polling carrier sets when a datagram arrives, with a deadline and cancellation as every
-/// spindle call. sendTo() builds the frame in an mbuf and transmits it on the interface's queue.
-/// The fast path is a fiber pinned on the interface's carrier (the one that polls the queue): it
-/// sends directly, and an ARP miss parks it until the reply (or the last retry) comes. From
-/// anywhere else sendTo() runs the send on a pinned fiber of that carrier and waits for it: correct,
-/// and some microseconds dearer.
+/// spindle call. sendTo() builds the frame in an mbuf and transmits it on the interface's queue; it
+/// never waits for ARP, only, briefly, for room in a full TX ring (yielding). The fast path is a
+/// fiber pinned on the interface's carrier (the one that polls the queue): it transmits directly.
+/// From anywhere else sendTo() runs the send on a pinned fiber of that carrier and joins it:
+/// correct, and some microseconds dearer.
 ///
-/// Errors (sendTo): EMSGSIZE above the MTU's payload (MTU - 28), EHOSTUNREACH when ARP resolution
-/// got no answer after its retries, ENETUNREACH for an off-subnet destination without a gateway,
-/// ENOBUFS when no mbuf could be had or the device's ring stayed full, EINVAL for address or port 0,
-/// ENETDOWN when the interface is stopped (or its carrier gone with the runtime), EBADF after
-/// close(), ETIMEDOUT, ECANCELED (a send run for another carrier finishes its ARP wait first). (recvFrom): EBADF after close() (a receiver parked then gets ECANCELED),
-/// ETIMEDOUT, ECANCELED. bind(): EADDRINUSE, EBADF for a stopped interface. A datagram larger than
-/// the receive buffer is cut to it (the rest is lost, as with recvfrom(2)); the full length is
-/// returned through `truncated`.
+/// Errors (sendTo): EMSGSIZE above the MTU's payload (MTU - 28), EHOSTUNREACH in the hold-down after
+/// ARP got no answer, ENETUNREACH for an off-subnet destination without a gateway, ENOBUFS when no
+/// mbuf could be had, the device's ring stayed full, the ARP queues are full or the cache has no
+/// room for another peer, EINVAL for address or port 0, ENETDOWN when the interface is stopped (or
+/// its carrier gone with the runtime), EBADF after close(), ECANCELED when the calling fiber's
+/// cancellation was requested before the call. (recvFrom): EBADF after close() (a receiver parked
+/// then gets ECANCELED), ETIMEDOUT, ECANCELED. bind(): EADDRINUSE, EBADF for a stopped interface. A
+/// datagram larger than the receive buffer is cut to it (the rest is lost, as with recvfrom(2));
+/// the full length is returned through `truncated`.
 /// Thread-safety: one fiber receiving and one sending per socket at a time, from any carrier (a
 /// receive also from a plain thread; a send off the interface's carrier needs a fiber: EPERM);
 /// bind() and close() from anywhere. close() wakes a receiver parked in recvFrom() (ECANCELED)
@@ -49,8 +58,11 @@ struct InterfaceOptions {
     unsigned prefixLength = 24;      // of the subnet reached without the gateway
     uint32_t gateway = 0;            // network byte order; 0: none
     std::chrono::milliseconds arpTimeout{200};      // between ARP requests for one peer
-    unsigned arpAttempts = 3;                       // requests before EHOSTUNREACH
+    unsigned arpAttempts = 3;                       // requests before the peer is given up
     std::chrono::seconds arpLifetime{300};          // of a learned entry
+    std::chrono::milliseconds arpHoldDown{1000};    // after giving up: sends to the peer get EHOSTUNREACH
+    unsigned arpQueue = 64;          // datagrams held per peer being resolved (a full queue drops its oldest)
+    unsigned arpQueueTotal = 1024;   // datagrams held for all peers being resolved (beyond: ENOBUFS)
     unsigned socketQueue = 1024;     // datagrams queued per socket before arrivals are dropped
     bool udpChecksum = true;         // compute outgoing UDP checksums (else 0, "none")
 };
@@ -67,6 +79,8 @@ struct InterfaceStats {
     uint64_t udpNoSocket = 0;     // datagrams to a port nobody bound
     uint64_t udpQueueFull = 0;    // datagrams dropped because their socket's queue was full
     uint64_t multiSegment = 0;    // frames in chained mbufs (not handled; dropped)
+    uint64_t arpQueued = 0;       // datagrams that waited for their peer's ARP reply
+    uint64_t arpQueueDropped = 0; // of those, dropped: no answer, a full queue, or the interface stopped
 };
 
 class UdpSocket;
@@ -84,7 +98,7 @@ public:
     /// From a fiber pinned on the carrier that is to run the stack: starts polling the queue.
     /// Errors: as Port::startPolling().
     [[nodiscard]] Result<void> start() noexcept;
-    /// From a fiber on that carrier: stops polling; queued ARP waiters get EHOSTUNREACH. After the
+    /// From a fiber on that carrier: stops polling; datagrams waiting for ARP are dropped. After the
     /// runtime has shut down (its carrier detached the poller) it only marks the interface stopped,
     /// from any thread. Errors: EBUSY while sockets are bound; as Port::stopPolling().
     [[nodiscard]] Result<void> stop() noexcept;
@@ -132,8 +146,8 @@ public:
     /// length into `*truncated` when given. Errors: file comment.
     [[nodiscard]] Result<size_t> recvFrom(void* buf, size_t len, Endpoint* from, Deadline deadline = {},
                                           size_t* fullLength = nullptr) noexcept;
-    /// One datagram of `len` bytes to `to`. Errors: file comment.
-    [[nodiscard]] Result<size_t> sendTo(const void* buf, size_t len, const Endpoint& to, Deadline deadline = {}) noexcept;
+    /// One datagram of `len` bytes to `to`: sent, or queued for its peer's ARP reply. Errors: file comment.
+    [[nodiscard]] Result<size_t> sendTo(const void* buf, size_t len, const Endpoint& to) noexcept;
 
     // ---- zero copy: datagrams that stay in their mbufs ----
 
@@ -151,10 +165,11 @@ public:
     /// IP options. Errors: EINVAL for a view not from recvBurst().
     [[nodiscard]] Result<void> prepareReply(const DatagramView& view) noexcept;
     /// Sends `n` datagrams from mbufs made by allocDatagram() or prepareReply(), `mbufs[i]` to
-    /// `to[i]`, in one transmit where the peers are resolved; takes every mbuf whatever happens (an
-    /// unsent one is freed and counted). Returns how many were sent. Errors: as sendTo(), for the
-    /// first datagram that could not go (those after it are freed unsent).
-    [[nodiscard]] Result<size_t> sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t n, Deadline deadline = {}) noexcept;
+    /// `to[i]`, in one transmit for those whose peers are known (the others wait in their peers' ARP
+    /// queues); takes every mbuf whatever happens (an unsent one is freed and counted). Returns how
+    /// many were sent or queued. Errors: as sendTo(), for the first datagram that could not go (those
+    /// after it are freed unsent), when none went.
+    [[nodiscard]] Result<size_t> sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t n) noexcept;
 
     /// Unbinds; a receiver parked in recvFrom() gets ECANCELED, queued datagrams are freed.
     /// Errors: EBADF when not bound.

@@ -63,6 +63,7 @@ protected:
         InterfaceOptions oa;
         oa.ip = ip("198.18.0.1");
         oa.arpTimeout = 20ms;
+        oa.arpHoldDown = 100ms;
         InterfaceOptions ob = oa;
         ob.ip = ip("198.18.0.2");
         auto ia = Interface::create(portA_, 0, oa);
@@ -131,7 +132,7 @@ TEST_F(DpdkStack, TheFirstSendResolvesThePeerAndDatagramsGoBothWays) {
             Endpoint from;
             auto n = s->recvFrom(buf, sizeof(buf), &from, 10s);
             ASSERT_TRUE(n) << n.error().message();
-            ASSERT_TRUE(s->sendTo(buf, *n, from, 10s));
+            ASSERT_TRUE(s->sendTo(buf, *n, from));
         }
         EXPECT_TRUE(s->close());
     });
@@ -143,7 +144,7 @@ TEST_F(DpdkStack, TheFirstSendResolvesThePeerAndDatagramsGoBothWays) {
         char buf[2048];
         for (int i = 0; i < kRounds; ++i) {
             const std::string msg = "datagram " + std::to_string(i) + std::string(static_cast<size_t>(i % 1400), 'x');
-            ASSERT_EQ(c->sendTo(msg.data(), msg.size(), to, 10s).value(), msg.size());
+            ASSERT_EQ(c->sendTo(msg.data(), msg.size(), to).value(), msg.size());
             Endpoint from;
             size_t full = 0;
             auto n = c->recvFrom(buf, sizeof(buf), &from, 10s, &full);
@@ -186,7 +187,7 @@ TEST_F(DpdkStack, BurstsGoBothWaysWithoutACopy) {
                 out[i] = views[i].mbuf;
                 to[i] = views[i].from;
             }
-            ASSERT_EQ(s->sendBurst(out, to, *n, 10s).value(), *n);
+            ASSERT_EQ(s->sendBurst(out, to, *n).value(), *n);
             echoed += *n;
         }
         EXPECT_TRUE(s->close());
@@ -207,7 +208,7 @@ TEST_F(DpdkStack, BurstsGoBothWaysWithoutACopy) {
                 out[i] = *m;
                 to[i] = peer;
             }
-            ASSERT_EQ(c->sendBurst(out, to, kBatch, 10s).value(), kBatch);
+            ASSERT_EQ(c->sendBurst(out, to, kBatch).value(), kBatch);
             size_t got = 0;
             while (got < kBatch) {
                 DatagramView views[kBatch];
@@ -256,7 +257,7 @@ TEST_F(DpdkStack, ASendFromAnotherCarrierRunsOnTheInterfacesCarrier) {
     auto c = UdpSocket::bind(*a_, 0);
     ASSERT_TRUE(c);
     // Carrier 1 is not A's carrier, and the fiber is not pinned.
-    onUnpinned(1, [&] { EXPECT_EQ(c->sendTo("from afar", 9, Endpoint{ip("198.18.0.2"), 9}, 10s).value(), 9u); }).join();
+    onUnpinned(1, [&] { EXPECT_EQ(c->sendTo("from afar", 9, Endpoint{ip("198.18.0.2"), 9}).value(), 9u); }).join();
     EXPECT_EQ(c->sendTo("x", 1, Endpoint{ip("198.18.0.2"), 9}).errorCode(), EPERM);  // a plain thread
     server.join();
     EXPECT_TRUE(c->close());
@@ -276,7 +277,7 @@ TEST_F(DpdkStack, AGratuitousAnnouncementMovesAKnownPeer) {
         EXPECT_TRUE(s->close());
     });
     auto c = on(0, [&] { return UdpSocket::bind(*a_, 0).value(); }).join();
-    on(0, [&] { ASSERT_TRUE(c.sendTo("one", 3, Endpoint{bAddr.ip, 7}, 10s)); }).join();
+    on(0, [&] { ASSERT_TRUE(c.sendTo("one", 3, Endpoint{bAddr.ip, 7})); }).join();
     const uint64_t before = b_->stats().drops[static_cast<size_t>(DropReason::kNotForUs)];
     // B's address announced with another MAC.
     InterfaceAddress moved = bAddr;
@@ -285,7 +286,7 @@ TEST_F(DpdkStack, AGratuitousAnnouncementMovesAKnownPeer) {
     ASSERT_EQ(buildArpRequest(announce, moved, bAddr.ip), 42u);
     injectFromB(announce);
     EXPECT_EQ(waitFor([&] { return a_->stats().drops[static_cast<size_t>(DropReason::kNotForUs)]; }, 1), 1u);
-    on(0, [&] { ASSERT_TRUE(c.sendTo("two", 3, Endpoint{bAddr.ip, 7}, 10s)); }).join();
+    on(0, [&] { ASSERT_TRUE(c.sendTo("two", 3, Endpoint{bAddr.ip, 7})); }).join();
     // It reached B's port addressed to the new MAC, which B's stack does not answer to.
     EXPECT_EQ(waitFor([&] { return b_->stats().drops[static_cast<size_t>(DropReason::kNotForUs)]; }, before + 1),
               before + 1);
@@ -300,39 +301,108 @@ TEST_F(DpdkStack, AnEmptyPoolIsENOBUFSAndCounted) {
         auto c = UdpSocket::bind(*a_, 0);
         ASSERT_TRUE(c);
         const Endpoint peer{ip("198.18.0.2"), 9};
-        ASSERT_TRUE(c->sendTo("warm", 4, peer, 10s));  // resolves B first
+        ASSERT_TRUE(c->sendTo("warm", 4, peer));  // queued until B answers
+        for (int i = 0; i < 10000 && a_->stats().arpResolved == 0; ++i) { (void)this_fiber::sleep_for(1ms); }
+        ASSERT_EQ(a_->stats().arpResolved, 1u);
         std::vector<rte_mbuf*> held;
         rte_mbuf* m = nullptr;
         while (allocPackets(portA_.pool(0), &m, 1)) { held.push_back(m); }  // this carrier's cache and the ring
         const uint64_t before = portA_.stats(0).noMbuf;
-        EXPECT_EQ(c->sendTo("x", 1, peer, 10s).errorCode(), ENOBUFS);
+        EXPECT_EQ(c->sendTo("x", 1, peer).errorCode(), ENOBUFS);
         uint8_t* payload = nullptr;
         EXPECT_EQ(c->allocDatagram(8, &payload).errorCode(), ENOBUFS);
         EXPECT_EQ(portA_.stats(0).noMbuf, before + 2);
         freePackets(held.data(), static_cast<unsigned>(held.size()));
-        EXPECT_TRUE(c->sendTo("x", 1, peer, 10s));
+        EXPECT_TRUE(c->sendTo("x", 1, peer));
         EXPECT_TRUE(c->close());
     }).join();
 }
 
+// Sleeps the fiber until `f()` reaches `want` (10 s at most); returns its last value.
+uint64_t sleepUntil(const std::function<uint64_t()>& f, uint64_t want) {
+    for (int i = 0; i < 10000 && f() < want; ++i) { (void)this_fiber::sleep_for(1ms); }
+    return f();
+}
+
+// Datagrams to a peer that never answers wait in its queue while the sender goes on; after the
+// retries they are dropped and counted, sends fail with EHOSTUNREACH for the hold-down, and then
+// the next send asks again.
 TEST_F(DpdkStack, AnUnansweredPeerIsUnreachableAfterTheRetries) {
+    const Endpoint nobody{ip("198.18.0.99"), 7};
     on(0, [&] {
         auto c = UdpSocket::bind(*a_, 0);
         ASSERT_TRUE(c);
         const auto start = std::chrono::steady_clock::now();
-        EXPECT_EQ(c->sendTo("x", 1, Endpoint{ip("198.18.0.99"), 7}, 10s).errorCode(), EHOSTUNREACH);
+        EXPECT_EQ(c->sendTo("x", 1, nobody).value(), 1u);  // queued, not waited for
+        EXPECT_EQ(c->sendTo("y", 1, nobody).value(), 1u);
+        EXPECT_EQ(a_->stats().arpQueued, 2u);
+        EXPECT_EQ(a_->stats().arpRequestsSent, 1u);  // one request for both
+        ASSERT_EQ(sleepUntil([&] { return a_->stats().arpFailed; }, 1), 1u);
         EXPECT_GE(std::chrono::steady_clock::now() - start, 40ms);  // three requests, 20 ms apart
-        // Off the subnet with no gateway; too large; a deadline shorter than the resolution.
+        EXPECT_EQ(a_->stats().arpQueueDropped, 2u);
+        EXPECT_EQ(c->sendTo("z", 1, nobody).errorCode(), EHOSTUNREACH);  // the hold-down
+        (void)this_fiber::sleep_for(120ms);
+        EXPECT_EQ(c->sendTo("z", 1, nobody).value(), 1u);  // after it: asked again, and queued
+        // Off the subnet with no gateway; too large; address 0.
         EXPECT_EQ(c->sendTo("x", 1, Endpoint{ip("203.0.113.1"), 7}).errorCode(), ENETUNREACH);
         std::vector<char> big(1473);
         EXPECT_EQ(c->sendTo(big.data(), big.size(), Endpoint{ip("198.18.0.2"), 7}).errorCode(), EMSGSIZE);
-        EXPECT_EQ(c->sendTo("x", 1, Endpoint{ip("198.18.0.98"), 7}, 5ms).errorCode(), ETIMEDOUT);
         EXPECT_EQ(c->sendTo("x", 1, Endpoint{0, 7}).errorCode(), EINVAL);
         EXPECT_TRUE(c->close());
+        // Stopping the interface drops what still waits ("z"); TearDown counts the pool.
+        EXPECT_TRUE(a_->stop());
     }).join();
     const InterfaceStats s = a_->stats();
     EXPECT_EQ(s.arpFailed, 1u);
-    EXPECT_GE(s.arpRequestsSent, 4u);
+    EXPECT_EQ(s.arpRequestsSent, 4u);
+    EXPECT_EQ(s.arpQueued, 3u);
+    EXPECT_EQ(s.arpQueueDropped, 3u);
+    EXPECT_EQ(s.udpSent, 0u);
+    EXPECT_EQ(portA_.stats(0).dropped, 3u);
+}
+
+// A peer's queue holds arpQueue datagrams: a longer run drops its oldest, and the reply sends the
+// rest in order. All peers' queues together hold arpQueueTotal: beyond, a send gets ENOBUFS.
+TEST_F(DpdkStack, TheARPQueueDropsItsOldestAndIsBoundedInAll) {
+    constexpr int kSent = 70;  // arpQueue is 64
+    auto server = on(1, [&] {
+        auto s = UdpSocket::bind(*b_, 7);
+        ASSERT_TRUE(s);
+        for (int i = kSent - 64; i < kSent; ++i) {
+            char buf[16];
+            Endpoint from;
+            auto n = s->recvFrom(buf, sizeof(buf), &from, 10s);
+            ASSERT_TRUE(n) << n.error().message();
+            EXPECT_EQ(std::string(buf, *n), std::to_string(i));
+        }
+        char buf[16];
+        EXPECT_EQ(s->recvFrom(buf, sizeof(buf), nullptr, 50ms).errorCode(), ETIMEDOUT);
+        EXPECT_TRUE(s->close());
+    });
+    on(0, [&] {
+        auto c = UdpSocket::bind(*a_, 0);
+        ASSERT_TRUE(c);
+        // No yield in between: the reply cannot come before the last one is queued.
+        for (int i = 0; i < kSent; ++i) {
+            const std::string msg = std::to_string(i);
+            ASSERT_EQ(c->sendTo(msg.data(), msg.size(), Endpoint{ip("198.18.0.2"), 7}).value(), msg.size());
+        }
+        EXPECT_EQ(a_->stats().arpQueueDropped, static_cast<uint64_t>(kSent - 64));
+        ASSERT_EQ(sleepUntil([&] { return a_->stats().arpResolved; }, 1), 1u);  // B's queue went out
+        // 16 silent peers fill the 1,024 places; the 17th gets none.
+        for (unsigned peer = 0; peer < 16; ++peer) {
+            const Endpoint to{ip(("198.18.0." + std::to_string(peer + 100)).c_str()), 7};
+            for (int i = 0; i < 64; ++i) { ASSERT_EQ(c->sendTo("q", 1, to).value(), 1u); }
+        }
+        EXPECT_EQ(c->sendTo("q", 1, Endpoint{ip("198.18.0.200"), 7}).errorCode(), ENOBUFS);
+        EXPECT_TRUE(c->close());
+    }).join();
+    server.join();
+    // The silent peers (the 17th was asked too) are given up and their datagrams freed (TearDown
+    // counts the pool).
+    EXPECT_EQ(waitFor([&] { return a_->stats().arpFailed; }, 17), 17u);
+    EXPECT_EQ(a_->stats().arpQueueDropped, static_cast<uint64_t>(kSent - 64 + 16 * 64));
+    EXPECT_EQ(a_->stats().udpSent, 64u);
 }
 
 TEST_F(DpdkStack, SocketErrorsDeadlinesCancelAndClose) {
@@ -383,6 +453,9 @@ TEST_F(DpdkStack, ARuntimeShutdownEndsParkedReceiversAndLetsThePortsClose) {
         char buf[16];
         EXPECT_EQ(s->recvFrom(buf, sizeof(buf), nullptr).errorCode(), ECANCELED);
     });
+    auto c = UdpSocket::bind(*a_, 0);
+    ASSERT_TRUE(c);
+    on(0, [&] { EXPECT_EQ(c->sendTo("x", 1, Endpoint{ip("198.18.0.99"), 7}).value(), 1u); }).join();  // waits for ARP
     while (!parked) { std::this_thread::sleep_for(1ms); }
     std::this_thread::sleep_for(5ms);
     rt().shutdown();
@@ -394,7 +467,9 @@ TEST_F(DpdkStack, ARuntimeShutdownEndsParkedReceiversAndLetsThePortsClose) {
     EXPECT_EQ(UdpSocket::bind(*a_, 0).errorCode(), EBADF);  // its carrier is gone
     EXPECT_EQ(s->sendTo("x", 1, Endpoint{ip("198.18.0.1"), 7}).errorCode(), ENETDOWN);
     EXPECT_TRUE(s->close());
-    EXPECT_TRUE(a_->stop());  // from a plain thread: nothing is polled any more
+    EXPECT_TRUE(c->close());
+    EXPECT_TRUE(a_->stop());  // from a plain thread: nothing is polled any more; the waiting datagram is freed
+    EXPECT_EQ(a_->stats().arpQueueDropped, 1u);
     EXPECT_TRUE(b_->stop());
     // TearDown closes the ports and checks every mbuf is back.
 }
