@@ -40,12 +40,18 @@ int run(const std::string& cmd, std::string* out = nullptr) {
     return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-std::string missingPrerequisite() {
+// The two ways the kernel's end is reached: a net_tap port, or net_af_packet on a veth pair.
+enum class Kind { kTap, kAfPacket };
+
+std::string missingPrerequisite(Kind kind) {
 #if defined(SPINDLE_TSAN)
-    // Under TSan the namespace's kernel takes spindle's UDP echo (IpInDelivers counts it; the frame
-    // is byte for byte the release build's, checksums right) but never queues it on the waiting
-    // socket, while ping through the same tap works. Not understood yet: see issue 15's note.
-    return "not under TSan (the kernel side drops the UDP echo there; see issue 15's note)";
+    // Under TSan, over net_tap only, spindle's UDP echo (a 43-byte frame) is added to the kernel
+    // tap's RX bytes but never reaches the namespace's packet sockets or IP (InReceives does not
+    // count it), while ping through the same tap works, and the same test over net_af_packet on a
+    // veth passes. Not understood yet: see issue 15's note.
+    if (kind == Kind::kTap) { return "net_tap not under TSan (the kernel never takes the UDP echo there)"; }
+#else
+    (void)kind;
 #endif
     if (::geteuid() != 0) { return "not root (network namespaces and taps need CAP_NET_ADMIN)"; }
     if (::access("/dev/net/tun", R_OK | W_OK) != 0) { return "no /dev/net/tun"; }
@@ -126,12 +132,10 @@ print('answered-bad', back, 'echoed-options', echoed)
 sys.exit(0 if back == 0 and echoed else 1)
 )PY";
 
-enum class Kind { kTap, kAfPacket };
-
 class DpdkKernelPeer : public testing_support::WithRuntime, public ::testing::WithParamInterface<Kind> {
 protected:
     void SetUp() override {
-        if (const std::string why = missingPrerequisite(); !why.empty()) { GTEST_SKIP() << why; }
+        if (const std::string why = missingPrerequisite(GetParam()); !why.empty()) { GTEST_SKIP() << why; }
         if (const std::string why = testing_support::startTestEal(); !why.empty()) {
             GTEST_SKIP() << "DPDK cannot initialise here: " << why;
         }
