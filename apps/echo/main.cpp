@@ -190,6 +190,7 @@ struct DpdkFlags {
     std::string ip;                        // ADDR/PREFIX
     std::string gateway;
     unsigned memoryMb = 256;
+    unsigned queues = 1;
 
     void addTo(CLI::App& app) {
         app.add_flag("--dpdk", on, "with --udp: spindle's own stack on a DPDK port instead of kernel sockets");
@@ -198,6 +199,18 @@ struct DpdkFlags {
         app.add_option("--ip", ip, "the interface's IPv4 address and prefix length, e.g. 198.18.0.1/24");
         app.add_option("--gateway", gateway, "IPv4 gateway for destinations off the subnet");
         app.add_option("--dpdk-memory-mb", memoryMb, "EAL memory without hugepages, MB")->check(CLI::Range(64u, 65536u));
+        app.add_option("--dpdk-queues", queues,
+                       "RX/TX queue pairs, queue q polled by carrier q (the server answers each queue on its carrier; "
+                       "the client's fibers spread over them)")
+            ->check(CLI::Range(1u, 64u))
+            ->capture_default_str();
+    }
+
+    // The port's options: one queue pair per lane.
+    [[nodiscard]] spindle::dpdk::PortOptions portOptions() const {
+        spindle::dpdk::PortOptions o;
+        o.queues = queues;
+        return o;
     }
 
     bool startEal() const {
@@ -258,7 +271,8 @@ int prepareDpdk(const DpdkFlags& flags, spindle::dpdk::InterfaceOptions& io) {
     return flags.startEal() ? 0 : kExitFailure;
 }
 
-// A port and an interface on it, run by carrier `carrier`; torn down in order by its destructor.
+// A port and an interface on its queues, queue q run by carrier (`carrier` + q) mod the carrier
+// count; torn down in order by its destructor.
 struct DpdkPath {
     spindle::Runtime& rt;
     int carrier = 0;
@@ -267,9 +281,9 @@ struct DpdkPath {
 
     DpdkPath(spindle::Runtime& runtime, int c) : rt(runtime), carrier(c) {}
     ~DpdkPath() {
-        if (iface && iface->carrier() >= 0) {
-            auto f = rt.spawn([this]() noexcept { (void)iface->stop(); },
-                              spindle::SpawnOptions{.carrier = carrier, .pinned = true});
+        if (iface) {
+            // From a fiber: each running queue stops on its own carrier.
+            auto f = rt.spawn([this]() noexcept { (void)iface->stop(); }, spindle::SpawnOptions{.carrier = carrier});
             if (f) { f->join(); }
         }
         iface.reset();
@@ -278,18 +292,24 @@ struct DpdkPath {
 
     bool start(spindle::dpdk::Port p, const spindle::dpdk::InterfaceOptions& o) {
         port = std::move(p);
-        auto i = spindle::dpdk::Interface::create(port, 0, o);
+        std::vector<unsigned> queues;
+        for (unsigned q = 0; q < port.queues(); ++q) { queues.push_back(q); }
+        auto i = spindle::dpdk::Interface::create(port, queues, o);
         if (!i) {
             std::fprintf(stderr, "spindle-echo: interface: %s\n", i.error().message().c_str());
             return false;
         }
         iface = std::move(*i);
-        auto f = rt.spawn([this]() noexcept { return iface->start(); },
-                          spindle::SpawnOptions{.carrier = carrier, .pinned = true});
-        if (!f) { return false; }
-        if (auto r = f->join(); !r) {
-            std::fprintf(stderr, "spindle-echo: polling the port: %s\n", r.error().message().c_str());
-            return false;
+        for (const unsigned q : queues) {
+            const int on = static_cast<int>((static_cast<unsigned>(carrier) + q) % rt.carrierCount());
+            auto f = rt.spawn([this, q]() noexcept { return iface->start(q); },
+                              spindle::SpawnOptions{.carrier = on, .pinned = true});
+            if (!f) { return false; }
+            if (auto r = f->join(); !r) {
+                std::fprintf(stderr, "spindle-echo: polling queue %u of the port on carrier %d: %s\n", q, on,
+                             r.error().message().c_str());
+                return false;
+            }
         }
         return true;
     }
@@ -406,7 +426,7 @@ int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
     std::unique_ptr<DpdkPath> path;
     if (dpdkFlags.on) {
         std::string why;
-        auto p = spindle::dpdk::Port::open(dpdkFlags.device, {}, &why);
+        auto p = spindle::dpdk::Port::open(dpdkFlags.device, dpdkFlags.portOptions(), &why);
         if (!p) {
             std::fprintf(stderr, "spindle-echo: DPDK port: %s\n", why.c_str());
             return kExitFailure;
@@ -420,8 +440,10 @@ int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
         }
         server = std::move(*s);
         const auto mac = path->port.mac();
-        std::fprintf(stderr, "spindle-echo: UDP echo over DPDK port %s (MAC %02x:%02x:%02x:%02x:%02x:%02x), %s port %u\n",
-                     path->port.name().c_str(), mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], dpdkFlags.ip.c_str(), port);
+        std::fprintf(stderr,
+                     "spindle-echo: UDP echo over DPDK port %s (MAC %02x:%02x:%02x:%02x:%02x:%02x, %u queue%s), %s port %u\n",
+                     path->port.name().c_str(), mac[0], mac[1], mac[2], mac[3], mac[4], mac[5], path->port.queues(),
+                     path->port.queues() == 1 ? "" : "s", dpdkFlags.ip.c_str(), port);
     }
 #endif
     if (!dpdkFlags.on) {
@@ -453,6 +475,12 @@ int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
                      static_cast<unsigned long long>(st.drops[1]), static_cast<unsigned long long>(st.drops[2]),
                      static_cast<unsigned long long>(st.drops[3]), static_cast<unsigned long long>(st.drops[4]),
                      static_cast<unsigned long long>(st.drops[5]), static_cast<unsigned long long>(st.drops[6]));
+        for (unsigned q = 0; q < path->port.queues(); ++q) {
+            const spindle::dpdk::QueueStats qs = path->port.stats(q);
+            std::fprintf(stderr, "spindle-echo: queue %u: rx %llu tx %llu dropped %llu no-mbuf %llu\n", q,
+                         static_cast<unsigned long long>(qs.rxPackets), static_cast<unsigned long long>(qs.txPackets),
+                         static_cast<unsigned long long>(qs.dropped), static_cast<unsigned long long>(qs.noMbuf));
+        }
     }
     path.reset();
 #endif
@@ -497,7 +525,7 @@ int runUdpClient(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
             return kExitUsage;
         }
         std::string why;
-        auto p = spindle::dpdk::Port::open(dpdkFlags.device, {}, &why);
+        auto p = spindle::dpdk::Port::open(dpdkFlags.device, dpdkFlags.portOptions(), &why);
         if (!p) {
             std::fprintf(stderr, "spindle-echo: DPDK port: %s\n", why.c_str());
             return kExitFailure;

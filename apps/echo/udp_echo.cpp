@@ -4,7 +4,9 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <span>
 #include <system_error>
+#include <vector>
 
 #include <fmt/format.h>
 
@@ -247,15 +249,18 @@ namespace {
 
 class DpdkEcho final : public UdpEchoServer {
 public:
-    FiberHandle<void> fiber;
+    std::vector<FiberHandle<void>> fibers;
     std::atomic<uint64_t> count{0};
 
     ~DpdkEcho() override { stop(); }
     void stop() noexcept override {
-        if (fiber.joinable()) {
-            fiber.cancel();
-            fiber.join();
+        for (auto& f : fibers) {
+            if (f.joinable()) { f.cancel(); }
         }
+        for (auto& f : fibers) {
+            if (f.joinable()) { f.join(); }
+        }
+        fibers.clear();
     }
     [[nodiscard]] uint64_t echoed() const noexcept override { return count.load(std::memory_order_relaxed); }
 };
@@ -263,35 +268,46 @@ public:
 }  // namespace
 
 Result<std::unique_ptr<UdpEchoServer>> startDpdkUdpEcho(Runtime& rt, dpdk::Interface& iface, uint16_t port) {
-    if (iface.carrier() < 0) { return Error{ENETDOWN}; }
-    auto sock = dpdk::UdpSocket::bind(iface, port);
-    if (!sock) { return Error{sock.errorCode()}; }
+    // One queue: a socket that hears it, on its carrier. Several: a socket per queue, each answered
+    // by a fiber on the carrier that polls it, so no datagram crosses carriers.
+    const std::span<const unsigned> queues = iface.queues();
     auto server = std::make_unique<DpdkEcho>();
-    auto owned = std::make_shared<dpdk::UdpSocket>(std::move(*sock));
-    std::atomic<uint64_t>* count = &server->count;
-    auto f = rt.spawn(
-        [owned, count]() noexcept {
-            char buf[kUdpMaxMessage + 64];
-            for (;;) {
-                dpdk::Endpoint from;
-                auto n = owned->recvFrom(buf, sizeof(buf), &from);
-                if (!n) { break; }  // ECANCELED: stop()
-                if (owned->sendTo(buf, *n, from)) { count->fetch_add(1, std::memory_order_relaxed); }
-            }
-            (void)owned->close();
-        },
-        SpawnOptions{.name = "udp-echo-dpdk", .carrier = iface.carrier(), .pinned = true});
-    if (!f) { return Error{f.errorCode()}; }
-    server->fiber = std::move(*f);
+    for (const unsigned q : queues) {
+        const int carrier = iface.carrier(q);
+        if (carrier < 0) { return Error{ENETDOWN}; }
+        auto sock = dpdk::UdpSocket::bind(iface, port, queues.size() == 1 ? -1 : static_cast<int>(q));
+        if (!sock) { return Error{sock.errorCode()}; }
+        auto owned = std::make_shared<dpdk::UdpSocket>(std::move(*sock));
+        std::atomic<uint64_t>* count = &server->count;
+        auto f = rt.spawn(
+            [owned, count]() noexcept {
+                char buf[kUdpMaxMessage + 64];
+                for (;;) {
+                    dpdk::Endpoint from;
+                    auto n = owned->recvFrom(buf, sizeof(buf), &from);
+                    if (!n) { break; }  // ECANCELED: stop()
+                    if (owned->sendTo(buf, *n, from)) { count->fetch_add(1, std::memory_order_relaxed); }
+                }
+                (void)owned->close();
+            },
+            SpawnOptions{.name = "udp-echo-dpdk", .carrier = carrier, .pinned = true});
+        if (!f) { return Error{f.errorCode()}; }
+        server->fibers.push_back(std::move(*f));
+    }
     return std::unique_ptr<UdpEchoServer>(std::move(server));
 }
 
 Result<UdpReport> runDpdkUdpClient(Runtime& rt, dpdk::Interface& iface, const dpdk::Endpoint& server,
                                    const UdpClientOptions& o) {
-    if (iface.carrier() < 0) { return Error{ENETDOWN}; }
-    const int carrier = iface.carrier();
+    // The client's fibers spread over the carriers of the interface's queues; their sockets hear
+    // every queue (the server's side decides on which one an answer comes back).
+    std::vector<int> carriers;
+    for (const unsigned q : iface.queues()) {
+        if (iface.carrier(q) < 0) { return Error{ENETDOWN}; }
+        carriers.push_back(iface.carrier(q));
+    }
     return runClientFibers(
-        rt, o, "udp-client-dpdk", [carrier](unsigned) { return carrier; },
+        rt, o, "udp-client-dpdk", [carriers](unsigned i) { return carriers[i % carriers.size()]; },
         [&](unsigned) { return dpdk::UdpSocket::bind(iface, 0); }, server);
 }
 

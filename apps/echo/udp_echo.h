@@ -87,9 +87,11 @@ public:
                                                    const UdpClientOptions& options);
 
 #if defined(SPINDLE_HAVE_DPDK)
-/// The echo on `iface` (started), port `port`.
+/// The echo on `iface` (every queue started), port `port`: one socket and fiber per queue, on the
+/// carrier polling it. Errors: ENETDOWN for a queue not running; as UdpSocket::bind and spawn.
 [[nodiscard]] Result<std::unique_ptr<UdpEchoServer>> startDpdkUdpEcho(Runtime& rt, dpdk::Interface& iface, uint16_t port);
-/// The client on `iface` (started), to `server`; its fibers run on the interface's carrier.
+/// The client on `iface` (every queue started), to `server`; its fibers spread over the carriers
+/// polling the interface's queues.
 [[nodiscard]] Result<UdpReport> runDpdkUdpClient(Runtime& rt, dpdk::Interface& iface, const dpdk::Endpoint& server,
                                                  const UdpClientOptions& options);
 #endif

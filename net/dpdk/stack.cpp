@@ -73,6 +73,7 @@ struct UdpSocket::State {
     };
     Interface::Impl* iface = nullptr;
     uint16_t port = 0;
+    int queue = -1;  // the one queue whose datagrams it hears, or -1: every queue of the interface
     SpinLock lock;  // guards everything below
     std::vector<Datagram> ring;  // capacity: the interface's socketQueue
     size_t head = 0;
@@ -95,7 +96,7 @@ struct UdpSocket::State {
 // ---- the interface -----------------------------------------------------------------------------------
 
 struct Interface::Impl {
-    // A peer in the ARP cache (carrier thread only).
+    // A peer in a lane's ARP cache.
     struct ArpEntry {
         enum class State : uint8_t { kResolving, kReachable, kFailed };
         State state = State::kResolving;
@@ -104,11 +105,7 @@ struct Interface::Impl {
         unsigned attempts = 0;    // resolving: requests sent
         std::vector<rte_mbuf*> pending;  // resolving: datagrams waiting for the MAC, oldest first
     };
-    // The ARP retry timer: a poller on the interface's carrier that has work only while peers resolve.
-    struct ArpTimer : Poller {
-        Impl* impl = nullptr;
-        bool live = false;  // registered; false again once removed or detached at the runtime's shutdown
-    };
+    // One lane's counters: written by its carrier only, summed by stats().
     struct Counters {
         std::atomic<uint64_t> drops[static_cast<size_t>(DropReason::kCount)] = {};
         std::atomic<uint64_t> arpRequestsAnswered{0}, arpRequestsSent{0}, arpResolved{0}, arpFailed{0};
@@ -116,51 +113,105 @@ struct Interface::Impl {
         std::atomic<uint64_t> multiSegment{0};
         std::atomic<uint64_t> arpQueued{0}, arpQueueDropped{0};
     };
+    struct Lane;
+    // A lane's ARP timer and mailbox: a poller on its carrier that has work only while peers
+    // resolve or another lane has told it something.
+    struct ArpTimer : Poller {
+        Lane* lane = nullptr;
+        bool live = false;  // registered; false again once removed or detached at the runtime's shutdown
+    };
+    // A peer one lane learned, for the others.
+    struct Learned {
+        uint32_t ip;
+        Mac mac;
+        bool create;
+    };
+    // Mail a lane may hold before further news is dropped (the sender asks again when it needs to).
+    static constexpr size_t kMailLimit = 4096;
+
+    // One queue of the interface and the carrier that polls it: that carrier's share of the stack.
+    // ARP is replicated per lane (each sends and retries its own requests); a reply can arrive on
+    // any queue, so what a lane learns from a reply, or newly, goes to the others' mailboxes.
+    struct Lane {
+        Impl* im = nullptr;
+        unsigned queue = 0;
+        std::atomic<int> carrier{-1};  // -1: not started, stopped, or stopping
+        Counters counters;
+        uint16_t ipId = 0;
+
+        // The carrier's only (or any thread's once it has left with the runtime's shutdown).
+        std::unordered_map<uint32_t, ArpEntry> arp;
+        std::vector<uint32_t> resolving;  // the peers in kResolving: the timer's work list
+        size_t pendingTotal = 0;          // datagrams in every peer's `pending`
+        uint64_t nextDueNs = UINT64_MAX;  // the earliest request due among `resolving`
+        ArpTimer timer;
+
+        // The bound sockets, a copy per lane: a burst takes its own lane's lock, and only bind()
+        // and close() (which update every lane) contend for it.
+        SpinLock socketsLock;
+        std::unordered_map<uint16_t, UdpSocket::State*> sockets;
+
+        SpinLock mailLock;  // guards mail
+        std::vector<Learned> mail;
+        std::atomic<bool> hasMail{false};
+
+        // The carrier polling this lane's queue, or -1 (also once the runtime's shutdown took it).
+        int live() const noexcept {
+            const int c = carrier.load(std::memory_order_acquire);
+            return c >= 0 && im->port->polled(queue) ? c : -1;
+        }
+    };
 
     Port* port = nullptr;
-    unsigned queue = 0;
     InterfaceOptions options;
     InterfaceAddress self;
     uint32_t mask = 0;
     uint16_t mtu = 1500;
     UdpChecksum txChecksum = UdpChecksum::kCompute;  // the device's offload where it has one
     bool rxChecksum = false;                          // the device flags received checksums
-    std::atomic<int> carrier{-1};  // -1: stopped (or stopping)
+    std::vector<std::unique_ptr<Lane>> lanes;
+    std::vector<unsigned> queues;  // the lanes' queues, in order
 
-    // The carrier running the stack, or -1: stopped, stopping, or gone with the runtime's shutdown.
-    int liveCarrier() const noexcept {
-        const int c = carrier.load(std::memory_order_acquire);
-        return c >= 0 && port->polled(queue) ? c : -1;
-    }
-    Counters counters;
-    uint16_t ipId = 0;  // carrier thread only
-
-    // Carrier thread only (or any thread once the carrier has left with the runtime's shutdown).
-    std::unordered_map<uint32_t, ArpEntry> arp;
-    std::vector<uint32_t> resolving;  // the peers in kResolving: the timer's work list
-    size_t pendingTotal = 0;          // datagrams in every peer's `pending`
-    uint64_t nextDueNs = UINT64_MAX;  // the earliest request due among `resolving`
-    ArpTimer timer;
-
-    SpinLock socketsLock;  // guards sockets, nextPort
-    std::unordered_map<uint16_t, UdpSocket::State*> sockets;
+    SpinLock bindLock;  // guards bound, nextPort, stopping; orders bind(), close() and stop()
+    std::unordered_multimap<uint16_t, UdpSocket::State*> bound;  // several per port only on distinct queues
     uint16_t nextPort = 49152;
+    bool stopping = false;
 
-    // ---- receive: the port's handler, on the carrier ----------------------------------------------
+    // The lane the calling fiber may send on directly: one its carrier polls, the fiber pinned
+    // there (an unpinned fiber could move while it waits for ring space).
+    Lane* laneHere() const noexcept {
+        if (!this_fiber::inFiber() || !this_fiber::pinned()) { return nullptr; }
+        const int c = this_fiber::carrierIndex();
+        for (const auto& l : lanes) {
+            if (l->carrier.load(std::memory_order_acquire) == c) { return l->live() == c ? l.get() : nullptr; }
+        }
+        return nullptr;
+    }
+    // A running lane, the first queue's first; nullptr when none runs.
+    Lane* anyLiveLane() const noexcept {
+        for (const auto& l : lanes) {
+            if (l->live() >= 0) { return l.get(); }
+        }
+        return nullptr;
+    }
+
+    // ---- receive: the port's handler, on the lane's carrier ---------------------------------------
 
     static void onBurst(void* arg, unsigned, rte_mbuf** pkts, uint16_t n) noexcept {
-        static_cast<Impl*>(arg)->handle(pkts, n);
+        auto* lane = static_cast<Lane*>(arg);
+        lane->im->handle(*lane, pkts, n);
     }
 
-    void handle(rte_mbuf** pkts, uint16_t n) noexcept {
+    void handle(Lane& l, rte_mbuf** pkts, uint16_t n) noexcept {
         rte_mbuf* replies[Port::kBurst];
         uint16_t nReplies = 0;
         QueueStats delta;
-        std::lock_guard<SpinLock> g(socketsLock);  // once per burst: datagrams find their sockets under it
+        Counters& c = l.counters;
+        std::lock_guard<SpinLock> g(l.socketsLock);  // once per burst: datagrams find their sockets under it
         for (uint16_t i = 0; i < n; ++i) {
             rte_mbuf* m = pkts[i];
             if (m->nb_segs != 1) {
-                bump(counters.multiSegment);
+                bump(c.multiSegment);
                 ++delta.dropped;
                 freePackets(&m, 1);
                 continue;
@@ -179,8 +230,8 @@ struct Interface::Impl {
                 case FrameKind::kDrop:
                     // An ARP request for another address still updates a peer we know (RFC 826's
                     // merge; a gratuitous announcement after a fail-over is one).
-                    if (p.arpSender) { learn(p.srcIp, p.srcMac, /*create=*/false); }
-                    bump(counters.drops[static_cast<size_t>(p.reason)]);
+                    if (p.arpSender) { learn(l, p.srcIp, p.srcMac, /*create=*/false, /*reply=*/false); }
+                    bump(c.drops[static_cast<size_t>(p.reason)]);
                     if (p.reason == DropReason::kBadChecksum) {
                         ++delta.badChecksum;
                     } else if (p.reason == DropReason::kNotForUs || p.reason == DropReason::kUnsupported) {
@@ -191,16 +242,16 @@ struct Interface::Impl {
                     freePackets(&m, 1);
                     break;
                 case FrameKind::kArpRequest: {
-                    learn(p.srcIp, p.srcMac, /*create=*/true);
+                    learn(l, p.srcIp, p.srcMac, /*create=*/true, /*reply=*/false);
                     // The answer goes out in the request's own mbuf.
                     const size_t len = buildArpReply({frameOf(m), room(m)}, self, p);
                     setLength(m, len);
                     replies[nReplies++] = m;
-                    bump(counters.arpRequestsAnswered);
+                    bump(c.arpRequestsAnswered);
                     break;
                 }
                 case FrameKind::kArpReply:
-                    learn(p.srcIp, p.srcMac, /*create=*/p.dstIp == self.ip);
+                    learn(l, p.srcIp, p.srcMac, /*create=*/p.dstIp == self.ip, /*reply=*/true);
                     freePackets(&m, 1);
                     break;
                 case FrameKind::kIcmpEcho: {
@@ -208,29 +259,29 @@ struct Interface::Impl {
                     const size_t len = buildEchoReply({f, room(m)}, {f, frame.size()}, p, self);
                     setLength(m, len);
                     replies[nReplies++] = m;
-                    bump(counters.echoReplies);
+                    bump(c.echoReplies);
                     break;
                 }
                 case FrameKind::kUdp:
-                    deliver(m, p, delta);
+                    deliver(l, m, p, delta);
                     break;
             }
         }
         if (nReplies > 0) {
-            const uint16_t sent = port->transmit(queue, replies, nReplies);
+            const uint16_t sent = port->transmit(l.queue, replies, nReplies);
             if (sent < nReplies) {
                 freePackets(replies + sent, static_cast<unsigned>(nReplies - sent));
                 delta.dropped += nReplies - sent;
             }
         }
-        port->count(queue, delta);
+        port->count(l.queue, delta);
     }
 
-    // Under socketsLock.
-    void deliver(rte_mbuf* m, const ParsedFrame& p, QueueStats& delta) noexcept {
-        const auto it = sockets.find(p.dstPort);
-        if (it == sockets.end()) {
-            bump(counters.udpNoSocket);
+    // Under the lane's socketsLock.
+    void deliver(Lane& l, rte_mbuf* m, const ParsedFrame& p, QueueStats& delta) noexcept {
+        const auto it = l.sockets.find(p.dstPort);
+        if (it == l.sockets.end()) {
+            bump(l.counters.udpNoSocket);
             ++delta.notForUs;
             freePackets(&m, 1);
             return;
@@ -238,7 +289,7 @@ struct Interface::Impl {
         UdpSocket::State& s = *it->second;
         std::lock_guard<SpinLock> g(s.lock);
         if (s.count == s.ring.size()) {
-            bump(counters.udpQueueFull);
+            bump(l.counters.udpQueueFull);
             ++delta.dropped;
             freePackets(&m, 1);
             return;
@@ -246,166 +297,212 @@ struct Interface::Impl {
         s.ring[(s.head + s.count) % s.ring.size()] =
             UdpSocket::State::Datagram{m, p.payloadOffset, p.payloadLength, Endpoint{p.srcIp, p.srcPort}};
         ++s.count;
-        bump(counters.udpReceived);
+        bump(l.counters.udpReceived);
         if (FiberFuture* w = std::exchange(s.waiter, nullptr)) { w->set(0); }
     }
 
-    // The cache holds at most this many peers: requests from spoofed senders cannot grow it without
-    // bound. When full, expired and failed entries go first; then nothing new is added.
+    // ---- ARP: one lane's cache, on its carrier ---------------------------------------------------
+
+    // A lane's cache holds at most this many peers: requests from spoofed senders cannot grow it
+    // without bound. When full, expired and failed entries go first; then nothing new is added.
     static constexpr size_t kArpCacheLimit = 4096;
 
-    uint64_t ns(std::chrono::nanoseconds d) const noexcept { return static_cast<uint64_t>(d.count()); }
+    static uint64_t ns(std::chrono::nanoseconds d) noexcept { return static_cast<uint64_t>(d.count()); }
 
     // Whether a new entry fits, pruning stale ones when the cache is full. Peers being resolved stay.
-    bool arpRoom() noexcept {
-        if (arp.size() < kArpCacheLimit) { return true; }
+    static bool arpRoom(Lane& l) noexcept {
+        if (l.arp.size() < kArpCacheLimit) { return true; }
         const uint64_t now = coarseNowNs();
-        for (auto it = arp.begin(); it != arp.end();) {
+        for (auto it = l.arp.begin(); it != l.arp.end();) {
             if (it->second.state != ArpEntry::State::kResolving && it->second.untilNs <= now) {
-                it = arp.erase(it);
+                it = l.arp.erase(it);
             } else {
                 ++it;
             }
         }
-        return arp.size() < kArpCacheLimit;
+        return l.arp.size() < kArpCacheLimit;
     }
 
     // Frees datagrams that will not go: their peer did not answer, its queue overflowed, or the
     // interface stopped. Counted in arpQueueDropped and the queue's `dropped`.
-    void dropPending(rte_mbuf** mbufs, size_t n) noexcept {
+    void dropPending(Lane& l, rte_mbuf** mbufs, size_t n) noexcept {
         if (n == 0) { return; }
         freePackets(mbufs, static_cast<unsigned>(n));
-        bump(counters.arpQueueDropped, n);
+        bump(l.counters.arpQueueDropped, n);
         QueueStats d;
         d.dropped = n;
-        port->count(queue, d);
+        port->count(l.queue, d);
     }
 
-    void forgetResolving(uint32_t ip) noexcept {
-        for (size_t i = 0; i < resolving.size(); ++i) {
-            if (resolving[i] == ip) {
-                resolving[i] = resolving.back();
-                resolving.pop_back();
+    static void forgetResolving(Lane& l, uint32_t ip) noexcept {
+        for (size_t i = 0; i < l.resolving.size(); ++i) {
+            if (l.resolving[i] == ip) {
+                l.resolving[i] = l.resolving.back();
+                l.resolving.pop_back();
                 return;
             }
         }
     }
 
     // RFC 826's merge: update a known peer; add one only when the frame was meant for us. A peer
-    // being resolved gets its waiting datagrams sent, addressed to the MAC just learned.
-    void learn(uint32_t ip, const Mac& mac, bool create) noexcept {
+    // being resolved gets its waiting datagrams sent, addressed to the MAC just learned. What is new
+    // here, and every reply (another lane may have asked), goes to the other lanes when `share`.
+    void learn(Lane& l, uint32_t ip, const Mac& mac, bool create, bool reply, bool share = true) noexcept {
         if (ip == 0) { return; }  // an ARP probe says nothing about the sender
-        auto it = arp.find(ip);
-        if (it == arp.end()) {
-            if (!create || !arpRoom()) { return; }
-            try {
-                it = arp.emplace(ip, ArpEntry{}).first;
-            } catch (...) {
-                return;  // no memory: the peer will be asked when we need it
+        auto it = l.arp.find(ip);
+        bool news = false;
+        if (it == l.arp.end()) {
+            if (create && arpRoom(l)) {
+                try {
+                    it = l.arp.emplace(ip, ArpEntry{}).first;
+                    it->second.state = ArpEntry::State::kFailed;  // not waited on: nothing to flush below
+                    news = true;
+                } catch (...) {
+                    // no memory: the peer will be asked when we need it
+                }
             }
-            it->second.state = ArpEntry::State::kFailed;  // not waited on: nothing to flush below
         }
-        ArpEntry& e = it->second;
-        if (e.state != ArpEntry::State::kReachable) { bump(counters.arpResolved); }
-        const bool wasResolving = e.state == ArpEntry::State::kResolving;
-        e.mac = mac;
-        e.state = ArpEntry::State::kReachable;
-        e.untilNs = coarseNowNs() + ns(options.arpLifetime);
-        if (!wasResolving) { return; }
-        forgetResolving(ip);
+        if (it != l.arp.end()) {
+            ArpEntry& e = it->second;
+            news = news || e.state != ArpEntry::State::kReachable || e.mac != mac;
+            if (e.state != ArpEntry::State::kReachable) { bump(l.counters.arpResolved); }
+            const bool wasResolving = e.state == ArpEntry::State::kResolving;
+            e.mac = mac;
+            e.state = ArpEntry::State::kReachable;
+            e.untilNs = coarseNowNs() + ns(options.arpLifetime);
+            if (wasResolving) { flush(l, ip, e); }
+        }
+        if (share && (news || reply) && lanes.size() > 1) { tellOthers(l, Learned{ip, mac, create}); }
+    }
+
+    // Sends the datagrams that waited for `e`'s MAC. On the poller, which must not wait: what the
+    // ring refuses now is dropped.
+    void flush(Lane& l, uint32_t ip, ArpEntry& e) noexcept {
+        forgetResolving(l, ip);
         const size_t n = e.pending.size();
-        pendingTotal -= n;
-        for (rte_mbuf* m : e.pending) { std::memcpy(frameOf(m), mac.data(), mac.size()); }
-        // On the poller, which must not wait: what the ring refuses now is dropped.
+        l.pendingTotal -= n;
+        for (rte_mbuf* m : e.pending) { std::memcpy(frameOf(m), e.mac.data(), e.mac.size()); }
         size_t sent = 0;
         while (sent < n) {
             const auto chunk = static_cast<uint16_t>(std::min<size_t>(n - sent, Port::kBurst));
-            const uint16_t k = port->transmit(queue, e.pending.data() + sent, chunk);
+            const uint16_t k = port->transmit(l.queue, e.pending.data() + sent, chunk);
             sent += k;
             if (k < chunk) { break; }
         }
-        bump(counters.udpSent, sent);
-        dropPending(e.pending.data() + sent, n - sent);
+        bump(l.counters.udpSent, sent);
+        dropPending(l, e.pending.data() + sent, n - sent);
         e.pending.clear();
         e.pending.shrink_to_fit();
     }
 
-    // ---- the ARP timer: retries and give-ups, on the carrier --------------------------------------
+    void tellOthers(const Lane& from, const Learned& what) noexcept {
+        for (const auto& other : lanes) {
+            if (other.get() == &from || other->carrier.load(std::memory_order_acquire) < 0) { continue; }
+            std::lock_guard<SpinLock> g(other->mailLock);
+            if (other->mail.size() >= kMailLimit) { continue; }
+            try {
+                other->mail.push_back(what);
+            } catch (...) {
+                continue;
+            }
+            other->hasMail.store(true, std::memory_order_release);
+        }
+    }
+
+    void readMail(Lane& l) noexcept {
+        std::vector<Learned> got;
+        {
+            std::lock_guard<SpinLock> g(l.mailLock);
+            l.hasMail.store(false, std::memory_order_relaxed);
+            got.swap(l.mail);
+        }
+        for (const Learned& m : got) { learn(l, m.ip, m.mac, m.create, /*reply=*/false, /*share=*/false); }
+    }
+
+    // ---- the ARP timer: mail, retries and give-ups, on the lane's carrier -------------------------
 
     static bool pollArp(Poller* p) noexcept {
-        Impl& im = *static_cast<ArpTimer*>(p)->impl;
-        if (im.resolving.empty()) { return false; }
+        Lane& l = *static_cast<ArpTimer*>(p)->lane;
+        bool worked = false;
+        if (l.hasMail.load(std::memory_order_acquire)) [[unlikely]] {
+            l.im->readMail(l);
+            worked = true;
+        }
+        if (l.resolving.empty()) { return worked; }
         const uint64_t now = coarseNowNs();
-        if (now < im.nextDueNs) { return false; }
-        im.runArpTimer(now);
+        if (now < l.nextDueNs) { return worked; }
+        l.im->runArpTimer(l, now);
         return true;
     }
     // A carrier whose other pollers let it park must still wake for the next retry.
-    static bool arpMayPark(Poller* p) noexcept { return static_cast<ArpTimer*>(p)->impl->resolving.empty(); }
+    static bool arpMayPark(Poller* p) noexcept {
+        const Lane& l = *static_cast<ArpTimer*>(p)->lane;
+        return l.resolving.empty() && !l.hasMail.load(std::memory_order_acquire);
+    }
     static void arpDetached(Poller* p) noexcept { static_cast<ArpTimer*>(p)->live = false; }
 
-    void runArpTimer(uint64_t now) noexcept {
-        nextDueNs = UINT64_MAX;
-        for (size_t i = 0; i < resolving.size();) {
-            const uint32_t ip = resolving[i];
-            ArpEntry& e = arp.find(ip)->second;  // a resolving peer is never pruned
+    void runArpTimer(Lane& l, uint64_t now) noexcept {
+        l.nextDueNs = UINT64_MAX;
+        for (size_t i = 0; i < l.resolving.size();) {
+            const uint32_t ip = l.resolving[i];
+            ArpEntry& e = l.arp.find(ip)->second;  // a resolving peer is never pruned
             if (now >= e.untilNs) {
                 if (e.attempts >= options.arpAttempts) {
-                    giveUp(e, now);
-                    resolving[i] = resolving.back();
-                    resolving.pop_back();
+                    giveUp(l, e, now);
+                    l.resolving[i] = l.resolving.back();
+                    l.resolving.pop_back();
                     continue;
                 }
                 ++e.attempts;
                 e.untilNs = now + ns(options.arpTimeout);
-                (void)sendArpRequest(ip);  // a lost request is one retry fewer
+                (void)sendArpRequest(l, ip);  // a lost request is one retry fewer
             }
-            nextDueNs = std::min(nextDueNs, e.untilNs);
+            l.nextDueNs = std::min(l.nextDueNs, e.untilNs);
             ++i;
         }
     }
 
     // No answer after the last retry: the waiting datagrams are dropped and, for the hold-down,
     // sends to the peer fail with EHOSTUNREACH instead of asking again.
-    void giveUp(ArpEntry& e, uint64_t now) noexcept {
-        bump(counters.arpFailed);
-        pendingTotal -= e.pending.size();
-        dropPending(e.pending.data(), e.pending.size());
+    void giveUp(Lane& l, ArpEntry& e, uint64_t now) noexcept {
+        bump(l.counters.arpFailed);
+        l.pendingTotal -= e.pending.size();
+        dropPending(l, e.pending.data(), e.pending.size());
         e.pending.clear();
         e.pending.shrink_to_fit();
         e.state = ArpEntry::State::kFailed;
         e.untilNs = now + ns(options.arpHoldDown);
     }
 
-    // ---- send: on the carrier, from a pinned fiber ----------------------------------------------
+    // ---- send: on a lane's carrier, from a fiber pinned there ------------------------------------
 
-    bool sendArpRequest(uint32_t ip) noexcept {
+    bool sendArpRequest(Lane& l, uint32_t ip) noexcept {
         rte_mbuf* m = nullptr;
-        if (!allocPackets(port->pool(queue), &m, 1)) {
+        if (!allocPackets(port->pool(l.queue), &m, 1)) {
             QueueStats d;
             d.noMbuf = 1;
-            port->count(queue, d);
+            port->count(l.queue, d);
             return false;
         }
         char* data = rte_pktmbuf_append(m, kEthernetHeader + kArpPacket);
         (void)buildArpRequest({reinterpret_cast<uint8_t*>(data), kEthernetHeader + kArpPacket}, self, ip);
-        if (port->transmit(queue, &m, 1) != 1) {
+        if (port->transmit(l.queue, &m, 1) != 1) {
             freePackets(&m, 1);
             return false;
         }
-        bump(counters.arpRequestsSent);
+        bump(l.counters.arpRequestsSent);
         return true;
     }
 
     // The entry of next hop `ip` for a send: reachable (send to its MAC) or resolving (queue on it);
     // a peer not asked yet, or whose entry expired, is asked now. Errors: EHOSTUNREACH in the
     // hold-down after a failed resolution; ENOBUFS when the cache has no room or no memory.
-    Result<ArpEntry*> neighbour(uint32_t ip, uint64_t now) noexcept {
-        auto it = arp.find(ip);
-        if (it == arp.end()) {
-            if (!arpRoom()) { return Error{ENOBUFS}; }  // as many peers resolving or fresh as the cache holds
+    Result<ArpEntry*> neighbour(Lane& l, uint32_t ip, uint64_t now) noexcept {
+        auto it = l.arp.find(ip);
+        if (it == l.arp.end()) {
+            if (!arpRoom(l)) { return Error{ENOBUFS}; }  // as many peers resolving or fresh as the cache holds
             try {
-                it = arp.emplace(ip, ArpEntry{}).first;
+                it = l.arp.emplace(ip, ArpEntry{}).first;
             } catch (...) {
                 return Error{ENOBUFS};
             }
@@ -423,35 +520,35 @@ struct Interface::Impl {
                 break;
         }
         try {
-            resolving.push_back(ip);
+            l.resolving.push_back(ip);
         } catch (...) {
             return Error{ENOBUFS};
         }
         e.state = ArpEntry::State::kResolving;
         e.attempts = 1;
         e.untilNs = now + ns(options.arpTimeout);
-        nextDueNs = std::min(nextDueNs, e.untilNs);
-        (void)sendArpRequest(ip);
+        l.nextDueNs = std::min(l.nextDueNs, e.untilNs);
+        (void)sendArpRequest(l, ip);
         return &e;
     }
 
     // Holds `m` until `e` resolves: the oldest datagram of a full queue is dropped for it (as
-    // Linux's neighbour queue does). False (`m` still the caller's) when every peer's queues together
+    // Linux's neighbour queue does). False (`m` still the caller's) when the lane's queues together
     // hold arpQueueTotal datagrams, or on no memory.
-    bool hold(ArpEntry& e, rte_mbuf* m) noexcept {
+    bool hold(Lane& l, ArpEntry& e, rte_mbuf* m) noexcept {
         if (e.pending.size() >= options.arpQueue) {
-            dropPending(e.pending.data(), 1);
+            dropPending(l, e.pending.data(), 1);
             e.pending.erase(e.pending.begin());
-            --pendingTotal;
+            --l.pendingTotal;
         }
-        if (pendingTotal >= options.arpQueueTotal) { return false; }
+        if (l.pendingTotal >= options.arpQueueTotal) { return false; }
         try {
             e.pending.push_back(m);
         } catch (...) {
             return false;
         }
-        ++pendingTotal;
-        bump(counters.arpQueued);
+        ++l.pendingTotal;
+        bump(l.counters.arpQueued);
         return true;
     }
 
@@ -463,10 +560,10 @@ struct Interface::Impl {
         m->l3_len = kIpv4Header;
     }
 
-    // sendBurst() on the interface's carrier: headers for every datagram; those whose peer is known
-    // go in one transmit, those whose peer is being resolved wait in its queue; what cannot go is
-    // freed. Returns how many were sent or queued.
-    Result<size_t> sendBurstHere(uint16_t srcPort, rte_mbuf** mbufs, const Endpoint* to, size_t n) noexcept {
+    // sendBurst() on lane `l`'s carrier: headers for every datagram; those whose peer is known go in
+    // one transmit, those whose peer is being resolved wait in its queue; what cannot go is freed.
+    // Returns how many were sent or queued.
+    Result<size_t> sendBurstOn(Lane& l, uint16_t srcPort, rte_mbuf** mbufs, const Endpoint* to, size_t n) noexcept {
         const uint64_t now = coarseNowNs();
         size_t ready = 0;   // mbufs[0, ready): addressed, for the transmit below
         size_t queued = 0;
@@ -487,20 +584,20 @@ struct Interface::Impl {
                 }
                 nextHop = options.gateway;
             }
-            auto peer = neighbour(nextHop, now);
+            auto peer = neighbour(l, nextHop, now);
             if (!peer) {
                 error = peer.errorCode();
                 break;
             }
             ArpEntry& e = **peer;
             const bool known = e.state == ArpEntry::State::kReachable;
-            // A queued datagram gets its MAC when the reply comes (learn()).
+            // A queued datagram gets its MAC when the reply comes (flush()).
             (void)buildUdpHeaders({frameOf(m), frame}, self, known ? e.mac : Mac{}, to[i].ip, srcPort, to[i].port,
-                                  frame - kUdpFrameHeaders, ipId++, txChecksum);
+                                  frame - kUdpFrameHeaders, l.ipId++, txChecksum);
             flagChecksums(m);
             if (known) {
                 mbufs[ready++] = m;
-            } else if (hold(e, m)) {
+            } else if (hold(l, e, m)) {
                 ++queued;
             } else {
                 error = ENOBUFS;
@@ -511,29 +608,70 @@ struct Interface::Impl {
         size_t sent = 0;
         for (size_t done = 0; done < ready;) {  // each chunk is sent, or freed and counted, by transmitAll
             const auto chunk = static_cast<uint16_t>(std::min<size_t>(ready - done, 32768));
-            sent += port->transmitAll(queue, mbufs + done, chunk, 1024);
+            sent += port->transmitAll(l.queue, mbufs + done, chunk, 1024);
             done += chunk;
         }
-        bump(counters.udpSent, sent);
+        bump(l.counters.udpSent, sent);
         if (sent + queued == 0 && error != 0) { return Error{error}; }
         if (sent + queued == 0 && ready > 0) { return Error{ENOBUFS}; }
         return sent + queued;
     }
 
-    // Frees every datagram still waiting for ARP. On the carrier, or anywhere once it has left.
-    void dropAllPending() noexcept {
-        for (auto& [ip, e] : arp) {
-            dropPending(e.pending.data(), e.pending.size());
+    // ---- sockets, start and stop --------------------------------------------------------------------
+
+    // Takes `s` out of the interface's table and the lanes' copies. Under bindLock.
+    void unbindLocked(const UdpSocket::State& s) noexcept {
+        const auto [first, last] = bound.equal_range(s.port);
+        for (auto it = first; it != last; ++it) {
+            if (it->second == &s) {
+                bound.erase(it);
+                break;
+            }
+        }
+        for (auto& l : lanes) {
+            std::lock_guard<SpinLock> ls(l->socketsLock);
+            const auto it = l->sockets.find(s.port);
+            if (it != l->sockets.end() && it->second == &s) { l->sockets.erase(it); }
+        }
+    }
+
+    // On the lane's carrier: the port's poller and the ARP timer both go.
+    Result<void> stopLane(Lane& l) noexcept {
+        const int was = l.carrier.exchange(-1, std::memory_order_acq_rel);
+        // Not polled any more: never started, stopped already, or its carrier left with the runtime.
+        if (port->polled(l.queue)) {
+            if (auto r = port->stopPolling(l.queue); !r) {
+                l.carrier.store(was, std::memory_order_release);  // still running: undo the mark
+                return r;
+            }
+        }
+        if (l.timer.live) {
+            (void)removePoller(&l.timer);
+            l.timer.live = false;
+        }
+        return {};
+    }
+
+    // Frees every datagram still waiting for ARP, and the mail. On the lane's carrier, or anywhere
+    // once it has stopped.
+    void dropAllPending(Lane& l) noexcept {
+        for (auto& [ip, e] : l.arp) {
+            dropPending(l, e.pending.data(), e.pending.size());
             e.pending.clear();
             if (e.state == ArpEntry::State::kResolving) { e.state = ArpEntry::State::kFailed; }
         }
-        resolving.clear();
-        pendingTotal = 0;
-        nextDueNs = UINT64_MAX;
+        l.resolving.clear();
+        l.pendingTotal = 0;
+        l.nextDueNs = UINT64_MAX;
+        std::lock_guard<SpinLock> g(l.mailLock);
+        l.mail.clear();
+        l.hasMail.store(false, std::memory_order_relaxed);
     }
 
     ~Impl() {
-        for (auto& [ip, e] : arp) { freePackets(e.pending.data(), static_cast<unsigned>(e.pending.size())); }
+        for (auto& l : lanes) {
+            for (auto& [ip, e] : l->arp) { freePackets(e.pending.data(), static_cast<unsigned>(e.pending.size())); }
+        }
     }
 };
 
@@ -542,14 +680,25 @@ Interface::Interface(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl
 Interface::~Interface() = default;
 
 Result<std::unique_ptr<Interface>> Interface::create(Port& port, unsigned queue, const InterfaceOptions& o) noexcept {
-    if (!port.isOpen() || queue >= port.queues() || o.ip == 0 || o.prefixLength > 32 || o.arpAttempts == 0 ||
+    const unsigned one[] = {queue};
+    return create(port, std::span<const unsigned>(one), o);
+}
+
+Result<std::unique_ptr<Interface>> Interface::create(Port& port, std::span<const unsigned> queues,
+                                                     const InterfaceOptions& o) noexcept {
+    if (!port.isOpen() || queues.empty() || o.ip == 0 || o.prefixLength > 32 || o.arpAttempts == 0 ||
         o.socketQueue == 0 || o.arpQueue == 0) {
         return Error{EINVAL};
+    }
+    for (size_t i = 0; i < queues.size(); ++i) {
+        if (queues[i] >= port.queues()) { return Error{EINVAL}; }
+        for (size_t j = 0; j < i; ++j) {
+            if (queues[j] == queues[i]) { return Error{EINVAL}; }
+        }
     }
     std::unique_ptr<Impl> impl(new (std::nothrow) Impl);
     if (!impl) { return Error{ENOMEM}; }
     impl->port = &port;
-    impl->queue = queue;
     impl->options = o;
     impl->self = InterfaceAddress{port.mac(), o.ip};
     impl->mask = maskOf(o.prefixLength);
@@ -558,68 +707,129 @@ Result<std::unique_ptr<Interface>> Interface::create(Port& port, unsigned queue,
                        : port.txChecksumOffload() ? UdpChecksum::kOffload
                                                   : UdpChecksum::kCompute;
     impl->rxChecksum = port.rxChecksumOffload();
-    impl->timer.poll = &Impl::pollArp;
-    impl->timer.mayPark = &Impl::arpMayPark;
-    impl->timer.detached = &Impl::arpDetached;
-    impl->timer.impl = impl.get();
+    try {
+        for (const unsigned q : queues) {
+            auto lane = std::make_unique<Impl::Lane>();
+            lane->im = impl.get();
+            lane->queue = q;
+            lane->timer.poll = &Impl::pollArp;
+            lane->timer.mayPark = &Impl::arpMayPark;
+            lane->timer.detached = &Impl::arpDetached;
+            lane->timer.lane = lane.get();
+            impl->lanes.push_back(std::move(lane));
+            impl->queues.push_back(q);
+        }
+    } catch (...) {
+        return Error{ENOMEM};
+    }
     std::unique_ptr<Interface> iface(new (std::nothrow) Interface(std::move(impl)));
     if (!iface) { return Error{ENOMEM}; }
     return iface;
 }
 
 Result<void> Interface::start() noexcept {
-    if (auto r = impl_->port->startPolling(impl_->queue, &Impl::onBurst, impl_.get()); !r) { return r; }
-    if (auto r = addPoller(&impl_->timer); !r) {
-        (void)impl_->port->stopPolling(impl_->queue);
+    if (impl_->lanes.size() != 1) { return Error{EINVAL}; }
+    return start(impl_->lanes[0]->queue);
+}
+
+Result<void> Interface::start(unsigned queue) noexcept {
+    Impl& im = *impl_;
+    Impl::Lane* lane = nullptr;
+    for (auto& l : im.lanes) {
+        if (l->queue == queue) { lane = l.get(); }
+    }
+    if (lane == nullptr) { return Error{EINVAL}; }
+    if (!this_fiber::inFiber()) { return Error{EPERM}; }
+    const int here = this_fiber::carrierIndex();
+    for (auto& l : im.lanes) {
+        if (l.get() != lane && l->live() == here) { return Error{EBUSY}; }  // one lane per carrier
+    }
+    // The lane gets the sockets bound so far (a lane started after bind() must find them).
+    {
+        std::lock_guard<SpinLock> g(im.bindLock);
+        std::lock_guard<SpinLock> s(lane->socketsLock);
+        try {
+            lane->sockets.clear();
+            for (const auto& [port, st] : im.bound) {
+                if (st->queue < 0 || static_cast<unsigned>(st->queue) == queue) { lane->sockets.emplace(port, st); }
+            }
+        } catch (...) {
+            return Error{ENOMEM};
+        }
+    }
+    if (auto r = im.port->startPolling(queue, &Impl::onBurst, lane); !r) { return r; }
+    if (auto r = addPoller(&lane->timer); !r) {
+        (void)im.port->stopPolling(queue);
         return Error{r.errorCode()};
     }
-    impl_->timer.live = true;
-    impl_->carrier.store(this_fiber::carrierIndex(), std::memory_order_release);
+    lane->timer.live = true;
+    std::lock_guard<SpinLock> g(im.bindLock);
+    im.stopping = false;
+    lane->carrier.store(here, std::memory_order_release);
     return {};
 }
 
 Result<void> Interface::stop() noexcept {
-    int was = -1;
+    Impl& im = *impl_;
     {
         // Marked stopping in the same step that finds no socket: a bind() after it gets EBADF.
-        std::lock_guard<SpinLock> g(impl_->socketsLock);
-        if (!impl_->sockets.empty()) { return Error{EBUSY}; }
-        was = impl_->carrier.exchange(-1, std::memory_order_acq_rel);
+        std::lock_guard<SpinLock> g(im.bindLock);
+        if (!im.bound.empty()) { return Error{EBUSY}; }
+        im.stopping = true;
     }
-    // Not polled any more: stopped already, or its carrier left with the runtime's shutdown.
-    if (impl_->port->polled(impl_->queue)) {
-        if (auto r = impl_->port->stopPolling(impl_->queue); !r) {
-            impl_->carrier.store(was, std::memory_order_release);  // still running: undo the mark
-            return r;
+    for (auto& l : im.lanes) {
+        const int c = l->live();
+        if (c < 0) {
+            // Not running: stopped, never started, or its carrier left with the runtime's shutdown.
+            l->carrier.store(-1, std::memory_order_release);
+            l->timer.live = false;
+        } else if (this_fiber::inFiber() && this_fiber::pinned() && this_fiber::carrierIndex() == c) {
+            if (auto r = im.stopLane(*l); !r) { return r; }
+        } else {
+            // The lane stops on its own carrier, reached from a fiber.
+            if (!this_fiber::inFiber()) { return Error{EPERM}; }
+            Impl::Lane* lane = l.get();
+            auto f = spindle::spawn([&im, lane]() noexcept -> Result<void> { return im.stopLane(*lane); },
+                                    SpawnOptions{.name = "dpdk-stop", .carrier = c, .pinned = true});
+            if (!f) { return Error{f.errorCode()}; }
+            if (auto r = f->join(); !r) { return r; }
         }
+        im.dropAllPending(*l);
     }
-    if (impl_->timer.live) {
-        (void)removePoller(&impl_->timer);  // on the carrier, which stopPolling() above has just checked
-        impl_->timer.live = false;
-    }
-    impl_->dropAllPending();
     return {};
 }
 
 const InterfaceAddress& Interface::address() const noexcept { return impl_->self; }
-int Interface::carrier() const noexcept { return impl_->liveCarrier(); }
+std::span<const unsigned> Interface::queues() const noexcept { return impl_->queues; }
+
+int Interface::carrier() const noexcept { return impl_->lanes[0]->live(); }
+
+int Interface::carrier(unsigned queue) const noexcept {
+    for (const auto& l : impl_->lanes) {
+        if (l->queue == queue) { return l->live(); }
+    }
+    return -1;
+}
 
 InterfaceStats Interface::stats() const noexcept {
-    const Impl::Counters& c = impl_->counters;
     InterfaceStats s;
-    for (size_t i = 0; i < static_cast<size_t>(DropReason::kCount); ++i) { s.drops[i] = c.drops[i].load(std::memory_order_relaxed); }
-    s.arpRequestsAnswered = c.arpRequestsAnswered.load(std::memory_order_relaxed);
-    s.arpRequestsSent = c.arpRequestsSent.load(std::memory_order_relaxed);
-    s.arpResolved = c.arpResolved.load(std::memory_order_relaxed);
-    s.arpFailed = c.arpFailed.load(std::memory_order_relaxed);
-    s.echoReplies = c.echoReplies.load(std::memory_order_relaxed);
-    s.udpReceived = c.udpReceived.load(std::memory_order_relaxed);
-    s.udpSent = c.udpSent.load(std::memory_order_relaxed);
-    s.udpNoSocket = c.udpNoSocket.load(std::memory_order_relaxed);
-    s.udpQueueFull = c.udpQueueFull.load(std::memory_order_relaxed);
-    s.multiSegment = c.multiSegment.load(std::memory_order_relaxed);
-    s.arpQueued = c.arpQueued.load(std::memory_order_relaxed);
-    s.arpQueueDropped = c.arpQueueDropped.load(std::memory_order_relaxed);
+    const auto add = [](uint64_t& to, const std::atomic<uint64_t>& c) { to += c.load(std::memory_order_relaxed); };
+    for (const auto& l : impl_->lanes) {
+        const Impl::Counters& c = l->counters;
+        for (size_t i = 0; i < static_cast<size_t>(DropReason::kCount); ++i) { add(s.drops[i], c.drops[i]); }
+        add(s.arpRequestsAnswered, c.arpRequestsAnswered);
+        add(s.arpRequestsSent, c.arpRequestsSent);
+        add(s.arpResolved, c.arpResolved);
+        add(s.arpFailed, c.arpFailed);
+        add(s.echoReplies, c.echoReplies);
+        add(s.udpReceived, c.udpReceived);
+        add(s.udpSent, c.udpSent);
+        add(s.udpNoSocket, c.udpNoSocket);
+        add(s.udpQueueFull, c.udpQueueFull);
+        add(s.multiSegment, c.multiSegment);
+        add(s.arpQueued, c.arpQueued);
+        add(s.arpQueueDropped, c.arpQueueDropped);
+    }
     return s;
 }
 
@@ -642,35 +852,61 @@ UdpSocket::~UdpSocket() {
 uint16_t UdpSocket::localPort() const noexcept { return isOpen() ? state_->port : 0; }
 bool UdpSocket::isOpen() const noexcept { return state_ && state_->open.load(std::memory_order_acquire); }
 
-Result<UdpSocket> UdpSocket::bind(Interface& iface, uint16_t port) noexcept {
+Result<UdpSocket> UdpSocket::bind(Interface& iface, uint16_t port, int queue) noexcept {
     Interface::Impl& im = *iface.impl_;
+    if (queue >= 0) {
+        bool ours = false;
+        for (const auto& l : im.lanes) { ours = ours || l->queue == static_cast<unsigned>(queue); }
+        if (!ours) { return Error{EINVAL}; }
+    }
     std::unique_ptr<State> s(new (std::nothrow) State);
     if (!s) { return Error{ENOMEM}; }
     s->iface = &im;
+    s->queue = queue < 0 ? -1 : queue;
     try {
         s->ring.resize(im.options.socketQueue);
     } catch (...) {
         return Error{ENOMEM};
     }
-    std::lock_guard<SpinLock> g(im.socketsLock);
-    if (im.liveCarrier() < 0) { return Error{EBADF}; }
+    // Whether `p` can take this socket: free, or held only by sockets of other single queues.
+    const auto fits = [&](uint16_t p) {
+        const auto [first, last] = im.bound.equal_range(p);
+        for (auto it = first; it != last; ++it) {
+            if (s->queue < 0 || it->second->queue < 0 || it->second->queue == s->queue) { return false; }
+        }
+        return true;
+    };
+    std::lock_guard<SpinLock> g(im.bindLock);
+    if (im.stopping || im.anyLiveLane() == nullptr) { return Error{EBADF}; }
     if (port == 0) {
         for (unsigned tries = 0; tries < 16384; ++tries) {
             const uint16_t p = im.nextPort;
             im.nextPort = p == 65535 ? 49152 : static_cast<uint16_t>(p + 1);
-            if (im.sockets.count(p) == 0) {
+            if (im.bound.count(p) == 0) {
                 port = p;
                 break;
             }
         }
         if (port == 0) { return Error{EADDRINUSE}; }
-    } else if (im.sockets.count(port) != 0) {
+    } else if (!fits(port)) {
         return Error{EADDRINUSE};
     }
     s->port = port;
+    // Into the interface's table and the copies of the lanes it hears, or into none.
+    const auto hears = [&](const Interface::Impl::Lane& l) {
+        return s->queue < 0 || l.queue == static_cast<unsigned>(s->queue);
+    };
+    size_t added = 0;
     try {
-        im.sockets.emplace(port, s.get());
+        im.bound.emplace(port, s.get());
+        for (; added < im.lanes.size(); ++added) {
+            Interface::Impl::Lane& l = *im.lanes[added];
+            if (!hears(l)) { continue; }
+            std::lock_guard<SpinLock> ls(l.socketsLock);
+            l.sockets.emplace(port, s.get());
+        }
     } catch (...) {
+        s->iface->unbindLocked(*s);
         return Error{ENOMEM};
     }
     return UdpSocket(std::move(s));
@@ -683,8 +919,8 @@ Result<void> UdpSocket::close() noexcept {
     State& s = *state_;
     {
         // Out of the table first: from then on no burst finds the socket.
-        std::lock_guard<SpinLock> g(s.iface->socketsLock);
-        s.iface->sockets.erase(s.port);
+        std::lock_guard<SpinLock> g(s.iface->bindLock);
+        s.iface->unbindLocked(s);
     }
     {
         std::lock_guard<SpinLock> g(s.lock);
@@ -780,10 +1016,13 @@ Result<rte_mbuf*> UdpSocket::allocDatagram(size_t length, uint8_t** payload) noe
     Interface::Impl& im = *state_->iface;
     if (length + kIpUdpHeaders > im.mtu) { return Error{EMSGSIZE}; }
     rte_mbuf* m = nullptr;
-    if (!allocPackets(im.port->pool(im.queue), &m, 1)) {
+    // From the pool of the caller's lane (its node's), else the first queue's.
+    const Interface::Impl::Lane* here = im.laneHere();
+    const unsigned queue = here != nullptr ? here->queue : im.lanes[0]->queue;
+    if (!allocPackets(im.port->pool(queue), &m, 1)) {
         QueueStats d;
         d.noMbuf = 1;
-        im.port->count(im.queue, d);
+        im.port->count(queue, d);
         return Error{ENOBUFS};
     }
     char* data = rte_pktmbuf_append(m, static_cast<uint16_t>(kUdpFrameHeaders + length));
@@ -813,17 +1052,16 @@ Result<size_t> UdpSocket::sendBurst(rte_mbuf** mbufs, const Endpoint* to, size_t
         return Error{EBADF};
     }
     Interface::Impl& im = *state_->iface;
-    const int c = im.liveCarrier();
     const uint16_t port = state_->port;
-    if (c >= 0 && this_fiber::carrierIndex() == c && this_fiber::pinned()) {
-        return im.sendBurstHere(port, mbufs, to, n);
-    }
-    if (c < 0 || !this_fiber::inFiber()) {
+    if (Interface::Impl::Lane* here = im.laneHere()) { return im.sendBurstOn(*here, port, mbufs, to, n); }
+    // Not on a lane's carrier: the send runs on one, on a fiber pinned there.
+    Interface::Impl::Lane* lane = im.anyLiveLane();
+    if (lane == nullptr || !this_fiber::inFiber()) {
         freePackets(mbufs, static_cast<unsigned>(n));
-        return Error{c < 0 ? ENETDOWN : EPERM};
+        return Error{lane == nullptr ? ENETDOWN : EPERM};
     }
-    auto f = spindle::spawn([&]() noexcept -> Result<size_t> { return im.sendBurstHere(port, mbufs, to, n); },
-                            SpawnOptions{.name = "dpdk-send", .carrier = c, .pinned = true});
+    auto f = spindle::spawn([&]() noexcept -> Result<size_t> { return im.sendBurstOn(*lane, port, mbufs, to, n); },
+                            SpawnOptions{.name = "dpdk-send", .carrier = lane->live(), .pinned = true});
     if (!f) {
         freePackets(mbufs, static_cast<unsigned>(n));
         return Error{f.errorCode()};

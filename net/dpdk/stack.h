@@ -1,12 +1,15 @@
 #pragma once
-/// Interface and UdpSocket: spindle's small IPv4/UDP stack on one queue of a DPDK Port.
+/// Interface and UdpSocket: spindle's small IPv4/UDP stack on the queues of a DPDK Port.
 ///
-/// An Interface gives a port queue an IPv4 address. The carrier polling the queue runs the stack
-/// for each received burst: it answers ARP requests for the address and learns from ARP replies,
+/// An Interface gives one or more queues of a port an IPv4 address; each queue is polled by its
+/// own carrier (a lane), which runs the stack for each burst it receives (RSS, or the peer's
+/// choice of queue, decides which lane sees a frame): it answers ARP requests for the address and learns from ARP replies,
 /// answers ICMP echo requests (so `ping` works), hands UDP datagrams to the socket bound to their
 /// port, and drops everything else with a reason, counted (stats(); the port's queue counters get
 /// bad checksums, frames not for us, and drops). It keeps an ARP cache (entries expire) and routes
-/// off-subnet destinations to the gateway.
+/// off-subnet destinations to the gateway. Each lane keeps its own copy of the cache and of the
+/// socket table, so a burst touches no other carrier's lines: what a lane learns from an ARP
+/// reply, or newly, it posts to the other lanes' mailboxes, which their ARP pollers read.
 ///
 /// ARP, as a send sees it: the first datagram to a peer not in the cache sends a broadcast request
 /// and waits, with the ones after it, in the peer's queue (arpQueue datagrams; a full queue drops
@@ -19,11 +22,11 @@
 ///
 /// A UdpSocket is bound to a port of an interface. recvFrom() parks the fiber on a FiberFuture that
 /// the polling carrier sets when a datagram arrives, with a deadline and cancellation as every
-/// spindle call. sendTo() builds the frame in an mbuf and transmits it on the interface's queue; it
-/// never waits for ARP, only, briefly, for room in a full TX ring (yielding). The fast path is a
-/// fiber pinned on the interface's carrier (the one that polls the queue): it transmits directly.
-/// From anywhere else sendTo() runs the send on a pinned fiber of that carrier and joins it:
-/// correct, and some microseconds dearer.
+/// spindle call; datagrams from every lane land in the one socket. sendTo() builds the frame in an
+/// mbuf and transmits it; it never waits for ARP, only, briefly, for room in a full TX ring
+/// (yielding). The fast path is a fiber pinned on a lane's carrier: it transmits on that lane's
+/// queue directly. From anywhere else sendTo() runs the send on a pinned fiber of a running
+/// lane's carrier and joins it: correct, and some microseconds dearer.
 ///
 /// Errors (sendTo): EMSGSIZE above the MTU's payload (MTU - 28), EHOSTUNREACH in the hold-down after
 /// ARP got no answer, ENETUNREACH for an off-subnet destination without a gateway, ENOBUFS when no
@@ -31,20 +34,21 @@
 /// room for another peer, EINVAL for address or port 0, ENETDOWN when the interface is stopped (or
 /// its carrier gone with the runtime), EBADF after close(), ECANCELED when the calling fiber's
 /// cancellation was requested before the call. (recvFrom): EBADF after close() (a receiver parked
-/// then gets ECANCELED), ETIMEDOUT, ECANCELED. bind(): EADDRINUSE, EBADF for a stopped interface. A
-/// datagram larger than the receive buffer is cut to it (the rest is lost, as with recvfrom(2));
-/// the full length is returned through `truncated`.
+/// then gets ECANCELED), ETIMEDOUT, ECANCELED. bind(): EADDRINUSE (the port held by a socket of
+/// every queue, or of the same queue), EBADF for a stopped interface. A datagram larger than the
+/// receive buffer is cut to it (the rest is lost, as with recvfrom(2)); the full length is
+/// returned through `truncated`.
 /// Thread-safety: one fiber receiving and one sending per socket at a time, from any carrier (a
 /// receive also from a plain thread; a send off the interface's carrier needs a fiber: EPERM);
 /// bind() and close() from anywhere. close() wakes a receiver parked in recvFrom() (ECANCELED)
 /// and waits for it to leave; it must not race with a sendTo() in progress.
-/// Lifetime: stop() the interface (from a fiber pinned on its carrier) after every socket is closed
-/// and before the port is closed.
+/// Lifetime: stop() the interface after every socket is closed and before the port is closed.
 
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "base/result.h"
 #include "core/deadline.h"
@@ -91,21 +95,34 @@ public:
     /// Errors: EINVAL for a queue out of range, an address 0 or a prefix over 32.
     [[nodiscard]] static Result<std::unique_ptr<Interface>> create(Port& port, unsigned queue,
                                                                    const InterfaceOptions& options) noexcept;
+    /// An interface on several queues of `port`, each run by its own carrier (start(queue) there).
+    /// Errors: as above; EINVAL for no queue or one named twice.
+    [[nodiscard]] static Result<std::unique_ptr<Interface>> create(Port& port, std::span<const unsigned> queues,
+                                                                   const InterfaceOptions& options) noexcept;
     ~Interface();
     Interface(const Interface&) = delete;
     Interface& operator=(const Interface&) = delete;
 
-    /// From a fiber pinned on the carrier that is to run the stack: starts polling the queue.
-    /// Errors: as Port::startPolling().
+    /// From a fiber pinned on the carrier that is to run it: starts polling the interface's queue
+    /// `queue` (start(): its only queue). Errors: EINVAL for a queue not the interface's (start():
+    /// an interface of several queues), EBUSY when this carrier runs another queue of the interface
+    /// (one per carrier) or the queue is polled already, as Port::startPolling().
+    [[nodiscard]] Result<void> start(unsigned queue) noexcept;
     [[nodiscard]] Result<void> start() noexcept;
-    /// From a fiber on that carrier: stops polling; datagrams waiting for ARP are dropped. After the
-    /// runtime has shut down (its carrier detached the poller) it only marks the interface stopped,
-    /// from any thread. Errors: EBUSY while sockets are bound; as Port::stopPolling().
+    /// Stops every queue, each on its own carrier (inline when the caller is a fiber pinned there,
+    /// else on a fiber spawned there and joined), from any fiber; datagrams waiting for ARP are
+    /// dropped. Queues whose carrier left with the runtime's shutdown need nothing more, so after
+    /// it any thread may call this. Errors: EBUSY while sockets are bound; EPERM from a plain
+    /// thread while a queue runs; as Port::stopPolling() and spawn().
     [[nodiscard]] Result<void> stop() noexcept;
 
     [[nodiscard]] const InterfaceAddress& address() const noexcept;
-    /// The carrier running the stack, or -1 when stopped.
+    /// The port's queues the interface runs on, as given to create().
+    [[nodiscard]] std::span<const unsigned> queues() const noexcept;
+    /// The carrier running the interface's first queue (carrier(queue): that queue), or -1 when it
+    /// does not run.
     [[nodiscard]] int carrier() const noexcept;
+    [[nodiscard]] int carrier(unsigned queue) const noexcept;
     [[nodiscard]] InterfaceStats stats() const noexcept;
 
 private:
@@ -139,8 +156,12 @@ public:
     UdpSocket(const UdpSocket&) = delete;
     UdpSocket& operator=(const UdpSocket&) = delete;
 
-    /// A socket on `port` of `iface` (0: a free port from 49152 up). Errors: file comment.
-    [[nodiscard]] static Result<UdpSocket> bind(Interface& iface, uint16_t port) noexcept;
+    /// A socket on `port` of `iface` (0: a free port from 49152 up) that hears the datagrams of
+    /// every queue of the interface, or with `queue` >= 0 only those that arrive on that queue:
+    /// sockets of distinct queues may share a port, one per carrier, the device's RSS (or the
+    /// peer's choice of queue) spreading the flows among them, as SO_REUSEPORT does for the kernel.
+    /// Errors: file comment; EINVAL for a queue not the interface's.
+    [[nodiscard]] static Result<UdpSocket> bind(Interface& iface, uint16_t port, int queue = -1) noexcept;
 
     /// The next datagram's payload into `buf` (cut to `len`); its sender into `*from`, its full
     /// length into `*truncated` when given. Errors: file comment.

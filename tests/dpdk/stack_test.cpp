@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <functional>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -37,47 +38,74 @@ uint32_t ip(const char* dotted) {
     return a.s_addr;
 }
 
-/// Two ring ports wired back to back, an interface on each (A: 198.18.0.1 on carrier 0, B:
-/// 198.18.0.2 on carrier 1), torn down in order.
+/// Two ring ports wired back to back, an interface on each (A: 198.18.0.1, B: 198.18.0.2), torn
+/// down in order. With one queue (this fixture) A runs on carrier 0 and B on carrier 1; lanes()
+/// queues per port wire A's queue q to B's queue q, and both interfaces run queue q on carrier q.
 class DpdkStack : public testing_support::WithRuntime {
 protected:
+    virtual unsigned lanes() const { return 1; }
+
     void SetUp() override {
         if (const std::string why = testing_support::startTestEal(); !why.empty()) {
             GTEST_SKIP() << "DPDK cannot initialise here: " << why;
         }
         WithRuntime::SetUp();
+        const unsigned n = lanes();
         const std::string tag = std::to_string(::getpid()) + "-" + std::to_string(serial_++);
-        aToB_ = rte_ring_create(("ab" + tag).c_str(), 1024, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
-        bToA_ = rte_ring_create(("ba" + tag).c_str(), 1024, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ);
-        ASSERT_TRUE(aToB_ != nullptr && bToA_ != nullptr);
-        const int idA = rte_eth_from_rings(("sA" + tag).c_str(), &bToA_, 1, &aToB_, 1, SOCKET_ID_ANY);
-        const int idB = rte_eth_from_rings(("sB" + tag).c_str(), &aToB_, 1, &bToA_, 1, SOCKET_ID_ANY);
+        for (unsigned q = 0; q < n; ++q) {
+            const std::string qt = tag + "-" + std::to_string(q);
+            aToB_.push_back(rte_ring_create(("ab" + qt).c_str(), 1024, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ));
+            bToA_.push_back(rte_ring_create(("ba" + qt).c_str(), 1024, SOCKET_ID_ANY, RING_F_SP_ENQ | RING_F_SC_DEQ));
+            ASSERT_TRUE(aToB_.back() != nullptr && bToA_.back() != nullptr);
+        }
+        const int idA = rte_eth_from_rings(("sA" + tag).c_str(), bToA_.data(), n, aToB_.data(), n, SOCKET_ID_ANY);
+        const int idB = rte_eth_from_rings(("sB" + tag).c_str(), aToB_.data(), n, bToA_.data(), n, SOCKET_ID_ANY);
         ASSERT_TRUE(idA >= 0 && idB >= 0);
         PortOptions po;
         po.mbufs = 4095;
+        po.queues = n;
         auto a = Port::attach(static_cast<uint16_t>(idA), po);
         auto b = Port::attach(static_cast<uint16_t>(idB), po);
         ASSERT_TRUE(a && b);
         portA_ = std::move(*a);
         portB_ = std::move(*b);
+        ASSERT_EQ(portA_.queues(), n);
         InterfaceOptions oa;
         oa.ip = ip("198.18.0.1");
         oa.arpTimeout = 20ms;
         oa.arpHoldDown = 100ms;
         InterfaceOptions ob = oa;
         ob.ip = ip("198.18.0.2");
-        auto ia = Interface::create(portA_, 0, oa);
-        auto ib = Interface::create(portB_, 0, ob);
+        std::vector<unsigned> queues;
+        for (unsigned q = 0; q < n; ++q) { queues.push_back(q); }
+        auto ia = Interface::create(portA_, queues, oa);
+        auto ib = Interface::create(portB_, queues, ob);
         ASSERT_TRUE(ia && ib);
         a_ = std::move(*ia);
         b_ = std::move(*ib);
-        on(0, [&] { ASSERT_TRUE(a_->start()); }).join();
-        on(1, [&] { ASSERT_TRUE(b_->start()); }).join();
+        if (n == 1) {
+            on(0, [&] { ASSERT_TRUE(a_->start()); }).join();
+            on(1, [&] { ASSERT_TRUE(b_->start()); }).join();
+        } else {
+            for (unsigned q = 0; q < n; ++q) {
+                on(static_cast<int>(q), [&] {
+                    ASSERT_TRUE(a_->start(q));
+                    ASSERT_TRUE(b_->start(q));
+                }).join();
+            }
+        }
     }
 
     void TearDown() override {
-        if (a_ && a_->carrier() >= 0) { on(0, [&] { EXPECT_TRUE(a_->stop()); }).join(); }
-        if (b_ && b_->carrier() >= 0) { on(1, [&] { EXPECT_TRUE(b_->stop()); }).join(); }
+        // From carrier 0: lane 0 stops inline, lane 1 on a fiber spawned on carrier 1.
+        const auto running = [&](const std::unique_ptr<Interface>& i) {
+            for (unsigned q = 0; i && q < lanes(); ++q) {
+                if (i->carrier(q) >= 0) { return true; }
+            }
+            return false;
+        };
+        if (running(a_)) { on(0, [&] { EXPECT_TRUE(a_->stop()); }).join(); }
+        if (running(b_)) { on(0, [&] { EXPECT_TRUE(b_->stop()); }).join(); }
         a_.reset();
         b_.reset();
         if (portA_.isOpen()) {
@@ -87,8 +115,8 @@ protected:
             EXPECT_TRUE(portA_.close());
             EXPECT_TRUE(portB_.close());
         }
-        if (aToB_ != nullptr) { rte_ring_free(aToB_); }
-        if (bToA_ != nullptr) { rte_ring_free(bToA_); }
+        for (rte_ring* r : aToB_) { rte_ring_free(r); }
+        for (rte_ring* r : bToA_) { rte_ring_free(r); }
         if (runtime_) { WithRuntime::TearDown(); }
     }
 
@@ -114,8 +142,8 @@ protected:
     }
 
     static inline unsigned serial_ = 0;
-    rte_ring* aToB_ = nullptr;
-    rte_ring* bToA_ = nullptr;
+    std::vector<rte_ring*> aToB_;  // by queue
+    std::vector<rte_ring*> bToA_;
     Port portA_;
     Port portB_;
     std::unique_ptr<Interface> a_;
@@ -525,6 +553,160 @@ TEST_F(DpdkStack, PingIsAnsweredAndBadFramesAreCountedNeverAnswered) {
     // A datagram to a port nobody bound.
     injectFromB(udp);
     EXPECT_EQ(waitFor([&] { return a_->stats().udpNoSocket; }, 1), 1u);
+}
+
+class DpdkStackLanes : public DpdkStack {
+protected:
+    unsigned lanes() const override { return 2; }
+};
+
+// Two queues per port, each run by its own carrier: a fiber sends on its carrier's queue, one socket
+// hears datagrams from both queues, and a peer one lane learned from an ARP reply is known to the
+// other lane without a request of its own.
+TEST_F(DpdkStackLanes, EachCarrierSendsOnItsQueueAndOneSocketHearsBoth) {
+    constexpr int kEach = testing_support::kSanitized ? 50 : 300;
+    auto s = UdpSocket::bind(*b_, 7);
+    ASSERT_TRUE(s);
+    auto server = on(1, [&] {
+        for (int i = 0; i < 2 * kEach; ++i) {
+            char buf[64];
+            Endpoint from;
+            auto n = s->recvFrom(buf, sizeof(buf), &from, 10s);
+            ASSERT_TRUE(n) << n.error().message();
+            ASSERT_TRUE(s->sendTo(buf, *n, from));
+        }
+    });
+    const auto pingPong = [&](int carrier) {
+        on(carrier, [&] {
+            auto c = UdpSocket::bind(*a_, 0);
+            ASSERT_TRUE(c);
+            for (int i = 0; i < kEach; ++i) {
+                const std::string msg = std::to_string(carrier) + ":" + std::to_string(i);
+                ASSERT_TRUE(c->sendTo(msg.data(), msg.size(), Endpoint{ip("198.18.0.2"), 7}));
+                char buf[64];
+                Endpoint from;
+                auto n = c->recvFrom(buf, sizeof(buf), &from, 10s);
+                ASSERT_TRUE(n) << n.error().message();
+                EXPECT_EQ(std::string(buf, *n), msg);
+            }
+            EXPECT_TRUE(c->close());
+        }).join();
+    };
+    pingPong(0);
+    EXPECT_EQ(a_->stats().arpRequestsSent, 1u);  // lane 0 asked for B
+    std::this_thread::sleep_for(20ms);           // lane 1 reads its mail on its next turn
+    pingPong(1);
+    server.join();
+    EXPECT_TRUE(s->close());
+    EXPECT_EQ(a_->stats().arpRequestsSent, 1u);  // lane 1 knew B from lane 0's reply
+    EXPECT_EQ(a_->stats().udpSent, static_cast<uint64_t>(2 * kEach));
+    EXPECT_EQ(b_->stats().udpReceived, static_cast<uint64_t>(2 * kEach));
+    // A's datagrams left on the queue of the carrier that sent them (plus lane 0's ARP request);
+    // B's echoes all left on queue 1, where its server runs, and reached A's lane 1, whichever
+    // client waited for them.
+    EXPECT_EQ(portA_.stats(0).txPackets, static_cast<uint64_t>(kEach + 1));
+    EXPECT_GE(portA_.stats(1).txPackets, static_cast<uint64_t>(kEach));  // (and its answer, when B's lane 1
+    EXPECT_LE(portA_.stats(1).txPackets, static_cast<uint64_t>(kEach + 1));  // asked before its mail came)
+    EXPECT_GE(portB_.stats(1).txPackets, static_cast<uint64_t>(2 * kEach));
+    EXPECT_GE(portA_.stats(1).rxPackets, static_cast<uint64_t>(2 * kEach));
+}
+
+TEST_F(DpdkStackLanes, QueuesAreCheckedAndEachStartsOnce) {
+    const unsigned twice[] = {0, 0};
+    EXPECT_EQ(Interface::create(portA_, std::span<const unsigned>(twice), InterfaceOptions{.ip = ip("198.18.0.9")})
+                  .errorCode(),
+              EINVAL);
+    EXPECT_EQ(Interface::create(portA_, std::span<const unsigned>(), InterfaceOptions{.ip = ip("198.18.0.9")})
+                  .errorCode(),
+              EINVAL);
+    const unsigned beyond[] = {0, 2};
+    EXPECT_EQ(Interface::create(portA_, std::span<const unsigned>(beyond), InterfaceOptions{.ip = ip("198.18.0.9")})
+                  .errorCode(),
+              EINVAL);
+    on(0, [&] {
+        EXPECT_EQ(a_->start().errorCode(), EINVAL);   // which queue? the interface has two
+        EXPECT_EQ(a_->start(7).errorCode(), EINVAL);  // not one of its queues
+        EXPECT_EQ(a_->start(0).errorCode(), EBUSY);   // running already
+    }).join();
+    EXPECT_EQ(a_->carrier(0), 0);
+    EXPECT_EQ(a_->carrier(1), 1);
+    EXPECT_EQ(a_->carrier(7), -1);
+    // Not from a plain thread while lanes run; from a fiber on carrier 1 (lane 0 stops on a fiber
+    // spawned on carrier 0); then started again.
+    EXPECT_EQ(a_->stop().errorCode(), EPERM);
+    on(1, [&] { ASSERT_TRUE(a_->stop()); }).join();
+    EXPECT_EQ(a_->carrier(0), -1);
+    EXPECT_EQ(a_->carrier(1), -1);
+    EXPECT_EQ(UdpSocket::bind(*a_, 0).errorCode(), EBADF);
+    on(1, [&] { ASSERT_TRUE(a_->start(1)); }).join();
+    EXPECT_EQ(a_->carrier(1), 1);
+    auto c = UdpSocket::bind(*a_, 0);
+    EXPECT_TRUE(c);
+    EXPECT_TRUE(c->close());
+}
+
+// Sockets of single queues share a port: each hears only its queue's datagrams, and its carrier
+// answers on its own queue, with no datagram crossing carriers.
+TEST_F(DpdkStackLanes, SocketsOfSingleQueuesShareAPort) {
+    constexpr int kEach = testing_support::kSanitized ? 50 : 300;
+    auto s0 = UdpSocket::bind(*b_, 7, 0);
+    auto s1 = UdpSocket::bind(*b_, 7, 1);
+    ASSERT_TRUE(s0 && s1);
+    EXPECT_EQ(UdpSocket::bind(*b_, 7).errorCode(), EADDRINUSE);     // every queue: 7 is taken on both
+    EXPECT_EQ(UdpSocket::bind(*b_, 7, 1).errorCode(), EADDRINUSE);  // queue 1's is taken
+    EXPECT_EQ(UdpSocket::bind(*b_, 7, 5).errorCode(), EINVAL);      // not a queue of the interface
+    {
+        auto every = UdpSocket::bind(*b_, 8);
+        ASSERT_TRUE(every);
+        EXPECT_EQ(UdpSocket::bind(*b_, 8, 0).errorCode(), EADDRINUSE);
+        EXPECT_TRUE(every->close());
+    }
+    const auto serve = [&](int queue, UdpSocket& s) {
+        return on(queue, [&, queue] {
+            for (int i = 0; i < kEach; ++i) {
+                char buf[64];
+                Endpoint from;
+                auto n = s.recvFrom(buf, sizeof(buf), &from, 10s);
+                ASSERT_TRUE(n) << n.error().message();
+                EXPECT_EQ(buf[0], static_cast<char>('0' + queue)) << "a datagram of the other queue";
+                ASSERT_TRUE(s.sendTo(buf, *n, from));
+            }
+        });
+    };
+    auto server0 = serve(0, *s0);
+    auto server1 = serve(1, *s1);
+    const auto client = [&](int carrier) {
+        return on(carrier, [&, carrier] {
+            auto c = UdpSocket::bind(*a_, 0, carrier);  // the answers come back on the same queue
+            ASSERT_TRUE(c);
+            for (int i = 0; i < kEach; ++i) {
+                const std::string msg = std::to_string(carrier) + ":" + std::to_string(i);
+                ASSERT_TRUE(c->sendTo(msg.data(), msg.size(), Endpoint{ip("198.18.0.2"), 7}));
+                char buf[64];
+                auto n = c->recvFrom(buf, sizeof(buf), nullptr, 10s);
+                ASSERT_TRUE(n) << n.error().message();
+                EXPECT_EQ(std::string(buf, *n), msg);
+            }
+            EXPECT_TRUE(c->close());
+        });
+    };
+    auto c0 = client(0);
+    auto c1 = client(1);
+    c0.join();
+    c1.join();
+    server0.join();
+    server1.join();
+    // Each queue carried its client's datagrams, and at most one ARP request of A's lane there.
+    for (unsigned q = 0; q < 2; ++q) {
+        EXPECT_GE(portB_.stats(q).rxPackets, static_cast<uint64_t>(kEach));
+        EXPECT_LE(portB_.stats(q).rxPackets, static_cast<uint64_t>(kEach + 1));
+    }
+    EXPECT_TRUE(s0->close());
+    EXPECT_EQ(UdpSocket::bind(*b_, 7).errorCode(), EADDRINUSE);  // queue 1's socket still holds it
+    EXPECT_TRUE(s1->close());
+    auto again = UdpSocket::bind(*b_, 7);
+    EXPECT_TRUE(again);
+    EXPECT_TRUE(again->close());
 }
 
 }  // namespace
