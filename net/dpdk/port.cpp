@@ -6,6 +6,7 @@
 #include <rte_ethdev.h>
 #include <rte_mbuf.h>
 #include <rte_mempool.h>
+#include <rte_pci.h>
 
 #include <atomic>
 #include <cerrno>
@@ -164,6 +165,21 @@ Result<Port> Port::open(std::string_view device, const PortOptions& options, std
     }
     bool created = false;
     if (looksLikePci(dev)) {
+        // DPDK names a probed PCI port by its full address ("0000:00:04.0"): the short form a user
+        // may type ("00:04.0") is probed fine but not found by that name afterwards.
+        rte_pci_addr addr{};
+        if (::rte_pci_addr_parse(name.c_str(), &addr) != 0) {
+            report(why, fmt::format("open {}: {} is not a PCI address (DDDD:BB:DD.F or BB:DD.F)", dev, name));
+            return Error{EINVAL};
+        }
+        char full[PCI_PRI_STR_SIZE] = {};
+        ::rte_pci_device_name(&addr, full, sizeof(full));
+        try {
+            dev = std::string(full) + dev.substr(name.size());
+            name = full;
+        } catch (const std::bad_alloc&) {
+            return Error{ENOMEM};
+        }
         if (const int r = ::rte_dev_probe(dev.c_str()); r != 0) {
             const int e = dpdkErrno(r);
             report(why, fmt::format("open {}: no driver took the PCI device ({}); is it bound to vfio-pci?",

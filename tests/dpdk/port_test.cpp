@@ -96,6 +96,11 @@ TEST_F(DpdkPort, BadDevicesAreClearErrorsAndLeaveNothingBehind) {
     EXPECT_NE(why.find("net_nosuchdriver0"), std::string::npos) << why;
     EXPECT_EQ(Port::open("net_null0,nosuchkey=1", {}, &why).errorCode(), ENODEV);
     EXPECT_EQ(Port::open("", {}, &why).errorCode(), EINVAL);
+    // A PCI address in its short form is read as the full one (no PCI device here: no driver).
+    EXPECT_EQ(Port::open("00:04.0", {}, &why).errorCode(), ENODEV);
+    EXPECT_NE(why.find("0000:00:04.0"), std::string::npos) << why;
+    EXPECT_EQ(Port::open("00:zz.0", {}, &why).errorCode(), EINVAL);
+    EXPECT_NE(why.find("not a PCI address"), std::string::npos) << why;
     EXPECT_EQ(Port::attach(RTE_MAX_ETHPORTS - 1, {}, &why).errorCode(), ENODEV);
     PortOptions none;
     none.queues = 0;
