@@ -152,9 +152,9 @@ protected:
 
 TEST_F(DpdkStack, TheFirstSendResolvesThePeerAndDatagramsGoBothWays) {
     constexpr int kRounds = testing_support::kSanitized ? 200 : 2000;
+    auto s = UdpSocket::bind(*b_, 7);  // bound before the client sends
+    ASSERT_TRUE(s);
     auto server = on(1, [&] {
-        auto s = UdpSocket::bind(*b_, 7);
-        ASSERT_TRUE(s);
         char buf[2048];
         for (int i = 0; i < kRounds; ++i) {
             Endpoint from;
@@ -200,9 +200,9 @@ TEST_F(DpdkStack, TheFirstSendResolvesThePeerAndDatagramsGoBothWays) {
 TEST_F(DpdkStack, BurstsGoBothWaysWithoutACopy) {
     constexpr int kRounds = testing_support::kSanitized ? 50 : 500;
     constexpr size_t kBatch = 8;
+    auto s = UdpSocket::bind(*b_, 7);  // bound before the client sends
+    ASSERT_TRUE(s);
     auto server = on(1, [&] {
-        auto s = UdpSocket::bind(*b_, 7);
-        ASSERT_TRUE(s);
         size_t echoed = 0;
         while (echoed < kRounds * kBatch) {
             DatagramView views[16];
@@ -272,9 +272,9 @@ TEST_F(DpdkStack, BurstsGoBothWaysWithoutACopy) {
 }
 
 TEST_F(DpdkStack, ASendFromAnotherCarrierRunsOnTheInterfacesCarrier) {
+    auto s = UdpSocket::bind(*b_, 9);  // bound before the client sends
+    ASSERT_TRUE(s);
     auto server = on(1, [&] {
-        auto s = UdpSocket::bind(*b_, 9);
-        ASSERT_TRUE(s);
         char buf[64];
         Endpoint from;
         auto n = s->recvFrom(buf, sizeof(buf), &from, 10s);
@@ -295,9 +295,9 @@ TEST_F(DpdkStack, ASendFromAnotherCarrierRunsOnTheInterfacesCarrier) {
 // what A sends to that address to the new MAC, though the request asks for no address of A's.
 TEST_F(DpdkStack, AGratuitousAnnouncementMovesAKnownPeer) {
     const InterfaceAddress bAddr = b_->address();
+    auto s = UdpSocket::bind(*b_, 7);  // bound before the client sends
+    ASSERT_TRUE(s);
     auto server = on(1, [&] {
-        auto s = UdpSocket::bind(*b_, 7);
-        ASSERT_TRUE(s);
         char buf[16];
         Endpoint from;
         ASSERT_TRUE(s->recvFrom(buf, sizeof(buf), &from, 10s));  // the first datagram: A resolved B
@@ -393,9 +393,9 @@ TEST_F(DpdkStack, AnUnansweredPeerIsUnreachableAfterTheRetries) {
 // rest in order. All peers' queues together hold arpQueueTotal: beyond, a send gets ENOBUFS.
 TEST_F(DpdkStack, TheARPQueueDropsItsOldestAndIsBoundedInAll) {
     constexpr int kSent = 70;  // arpQueue is 64
+    auto s = UdpSocket::bind(*b_, 7);  // bound before anything is sent
+    ASSERT_TRUE(s);
     auto server = on(1, [&] {
-        auto s = UdpSocket::bind(*b_, 7);
-        ASSERT_TRUE(s);
         for (int i = kSent - 64; i < kSent; ++i) {
             char buf[16];
             Endpoint from;
