@@ -34,6 +34,7 @@
 /// | kMembind         | a numa memory binding (area or thread)      | the errno it fails with  |
 /// | kRegisterBufRing | registering a provided-buffer ring (or an epoll buffer group) | the errno it fails with |
 /// | kMultishotRecv   | net::MultishotReceiver arming its receive   | the errno its only CQE says |
+/// | kWakeFail        | a MSG_RING wake-up leaving a carrier's ring | ignored: the kernel says EBADF |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -84,6 +85,7 @@ enum class Point : uint8_t {
     kMembind,          // numa::Topology's memory binding (area and thread), in place of the hwloc call
     kRegisterBufRing,  // uring::Ring::registerBufRing, before io_uring_register_buf_ring; EpollDriver::registerBufferGroup
     kMultishotRecv,    // net::MultishotReceiver::next, in place of arming (as a kernel that refuses it: EINVAL)
+    kWakeFail,         // core's UringDriver, a carrier-to-carrier MSG_RING wake-up: aimed at no ring (EBADF)
     kCount,
 };
 

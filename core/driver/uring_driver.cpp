@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include "base/check.h"
+#include "base/inject.h"
 #include "base/log.h"
 #include "core/internal/carrier.h"
 
@@ -198,7 +199,19 @@ void UringDriver::cancelAll() noexcept {
 
 void UringDriver::dispatch(const io_uring_cqe* cqe) noexcept {
     const uint64_t ud = cqe->user_data;
-    if (ud == 0) { return; }  // a cancel's or a wake-up's: nobody waits for it
+    if (ud == 0) { return; }  // a cancel's: nobody waits for it
+    if ((ud & kBits) == kWakeTag) [[unlikely]] {
+        // A wake-up the kernel refused (a successful one posts no CQE here). Its target cleared its
+        // parked flag for it, so no other waker will try: it must not be lost.
+        auto* target = reinterpret_cast<UringDriver*>(ud & ~kBits);
+        if (!wakeFailureLogged_) {
+            wakeFailureLogged_ = true;
+            log::warn("carrier {}: a MSG_RING wake-up failed ({}); waking through the eventfd instead",
+                      owner_->index(), std::strerror(-cqe->res));
+        }
+        target->wakeByEventFd();
+        return;
+    }
     if ((cqe->flags & IORING_CQE_F_MORE) == 0) {
         SPINDLE_ASSERT(inflight_ > 0);
         --inflight_;
@@ -243,12 +256,23 @@ void UringDriver::wait(int64_t timeoutNs) noexcept {
     }
 }
 
-void UringDriver::sendWake(int targetRingFd) noexcept {
+void UringDriver::sendWake(UringDriver& target) noexcept {
+    int fd = target.ring_.fd();
+    SPINDLE_INJECT(inject::Point::kWakeFail, { fd = -1; });  // the kernel then refuses it: EBADF
     io_uring_sqe* sqe = ring_.acquireSqe();
-    io_uring_prep_msg_ring(sqe, targetRingFd, 0, 0, 0);  // the target's CQE has user_data 0: nothing to do
-    sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;
-    io_uring_sqe_set_data64(sqe, 0);
+    io_uring_prep_msg_ring(sqe, fd, 0, 0, 0);  // the target's CQE has user_data 0: nothing to do
+    sqe->flags |= IOSQE_CQE_SKIP_SUCCESS;      // ours comes only on failure (dispatch())
+    io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(&target) | kWakeTag);
     (void)ring_.submit(false);
+}
+
+void UringDriver::wakeByEventFd() noexcept {
+    const uint64_t one = 1;
+    ssize_t w;
+    do {
+        w = ::write(eventFd_, &one, sizeof(one));
+    } while (w < 0 && errno == EINTR);
+    SPINDLE_CHECK_MSG(w == sizeof(one), "eventfd write to wake a carrier failed");
 }
 
 void UringDriver::wakeFrom(Carrier* from) noexcept {
@@ -256,17 +280,12 @@ void UringDriver::wakeFrom(Carrier* from) noexcept {
         auto& src = static_cast<UringDriver&>(from->driver());
         if (src.ring_.initialized() && src.ring_.features().msgRing && !src.exiting_) {
             // Carrier to carrier: a CQE on the target's ring, sent from our own (SINGLE_ISSUER).
-            src.sendWake(ring_.fd());
+            src.sendWake(*this);
             return;
         }
     }
     // A plain thread (or no MSG_RING): the eventfd whose read is always armed on the target's ring.
-    const uint64_t one = 1;
-    ssize_t w;
-    do {
-        w = ::write(eventFd_, &one, sizeof(one));
-    } while (w < 0 && errno == EINTR);
-    SPINDLE_CHECK_MSG(w == sizeof(one), "eventfd write to wake a carrier failed");
+    wakeByEventFd();
 }
 
 void UringDriver::drainForExit() noexcept {

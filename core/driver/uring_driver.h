@@ -73,11 +73,14 @@ private:
     // linked timeout, kQuietBit for a request no injected fault may touch (a multishot operation, the
     // eventfd read; both lie in uring::kNoFaultMask), kLinkedBit for an op that has a linked timeout
     // (so the common CQE is told apart without reading the request). 0 is a CQE nobody waits for (a
-    // cancel, a MSG_RING wake-up).
+    // cancel). kWakeTag (both low bits, which no request's user_data has) marks a MSG_RING wake-up
+    // on the sender's ring, with the target driver's address: only a failed one posts a CQE there
+    // (IOSQE_CQE_SKIP_SUCCESS), and dispatch() then wakes the target through its eventfd instead.
     static constexpr uint64_t kTimeoutBit = 1;
     static constexpr uint64_t kQuietBit = 2;
     static constexpr uint64_t kLinkedBit = 4;
     static constexpr uint64_t kBits = 7;
+    static constexpr uint64_t kWakeTag = kTimeoutBit | kQuietBit;
     static_assert((kTimeoutBit | kQuietBit) == uring::kNoFaultMask);
     static bool isMultishot(op::Code c) noexcept {
         return c == op::Code::kAcceptMultishot || c == op::Code::kRecvMultishot;
@@ -95,8 +98,10 @@ private:
     static void onOverflowReap(void* self, const io_uring_cqe* cqe);
     void armEventFd() noexcept;
     static void onEventFd(op::IoRequest* req, int32_t res, uint32_t flags) noexcept;
-    // Sends a MSG_RING wake-up to `target`'s ring from this one.
-    void sendWake(int targetRingFd) noexcept;
+    // Sends a MSG_RING wake-up to `target`'s ring from this one; a failure falls back to wakeByEventFd().
+    void sendWake(UringDriver& target) noexcept;
+    // Wakes this driver's carrier through the eventfd its ring always reads (any thread).
+    void wakeByEventFd() noexcept;
 
     uring::RingOptions options_;
     uring::Ring ring_;
@@ -111,6 +116,7 @@ private:
     EventRead eventRead_;        // the always-armed eventfd read, a plain thread's way in
     bool eventFdArmed_ = false;
     bool exiting_ = false;       // drainForExit began: the eventfd read is not re-armed
+    bool wakeFailureLogged_ = false;
 };
 
 }  // namespace spindle::detail

@@ -6,10 +6,13 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "core/fiber.h"
+#include "core/fiber_future.h"
 #include "core/io.h"
 #include "core/runtime.h"
 #include "tests/core/with_runtime.h"
@@ -18,6 +21,7 @@
 namespace spindle {
 namespace {
 
+using namespace std::chrono_literals;
 using testing_support::withCarriers;
 
 using inject::ArmedFault;
@@ -139,6 +143,40 @@ TEST_F(FaultInjectionTest, AStackThatCannotBeMappedFailsSpawnWithEnomem) {
     });
     EXPECT_EQ(code, ENOMEM);
     EXPECT_EQ(after, 4);
+}
+
+// A carrier-to-carrier wake-up (MSG_RING) that the kernel refuses is not lost: the sender's ring
+// gets the failure and wakes the target through its eventfd. Without that, a carrier parked with no
+// timer (its parked flag cleared by the waker, so nobody else tries) slept with work in its inbox.
+TEST(FaultInjection, AFailedRingWakeUpFallsBackToTheEventfd) {
+    SPINDLE_REQUIRE_URING("MSG_RING wake-ups");
+    RuntimeOptions o = uringOnly(2);
+    o.pollMode = PollMode::kBlock;
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt);
+    if (rt->stats()[0].ring.find("msg_ring=true") == std::string::npos) {
+        GTEST_SKIP() << "this kernel has no IORING_OP_MSG_RING: " << rt->stats()[0].ring;
+    }
+    auto h = rt->spawn(
+        [&rt]() noexcept -> int {
+            // Carrier 1 has nothing to do: once it has parked (with no timer) it stays parked, as
+            // nobody wakes it until the spawn below.
+            for (int i = 0; i < 10000 && rt->stats()[1].parks == 0; ++i) { (void)this_fiber::sleep_for(1ms); }
+            ArmedFault fault(inject::Point::kWakeFail, EBADF);
+            FiberFuture ran;
+            auto child = spawn([&ran]() noexcept { ran.set(1); }, SpawnOptions{.carrier = 1, .pinned = true});
+            if (!child) { return -1; }
+            const int32_t r = FiberFuture::waitWithTimeout(&ran, std::chrono::seconds(10));
+            EXPECT_EQ(inject::remaining(inject::Point::kWakeFail), 0u) << "the wake-up did not take the fault";
+            if (r != 1) { return -2; }  // carrier 1 slept with the fiber in its inbox
+            child->join();
+            return 1;
+        },
+        SpawnOptions{.carrier = 0, .pinned = true});
+    ASSERT_TRUE(h);
+    EXPECT_EQ(h->join(), 1);
+    rt->shutdown();
+    rt->join();
 }
 
 TEST(FaultInjection, PointsConsumeExactlyWhatWasArmed) {
