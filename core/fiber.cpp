@@ -10,6 +10,7 @@
 #include "base/relax.h"
 #include "core/internal/carrier.h"
 #include "core/internal/context.h"
+#include "core/internal/sync_support.h"
 #include "core/internal/proxy_fiber.h"
 #include "core/internal/runtime_impl.h"
 #include "core/internal/sanitizer.h"
@@ -323,7 +324,8 @@ Result<void> sleep_until(std::chrono::steady_clock::time_point deadline) noexcep
 }
 
 Result<void> sleep_for(std::chrono::nanoseconds duration) noexcept {
-    return sleep_until(std::chrono::steady_clock::now() + duration);
+    // Clamped: now() + nanoseconds::max() would wrap round to the past and return at once.
+    return sleep_until(std::chrono::steady_clock::now() + detail::clampTimeout(duration));
 }
 
 FiberId id() noexcept { return detail::currentFiber()->id(); }

@@ -3,6 +3,7 @@
 #include <cerrno>
 
 #include "base/relax.h"
+#include "core/internal/sync_support.h"
 #include "core/internal/waiter_table.h"
 
 namespace spindle {
@@ -10,7 +11,7 @@ namespace spindle {
 void FiberFutex::wait(uint64_t target) noexcept { (void)waitUntil(target, nullptr); }
 
 int FiberFutex::waitFor(uint64_t target, std::chrono::nanoseconds timeout) noexcept {
-    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    const auto deadline = std::chrono::steady_clock::now() + detail::clampTimeout(timeout);  // no wrap-round
     return waitUntil(target, &deadline);
 }
 

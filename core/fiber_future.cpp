@@ -8,6 +8,7 @@
 #include "base/relax.h"
 #include "core/fiber.h"
 #include "core/internal/carrier.h"
+#include "core/internal/sync_support.h"
 #include "core/internal/fiber.h"
 #include "core/internal/proxy_fiber.h"
 #include "core/internal/runtime_impl.h"
@@ -135,7 +136,7 @@ size_t FiberFuture::waitForMultiple(FiberFuture* const* futures, size_t count) n
 int32_t FiberFuture::waitWithTimeout(FiberFuture* future, std::chrono::nanoseconds timeout) noexcept {
     if (future->isSet()) { return future->res_; }
     if (timeout.count() <= 0) { return -ETIMEDOUT; }
-    const uint64_t deadline = detail::nowNs() + static_cast<uint64_t>(timeout.count());
+    const uint64_t deadline = detail::nowNs() + static_cast<uint64_t>(detail::clampTimeout(timeout).count());
     detail::Fiber* self = detail::currentFiber();
 
     if (self->proxy_) {
