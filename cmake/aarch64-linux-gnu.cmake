@@ -35,4 +35,6 @@ if(NOT SPINDLE_QEMU_AARCH64)
   message(FATAL_ERROR "qemu-aarch64 not found: install qemu-user "
                       "(scripts/lib/deps.sh: spindle_install_cross_deps)")
 endif()
-set(CMAKE_CROSSCOMPILING_EMULATOR "${SPINDLE_QEMU_AARCH64}")
+# Through cmake/qemu-one-cpu.sh, which keeps each program on one host CPU: qemu-user does not give
+# STLR/LDAR pairs the ordering ARMv8 does (see the script).
+set(CMAKE_CROSSCOMPILING_EMULATOR "${CMAKE_CURRENT_LIST_DIR}/qemu-one-cpu.sh;${SPINDLE_QEMU_AARCH64}")
