@@ -35,6 +35,7 @@
 /// | kRegisterBufRing | registering a provided-buffer ring (or an epoll buffer group) | the errno it fails with |
 /// | kMultishotRecv   | net::MultishotReceiver arming its receive   | the errno its only CQE says |
 /// | kWakeFail        | a MSG_RING wake-up leaving a carrier's ring | ignored: the kernel says EBADF |
+/// | kEnterFail       | a Ring::submitAndWait call                  | the errno it returns     |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -86,6 +87,7 @@ enum class Point : uint8_t {
     kRegisterBufRing,  // uring::Ring::registerBufRing, before io_uring_register_buf_ring; EpollDriver::registerBufferGroup
     kMultishotRecv,    // net::MultishotReceiver::next, in place of arming (as a kernel that refuses it: EINVAL)
     kWakeFail,         // core's UringDriver, a carrier-to-carrier MSG_RING wake-up: aimed at no ring (EBADF)
+    kEnterFail,        // uring::Ring::submitAndWait, in place of io_uring_enter (nothing submitted or reaped)
     kCount,
 };
 

@@ -325,6 +325,7 @@ int Ring::submit(bool getEvents) noexcept {
 }
 
 int Ring::submitAndWait(const __kernel_timespec* timeout) noexcept {
+    SPINDLE_INJECT(inject::Point::kEnterFail, { return -injectedErrno; });
 #if defined(SPINDLE_FAULT_INJECTION)
     // A held CQE is a completion someone waits for: never sleep on it. Make them all due and
     // only submit, so that the caller's next reap delivers them.

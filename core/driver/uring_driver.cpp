@@ -334,9 +334,16 @@ int32_t UringDriver::runOnThreadRing(const op::Op& o, Deadline deadline, uint32_
     bool done = false;
     bool timeoutDone = !deadline.isSet();
     int32_t res = 0;
+    // No return before both CQEs: the kernel may hold the caller's buffer (and `ts`) until then,
+    // and an SQE left unsubmitted would go out with the thread's next call.
     while (!done || !timeoutDone) {
         const int w = tr.ring.submitAndWait(nullptr);
-        if (w < 0 && w != -EINTR && w != -ETIME) { return w; }
+        if (w == -ENOMEM || w == -EAGAIN || w == -EBUSY) {
+            ::usleep(1000);  // the kernel is short of memory: try again shortly
+            continue;
+        }
+        SPINDLE_CHECK_MSG(w >= 0 || w == -EINTR || w == -ETIME,
+                          "io_uring_enter failed on a plain thread's ring with an operation in flight");
         tr.ring.reap([&](const io_uring_cqe* cqe) {
             if (cqe->user_data == 8) {
                 res = cqe->res;

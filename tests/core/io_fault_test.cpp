@@ -170,6 +170,29 @@ TEST_F(IoFaultTest, AFailedSubmissionFromAPlainThreadComesBackToo) {
     EXPECT_TRUE(n) << n.error().message();
 }
 
+// A plain thread's call returns only with its completion, even when io_uring_enter fails on the
+// way (ENOMEM: the kernel short of memory): it used to return that errno with its SQE still in the
+// thread's ring, to go out with the next call and read into a buffer that was no longer the caller's.
+TEST_F(IoFaultTest, APlainThreadsCallOutlastsAFailedEnter) {
+    Pipe p;
+    ASSERT_EQ(::write(p.w, "hello", 5), 5);
+    char buf[8] = {};
+    {
+        ArmedFault f(inject::Point::kEnterFail, ENOMEM, 3);
+        auto r = spindle::read(p.readEnd(), buf, sizeof(buf));
+        ASSERT_TRUE(r) << r.error().message();
+        EXPECT_EQ(*r, 5u);
+        EXPECT_EQ(std::string(buf, 5), "hello");
+        EXPECT_EQ(inject::remaining(inject::Point::kEnterFail), 0u);
+    }
+    // The next call gets its own completion, not a stale one.
+    ASSERT_EQ(::write(p.w, "world!", 6), 6);
+    char buf2[8] = {};
+    auto r = spindle::read(p.readEnd(), buf2, sizeof(buf2));
+    ASSERT_TRUE(r) << r.error().message();
+    EXPECT_EQ(std::string(buf2, *r), "world!");
+}
+
 // ---- short reads and writes -----------------------------------------------------------------------------------
 
 TEST_F(IoFaultTest, ShortReadsAreRecoveredByAReadUntilFullLoop) {
