@@ -465,9 +465,9 @@ struct Interface::Impl {
     // No answer after the last retry: the waiting datagrams are dropped and, for the hold-down,
     // sends to the peer fail with EHOSTUNREACH instead of asking again.
     void giveUp(Lane& l, ArpEntry& e, uint64_t now) noexcept {
-        bump(l.counters.arpFailed);
         l.pendingTotal -= e.pending.size();
         dropPending(l, e.pending.data(), e.pending.size());
+        bump(l.counters.arpFailed);  // counted once its datagrams are
         e.pending.clear();
         e.pending.shrink_to_fit();
         e.state = ArpEntry::State::kFailed;
