@@ -168,6 +168,19 @@ Result<UdpReport> runClientFibers(Runtime& rt, const UdpClientOptions& o, const 
 
 // ---- kernel sockets --------------------------------------------------------------------------------
 
+// A server fiber's loop, over kernel or DPDK sockets: each datagram back to its sender, until a
+// receive fails (ECANCELED: stop()). Counts what went back.
+template <class Socket, class Address>
+void echoUntilStopped(Socket& sock, std::atomic<uint64_t>* count) noexcept {
+    char buf[kUdpMaxMessage + 64];
+    for (;;) {
+        Address from;
+        auto n = sock.recvFrom(buf, sizeof(buf), &from);
+        if (!n) { return; }
+        if (sock.sendTo(buf, *n, from)) { count->fetch_add(1, std::memory_order_relaxed); }
+    }
+}
+
 class KernelEcho final : public UdpEchoServer {
 public:
     std::vector<FiberHandle<void>> fibers;
@@ -220,15 +233,7 @@ Result<std::unique_ptr<UdpEchoServer>> startKernelUdpEcho(Runtime& rt, const net
         net::UdpSocket* sock = server->sockets[c].get();
         std::atomic<uint64_t>* count = &server->count;
         auto f = rt.spawn(
-            [sock, count]() noexcept {
-                char buf[kUdpMaxMessage + 64];
-                for (;;) {
-                    net::SocketAddress from;
-                    auto n = sock->recvFrom(buf, sizeof(buf), &from);
-                    if (!n) { return; }  // ECANCELED: stop()
-                    if (sock->sendTo(buf, *n, from)) { count->fetch_add(1, std::memory_order_relaxed); }
-                }
-            },
+            [sock, count]() noexcept { echoUntilStopped<net::UdpSocket, net::SocketAddress>(*sock, count); },
             SpawnOptions{.name = "udp-echo", .carrier = carrier >= 0 ? carrier : static_cast<int>(c), .pinned = true});
         if (!f) { return Error{f.errorCode()}; }
         server->fibers.push_back(std::move(*f));
@@ -281,13 +286,7 @@ Result<std::unique_ptr<UdpEchoServer>> startDpdkUdpEcho(Runtime& rt, dpdk::Inter
         std::atomic<uint64_t>* count = &server->count;
         auto f = rt.spawn(
             [owned, count]() noexcept {
-                char buf[kUdpMaxMessage + 64];
-                for (;;) {
-                    dpdk::Endpoint from;
-                    auto n = owned->recvFrom(buf, sizeof(buf), &from);
-                    if (!n) { break; }  // ECANCELED: stop()
-                    if (owned->sendTo(buf, *n, from)) { count->fetch_add(1, std::memory_order_relaxed); }
-                }
+                echoUntilStopped<dpdk::UdpSocket, dpdk::Endpoint>(*owned, count);
                 (void)owned->close();
             },
             SpawnOptions{.name = "udp-echo-dpdk", .carrier = carrier, .pinned = true});

@@ -639,8 +639,13 @@ TEST_F(DpdkStackLanes, QueuesAreCheckedAndEachStartsOnce) {
     EXPECT_EQ(a_->carrier(0), -1);
     EXPECT_EQ(a_->carrier(1), -1);
     EXPECT_EQ(UdpSocket::bind(*a_, 0).errorCode(), EBADF);
-    on(1, [&] { ASSERT_TRUE(a_->start(1)); }).join();
+    on(1, [&] {
+        ASSERT_TRUE(a_->start(1));
+        EXPECT_EQ(a_->start(0).errorCode(), EBUSY);  // carrier 1 runs a lane of this interface already
+    }).join();
     EXPECT_EQ(a_->carrier(1), 1);
+    EXPECT_EQ(a_->carrier(0), -1);
+    EXPECT_FALSE(portA_.polled(0));  // the refused start left queue 0 alone
     auto c = UdpSocket::bind(*a_, 0);
     EXPECT_TRUE(c);
     EXPECT_TRUE(c->close());
