@@ -25,7 +25,7 @@
 /// | point            | a pass is                                   | param                    |
 /// |------------------|---------------------------------------------|--------------------------|
 /// | kRingSetup       | Ring::init                                  | the errno returned       |
-/// | kStackMap        | StackPool::map                              | the errno returned       |
+/// | kStackMap        | StackPool mapping a slab or a lone stack    | the errno returned       |
 /// | kSubmitFail      | a waited-on SQE leaving in a submission     | the errno its CQE gets   |
 /// | kShortIo         | a completion of a read/write whose res >= 2 | divisor: res/param, >= 1 |
 /// | kSqFull          | a Ring::acquireSqe() call                   | ignored (any errno)      |
@@ -74,7 +74,7 @@ namespace spindle::inject {
 
 enum class Point : uint8_t {
     kRingSetup,        // uring::Ring::init, before io_uring_queue_init_params
-    kStackMap,         // core's StackPool::map, before mmap
+    kStackMap,         // core's StackPool, before the mmap of a slab or a lone stack
     kSubmitFail,       // uring::Ring, each waited-on SQE at submission
     kShortIo,          // uring::Ring, each eligible read/write CQE at reap
     kSqFull,           // uring::Ring::acquireSqe

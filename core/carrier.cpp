@@ -88,7 +88,7 @@ __attribute__((noinline)) Carrier* Carrier::current() noexcept {
 }
 
 Carrier::Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept
-    : deque_(8), pool_(config.stackSize), runtime_(runtime), stoppingFlag_(&runtime->stoppingFlag()), config_(config) {
+    : deque_(8), runtime_(runtime), stoppingFlag_(&runtime->stoppingFlag()), config_(config) {
     // Distinct, non-zero xorshift seeds per carrier (splitmix64 of the index).
     uint64_t z = (uint64_t{config.index} + 1) * 0x9E3779B97F4A7C15ull;
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
@@ -436,7 +436,7 @@ void Carrier::maintenance(bool beforePark) noexcept {
         (void)runPollers(&mayPark);
     }
     inMaintenance_ = false;
-    pool_.reclaimRemote();
+    pool_.maintain();
     if (runtime_->parkedCount_.load(std::memory_order_relaxed) > 0 ||
         runtime_->spinningCount_.load(std::memory_order_relaxed) > 0) {
         // Idle carriers can only steal from the deque: hand them the yielded fibers too.
@@ -686,6 +686,12 @@ void Carrier::park() noexcept {
     if (!work) {
         uint64_t next = driver_->nextDeadline();
         if (!timers_.empty()) { next = std::min(next, timers_.nextDeadline()); }
+        if (pool_.nextScavengeNs() != UINT64_MAX) {
+            // Idle stacks go back to the kernel one scavenge period after they were last used, also
+            // when the carrier has nothing else to do: wake for it.
+            pool_.scavenge(nowNs());
+            next = std::min(next, pool_.nextScavengeNs());
+        }
         if (next == UINT64_MAX) {
             timeout = -1;
         } else {

@@ -20,6 +20,22 @@ namespace spindle::detail {
 namespace {
 
 std::atomic<uint64_t> gNextFiberId{1};
+
+// Fiber ids: a carrier thread takes them a block at a time, so that spawns on different carriers do not
+// bounce one cache line between their CPUs; a plain thread takes one. Unique, not dense, not ordered
+// across carriers.
+constexpr uint64_t kIdBlock = 1024;
+thread_local uint64_t tlsNextId = 0;
+thread_local uint64_t tlsIdLimit = 0;
+
+uint64_t nextFiberId(bool onCarrier) noexcept {
+    if (!onCarrier) { return gNextFiberId.fetch_add(1, std::memory_order_relaxed); }
+    if (tlsNextId == tlsIdLimit) {
+        tlsNextId = gNextFiberId.fetch_add(kIdBlock, std::memory_order_relaxed);
+        tlsIdLimit = tlsNextId + kIdBlock;
+    }
+    return tlsNextId++;
+}
 // FiberPeeks alive, process-wide (see FiberPeek). Alone in its cache line: peekers write it, releasers read it.
 alignas(64) std::atomic<uint32_t> gFiberPeeks{0};
 
@@ -64,7 +80,7 @@ void Fiber::setName(const char* name) noexcept {
 
 ProxyFiber::ProxyFiber() noexcept {
     proxy_ = true;
-    id_ = gNextFiberId.fetch_add(1, std::memory_order_relaxed);
+    id_ = nextFiberId(false);
     setName("thread");
     state_.store(FiberState::kRunning, std::memory_order_relaxed);
     ::sem_init(&sem_, 0, 0);
@@ -191,11 +207,7 @@ void releaseFiber(Fiber* fiber) noexcept {
     san::tsanDestroy(fiber->tsanFiber_);
 #endif
     fiber->~Fiber();
-    if (stack.pool != nullptr) {
-        stack.pool->release(stack);
-    } else {
-        StackPool::unmap(stack);
-    }
+    StackPool::release(stack);
 }
 
 RuntimeImpl* currentRuntime() noexcept {
@@ -219,20 +231,17 @@ Result<Fiber*> createFiber(RuntimeImpl* rt, const SpawnOptions& options, size_t 
     Carrier* target = options.carrier >= 0 ? carriers[static_cast<size_t>(options.carrier)].get()
                       : fromOwnFiber       ? self
                                            : rt->pickCarrier();
-    StackPool& pool = target->stackPool();
+    // The stack comes from the pool of the carrier it will run on, or, when that is another carrier
+    // on this one's NUMA node, from this carrier's own pool (no atomics; it goes back there when the
+    // fiber ends). Plain threads and carriers of other nodes take a spare the target set aside.
     Result<Stack> stack = Error{ENOMEM};
-    const size_t page = StackPool::pageSize();
-    if (((stackSize + page - 1) & ~(page - 1)) == pool.usableSize()) {
-        if (pool.ownedByThisThread()) {
-            stack = pool.acquire();
-        } else {
-            // Only the owner touches the pool's free list; a stranger maps a fresh
-            // stack that joins the pool when it is released.
-            stack = pool.mapBound(stackSize);
-            if (stack) { stack->pool = &pool; }
-        }
+    if (target->stackPool().ownedByThisThread()) {
+        stack = target->stackPool().acquire(stackSize);
+    } else if (self != nullptr && self->runtime() == rt && self->node() == target->node() &&
+               self->stackPool().ownedByThisThread()) {
+        stack = self->stackPool().acquire(stackSize);
     } else {
-        stack = pool.mapBound(stackSize);  // another size: on the carrier's node, unmapped on release
+        stack = target->stackPool().acquireForeign(stackSize);
     }
     if (!stack) {
         rt->retireFiber();
@@ -245,7 +254,7 @@ Result<Fiber*> createFiber(RuntimeImpl* rt, const SpawnOptions& options, size_t 
     if (payloadAt < stack->usableBottom() || static_cast<size_t>(payloadAt - stack->usableBottom()) < kMinFreeStack) {
         log::warn("fiber '{}': its captures ({} bytes) leave too little of a {}-byte stack",
                   options.name != nullptr ? options.name : "", payloadSize, stack->usableSize());
-        if (stack->pool != nullptr) { stack->pool->release(*stack); } else { StackPool::unmap(*stack); }
+        StackPool::release(*stack);
         rt->retireFiber();
         return Error{EINVAL};
     }
@@ -256,7 +265,7 @@ Result<Fiber*> createFiber(RuntimeImpl* rt, const SpawnOptions& options, size_t 
     f->carrier_ = target;
     f->runtime_ = rt;
     f->payload_ = payloadAt;
-    f->id_ = gNextFiberId.fetch_add(1, std::memory_order_relaxed);
+    f->id_ = nextFiberId(self != nullptr);
     f->setName(options.name);
     f->pinCount_ = options.pinned ? 1 : 0;
     f->msg_.run = [](Message* m) noexcept { Carrier::current()->pushReady(static_cast<Fiber*>(m->target)); };

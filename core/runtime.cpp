@@ -362,6 +362,10 @@ std::vector<CarrierStats> Runtime::stats() const {
         s.cqesReaped = dc.completed;
         s.sqFull = dc.queueFull;
         s.stacksMapped = c->stackPool().mapped();
+        s.stackTrims = c->stackPool().trims();
+        s.stackSlabs = c->stackPool().slabs();
+        s.stacksWarm = c->stackPool().warm();
+        s.stacksInUse = c->stackPool().inUse();
         s.waitsCancelled = c->stats().cancelsSent.load(std::memory_order_relaxed);
         s.fixedBuffersRegistered = c->fixedBuffers().registered();
         s.fixedFilesRegistered = c->fixedFiles().registered();

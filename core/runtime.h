@@ -136,7 +136,11 @@ struct CarrierStats {
     uint64_t sqesSubmitted = 0;
     uint64_t cqesReaped = 0;
     uint64_t sqFull = 0;
-    uint64_t stacksMapped = 0;      // stacks obtained from mmap (pool misses)
+    uint64_t stacksMapped = 0;      // stacks obtained from mmap (pool misses; a slab counts its stacks)
+    uint64_t stackTrims = 0;        // madvise calls giving idle stacks' pages back to the kernel
+    uint64_t stackSlabs = 0;        // slabs of stacks its pool has mapped now
+    uint64_t stacksWarm = 0;        // stacks its pool keeps with their pages, ready for reuse
+    uint64_t stacksInUse = 0;       // stacks of its pool out with fibers (or set aside for other threads)
     uint64_t waitsCancelled = 0;    // waits it ended early for FiberHandle::cancel() (I/O cancel SQEs, timers)
     bool fixedBuffersRegistered = false;  // its buffer pool is registered with its ring
     bool fixedFilesRegistered = false;    // its file table is registered with its ring

@@ -33,7 +33,9 @@ struct Stack {
     char* base = nullptr;
     size_t mapSize = 0;
     size_t guardSize = 0;
-    StackPool* pool = nullptr;  // where it returns; nullptr: unmapped on release
+    StackPool* pool = nullptr;  // where it returns; nullptr: mapped alone, unmapped on release
+    void* slab = nullptr;       // the pool's slab it was carved from
+    unsigned sizeClass = 0;     // the pool's class
 
     [[nodiscard]] char* top() const noexcept { return base + mapSize; }
     [[nodiscard]] char* usableBottom() const noexcept { return base + guardSize; }

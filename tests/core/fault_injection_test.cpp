@@ -118,7 +118,7 @@ TEST(FaultInjection, RunReportsAStartFailure) {
 using FaultInjectionTest = testing_support::WithRuntime;
 
 TEST_F(FaultInjectionTest, AStackThatCannotBeMappedFailsSpawnWithEnomem) {
-    // From a plain thread every spawn maps a fresh stack.
+    // From a plain thread, with no spare set aside yet, a spawn maps a stack of its own.
     {
         ArmedFault f(inject::Point::kStackMap, ENOMEM);
         auto h = rt().spawn([] { return 1; });
@@ -131,7 +131,7 @@ TEST_F(FaultInjectionTest, AStackThatCannotBeMappedFailsSpawnWithEnomem) {
     ASSERT_TRUE(h) << h.error().message();
     EXPECT_EQ(h->join(), 2);
 
-    // From a fiber, a stack size outside the pool is always mapped.
+    // From a fiber, the first stack of a size class maps the class's first slab.
     const auto [code, after] = onFiber([] {
         ArmedFault f(inject::Point::kStackMap, ENOMEM);
         auto child = spindle::spawn([] { return 3; }, SpawnOptions{.stackSize = 128 * 1024});
