@@ -641,6 +641,9 @@ void Carrier::addIdle(uint64_t since) noexcept {
 // A spinning carrier is never parked_, so nobody sends it a wake-up: it finds
 // new work in its inbox, its CQ or another carrier's deque on its next pass.
 void Carrier::idle() noexcept {
+    // Nothing to run here: give the live count's credits back, so that waitIdle() and shutdown, which
+    // wait for it to reach zero, are not kept waiting by an idle carrier.
+    if (liveCredits_.load(std::memory_order_relaxed) != 0) { runtime_->flushLiveCredits(this); }
     bool mayPark = true;
     if (pollers_ != nullptr && runPollers(&mayPark)) { return; }  // found work: back to the loop
     if (config_.pollMode == PollMode::kBlock && mayPark) {

@@ -252,18 +252,65 @@ int RuntimeImpl::sqThreadCpuFor(int pu) const noexcept {
 }
 
 bool RuntimeImpl::admitFiber(bool fromOwnFiber) noexcept {
+    if (fromOwnFiber) {
+        // No shutdown check: a fiber of this runtime may spawn until the end (its carrier is running).
+        Carrier* c = Carrier::current();
+        uint32_t credits = c->liveCredits_.load(std::memory_order_relaxed);
+        if (credits == 0) {
+            // live_ first, then the credits: a concurrent liveFibers() may count high, never low.
+            live_.fetch_add(kLiveCreditBatch, std::memory_order_seq_cst);
+            credits = kLiveCreditBatch;
+        }
+        c->liveCredits_.store(credits - 1, std::memory_order_release);
+        return true;
+    }
     live_.fetch_add(1, std::memory_order_seq_cst);
-    if (!fromOwnFiber && stopping_.load(std::memory_order_seq_cst)) {
-        retireFiber();
+    if (stopping_.load(std::memory_order_seq_cst)) {
+        dropLive(1);
         return false;
     }
     return true;
 }
 
 void RuntimeImpl::retireFiber() noexcept {
-    if (live_.fetch_sub(1, std::memory_order_seq_cst) == 1) {
+    Carrier* c = Carrier::current();
+    if (c == nullptr || c->runtime() != this) {
+        dropLive(1);
+        return;
+    }
+    const uint32_t credits = c->liveCredits_.load(std::memory_order_relaxed) + 1;
+    if (credits <= 2 * kLiveCreditBatch) {
+        c->liveCredits_.store(credits, std::memory_order_release);
+        return;
+    }
+    // The credits first, then live_ (see liveFibers()).
+    c->liveCredits_.store(kLiveCreditBatch, std::memory_order_release);
+    dropLive(credits - kLiveCreditBatch);
+}
+
+void RuntimeImpl::flushLiveCredits(Carrier* c) noexcept {
+    const uint32_t credits = c->liveCredits_.load(std::memory_order_relaxed);
+    if (credits == 0) { return; }
+    c->liveCredits_.store(0, std::memory_order_release);
+    dropLive(credits);
+}
+
+void RuntimeImpl::dropLive(uint64_t n) noexcept {
+    if (live_.fetch_sub(n, std::memory_order_seq_cst) == n) {
         live_.notify_all();
         if (stopping_.load(std::memory_order_seq_cst)) { wakeAll(); }
+    }
+}
+
+uint64_t RuntimeImpl::liveFibers() const noexcept {
+    // A carrier adds to live_ before its credits and takes from its credits before live_, so reading
+    // live_ on both sides of the credits, and again if it moved, never counts a fiber that is not there
+    // because of a refill or a give-back in between.
+    for (;;) {
+        const uint64_t before = live_.load(std::memory_order_seq_cst);
+        uint64_t credits = 0;
+        for (const auto& c : carriers_) { credits += c->liveCredits_.load(std::memory_order_acquire); }
+        if (live_.load(std::memory_order_seq_cst) == before) { return before > credits ? before - credits : 0; }
     }
 }
 
@@ -343,7 +390,7 @@ void Runtime::waitIdle() noexcept { impl_->waitIdle(); }
 void Runtime::shutdown() noexcept { impl_->shutdown(); }
 void Runtime::join() noexcept { impl_->join(); }
 unsigned Runtime::carrierCount() const noexcept { return static_cast<unsigned>(impl_->carriers().size()); }
-uint64_t Runtime::liveFibers() const noexcept { return impl_->live(); }
+uint64_t Runtime::liveFibers() const noexcept { return impl_->liveFibers(); }
 
 std::vector<CarrierStats> Runtime::stats() const {
     std::vector<CarrierStats> out;

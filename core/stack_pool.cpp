@@ -29,7 +29,6 @@ struct StackPool::Slab {
     size_t bytes = 0;
     unsigned cls = 0;
     unsigned count = 0;
-    unsigned out = 0;   // stacks handed out (in use, or spares)
     uint64_t cold = 0;  // bit i: stack i is free and has no pages (never used, or trimmed)
     Slab* nextPartial = nullptr;
     Slab* prevPartial = nullptr;
@@ -160,10 +159,12 @@ StackPool::~StackPool() {
             n = next;
         }
     }
-    // A slab with a stack still out belongs to a fiber that outlived its carrier: leave it mapped.
+    // A stack still out belongs to a fiber that outlived its carrier: then leave every slab mapped (the
+    // pool does not track which slab such a stack is in; it is a bug of the caller, and rare).
+    const bool anyOut = inUse_.load(std::memory_order_relaxed) != 0;
     for (Slab* s = slabList_; s != nullptr;) {
         Slab* next = s->nextAll;
-        if (s->out == 0) {
+        if (!anyOut) {
             ::munmap(s->base, s->bytes);
             delete s;
         }
@@ -313,10 +314,8 @@ Result<Stack> StackPool::acquire(size_t usableSize) noexcept {
 Result<Stack> StackPool::acquireOwned(SizeClass& c, unsigned cls) noexcept {
     if (c.head == nullptr) { drainRemote(); }
     if (FreeNode* n = popWarm(c)) {
-        Stack s = n->stack;
-        static_cast<Slab*>(s.slab)->out++;
         bump(inUse_);
-        return s;
+        return n->stack;
     }
     if (c.partial == nullptr) {
         auto made = mapSlab(c, cls);
@@ -331,7 +330,6 @@ Result<Stack> StackPool::acquireOwned(SizeClass& c, unsigned cls) noexcept {
         slab->nextPartial = slab->prevPartial = nullptr;
         slab->inPartial = false;
     }
-    slab->out++;
     bump(inUse_);
     Stack s;
     s.base = slab->base + i * c.stride;
@@ -408,9 +406,7 @@ StackPool::FreeNode* StackPool::popWarm(SizeClass& c) noexcept {
 
 void StackPool::pushWarm(SizeClass& c, Stack stack) noexcept {
     FreeNode* n = nodeOf(stack);
-    new (n) FreeNode();
-    n->stack = stack;
-    n->nextFree = c.head;
+    new (n) FreeNode{{}, stack, nullptr, c.head};
     if (c.head != nullptr) { c.head->prev = n; } else { c.tail = n; }
     c.head = n;
     ++c.warm;
@@ -438,7 +434,6 @@ void StackPool::makeCold(SizeClass& c, const Stack& stack) noexcept {
 }
 
 void StackPool::fileReleased(Stack stack) noexcept {
-    static_cast<Slab*>(stack.slab)->out--;
     bump(inUse_, -1);
     pushWarm(classes_[stack.sizeClass], stack);
 }

@@ -291,6 +291,10 @@ private:
 
     // Shared with other threads.
     alignas(64) IntrusiveMpscQueue inbox_;
+    // Credits of the runtime's live count (RuntimeImpl::admitFiber): written by this carrier's thread
+    // only, read by RuntimeImpl::liveFibers() from any thread.
+    std::atomic<uint32_t> liveCredits_{0};
+    friend class RuntimeImpl;
     alignas(64) std::atomic<bool> parked_{false};
     Stats stats_;
 

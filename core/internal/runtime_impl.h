@@ -29,7 +29,12 @@ public:
 
     [[nodiscard]] bool stopping() const noexcept { return stopping_.load(std::memory_order_relaxed); }
     [[nodiscard]] const std::atomic<bool>& stoppingFlag() const noexcept { return stopping_; }
+    /// The live count itself: live fibers plus the credits the carriers hold (see admitFiber). Zero
+    /// only when no fiber is live and every carrier has given its credits back (an idle carrier does).
     [[nodiscard]] uint64_t live() const noexcept { return live_.load(std::memory_order_seq_cst); }
+    /// Live fibers (Runtime::liveFibers): live() less the credits. Exact while no fiber is being
+    /// spawned or ending; during that it may be off by those in flight, never below zero. Any thread.
+    [[nodiscard]] uint64_t liveFibers() const noexcept;
     [[nodiscard]] const RuntimeOptions& options() const noexcept { return options_; }
     [[nodiscard]] const std::vector<std::unique_ptr<Carrier>>& carriers() const noexcept { return carriers_; }
     [[nodiscard]] const numa::Topology* topology() const noexcept { return topology_ ? &*topology_ : nullptr; }
@@ -38,9 +43,17 @@ public:
     [[nodiscard]] Backend backend() const noexcept { return backend_; }
 
     /// Counts a new fiber; false (nothing counted) if a stranger spawns during shutdown.
+    /// A spawn from one of this runtime's fibers takes a credit of its carrier's instead of touching
+    /// the shared count: a carrier adds kLiveCreditBatch to live_ at a time and spends it spawn by
+    /// spawn, so that carriers spawning and ending fibers at the same time do not bounce live_'s
+    /// cache line between their CPUs on every fiber.
     bool admitFiber(bool fromOwnFiber) noexcept;
-    /// Uncounts a fiber that died or never started.
+    /// Uncounts a fiber that died or never started. On one of this runtime's carriers, as a credit of
+    /// that carrier (past 2 * kLiveCreditBatch credits, the surplus goes back to live_).
     void retireFiber() noexcept;
+    /// Gives all of carrier `c`'s credits back to live_ (on c's thread): an idle carrier holds none.
+    void flushLiveCredits(Carrier* c) noexcept;
+    static constexpr uint32_t kLiveCreditBatch = 64;
     Carrier* pickCarrier() noexcept;
 
     /// Wakes one parked carrier other than `from`, if any is parked: called when
@@ -54,6 +67,8 @@ public:
 
 private:
     Result<void> loadTopology() noexcept;
+    // Takes n from live_; the last one out wakes waitIdle() and, during shutdown, the carriers.
+    void dropLive(uint64_t n) noexcept;
     /// The CPU for the SQPOLL thread of the carrier on PU `pu`, or -1 (logged) when there is none.
     int sqThreadCpuFor(int pu) const noexcept;
 

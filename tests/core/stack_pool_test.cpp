@@ -101,10 +101,14 @@ TEST_F(StackPoolTest, TheMostRecentlyReleasedStackIsReusedFirst) {
     Stack b = take(64 * 1024);
     StackPool::release(a);
     StackPool::release(b);
-    EXPECT_EQ(take(64 * 1024).base, b.base);
-    EXPECT_EQ(take(64 * 1024).base, a.base);
+    const Stack first = take(64 * 1024);
+    const Stack second = take(64 * 1024);
+    EXPECT_EQ(first.base, b.base);
+    EXPECT_EQ(second.base, a.base);
     EXPECT_EQ(pool_.mapped(), 30u) << "one slab of 30 stacks of 64 KiB, mapped once";
     EXPECT_EQ(pool_.trims(), 0u) << "neither acquire nor release makes a system call on a warm pool";
+    StackPool::release(first);
+    StackPool::release(second);
 }
 
 // "Cold means least recently used": a scavenge gives back the pages of the stacks that nobody took for a
@@ -163,7 +167,9 @@ TEST_F(StackPoolTest, AStrangersReleaseIsFiledAtMaintenance) {
     EXPECT_EQ(pool_.inUse(), 1u) << "not filed yet";
     pool_.maintain();
     EXPECT_EQ(pool_.inUse(), 0u);
-    EXPECT_EQ(take(64 * 1024).base, s.base);
+    const Stack again = take(64 * 1024);
+    EXPECT_EQ(again.base, s.base);
+    StackPool::release(again);
 }
 
 TEST_F(StackPoolTest, OtherThreadsGetSparesOnceTheOwnerSetsThemAside) {
