@@ -268,6 +268,8 @@ public:
     void join() noexcept;
 
     [[nodiscard]] unsigned carrierCount() const noexcept;
+    /// Fibers spawned and not yet ended. Exact once nothing is being spawned or ending; meanwhile it may
+    /// be off by the fibers in flight (carriers count spawns against credits, docs/RUNTIME.md). Any thread.
     [[nodiscard]] uint64_t liveFibers() const noexcept;
     [[nodiscard]] std::vector<CarrierStats> stats() const;
     /// The victims carrier `carrier` tries, in the order its steal policy walks them when every one is
