@@ -180,7 +180,6 @@ Result<void> RuntimeImpl::start() noexcept {
             cfg.ring.sqpoll = options_.sqpoll;
             cfg.ring.sqThreadIdleMs = options_.sqThreadIdleMs;
             if (options_.sqpoll) { cfg.ring.sqThreadCpu = canBind ? sqThreadCpuFor(cfg.pu) : -1; }
-            cfg.stackSize = options_.stackSize;
             cfg.fixedBufferCount = options_.fixedBufferCount;
             cfg.fixedBufferSize = options_.fixedBufferSize;
             cfg.fixedFileSlots = options_.fixedFileSlots;

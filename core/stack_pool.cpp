@@ -115,6 +115,22 @@ void reportRefusal(const char* what, size_t bytes, int err) noexcept {
     }
     log::warn("fiber stacks: the kernel refused a {} of {} bytes: {}", what, bytes, std::strerror(err));
 }
+// Maps `bytes` of stack memory (no guard yet): the one place stack memory comes from, and the fault point.
+Result<char*> mapStackArea(size_t bytes) noexcept {
+    SPINDLE_INJECT(inject::Point::kStackMap, {
+        log::warn("fiber stacks: the kernel refused a mmap of {} bytes (injected): {}", bytes,
+                  std::strerror(injectedErrno));
+        return Error{injectedErrno};
+    });
+    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK,
+                     -1, 0);
+    if (p == MAP_FAILED) {
+        const int err = errno;
+        reportRefusal("mmap", bytes, err);
+        return Error{err};
+    }
+    return static_cast<char*>(p);
+}
 }  // namespace
 
 size_t StackPool::pageSize() noexcept {
@@ -180,25 +196,16 @@ Result<Stack> StackPool::mapSingle(size_t usableSize) noexcept {
     const size_t page = pageSize();
     const size_t usable = (usableSize + page - 1) & ~(page - 1);
     const size_t total = usable + page;
-    SPINDLE_INJECT(inject::Point::kStackMap, {
-        log::warn("fiber stacks: the kernel refused a mmap of {} bytes (injected): {}", total,
-                  std::strerror(injectedErrno));
-        return Error{injectedErrno};
-    });
-    void* p = ::mmap(nullptr, total, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK,
-                     -1, 0);
-    if (p == MAP_FAILED) {
-        const int err = errno;
-        reportRefusal("mmap", total, err);
-        return Error{err};
-    }
-    if (const int err = installGuard(static_cast<char*>(p), page); err != 0) {
+    auto mapped = mapStackArea(total);
+    if (!mapped) { return Error{mapped.errorCode()}; }
+    char* p = *mapped;
+    if (const int err = installGuard(p, page); err != 0) {
         ::munmap(p, total);
         reportRefusal("guard page", page, err);
         return Error{err};
     }
     Stack s;
-    s.base = static_cast<char*>(p);
+    s.base = p;
     s.mapSize = total;
     s.guardSize = page;
     return s;
@@ -244,29 +251,19 @@ void StackPool::bindMemory(char* p, size_t bytes) noexcept {
 Result<StackPool::Slab*> StackPool::mapSlab(SizeClass& c, unsigned cls) noexcept {
     const size_t page = pageSize();
     const size_t bytes = c.stride * c.perSlab;
-    SPINDLE_INJECT(inject::Point::kStackMap, {
-        log::warn("fiber stacks: the kernel refused a mmap of {} bytes (injected): {}", bytes,
-                  std::strerror(injectedErrno));
-        return Error{injectedErrno};
-    });
-    void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_STACK,
-                     -1, 0);
-    if (p == MAP_FAILED) {
-        const int err = errno;
-        reportRefusal("mmap", bytes, err);
-        return Error{err};
-    }
-    char* base = static_cast<char*>(p);
+    auto mapped = mapStackArea(bytes);
+    if (!mapped) { return Error{mapped.errorCode()}; }
+    char* base = *mapped;
     for (unsigned i = 0; i < c.perSlab; ++i) {
         if (const int err = installGuard(base + i * c.stride, page); err != 0) {
-            ::munmap(p, bytes);
+            ::munmap(base, bytes);
             reportRefusal("guard page", page, err);
             return Error{err};
         }
     }
     auto* slab = new (std::nothrow) Slab();
     if (slab == nullptr) {
-        ::munmap(p, bytes);
+        ::munmap(base, bytes);
         return Error{ENOMEM};
     }
     bindMemory(base, bytes);

@@ -58,7 +58,6 @@ struct CarrierConfig {
     int logicalPu = -1;           // the PU it stands for in the topology, bound or not (simulation); -1: none
     Backend backend = Backend::kUring;  // resolved: kUring or kEpoll
     uring::RingOptions ring;
-    size_t stackSize = 64 * 1024;
     unsigned fixedBufferCount = 0;  // registered buffers (RuntimeOptions::fixedBufferCount)
     size_t fixedBufferSize = 0;
     unsigned fixedFileSlots = 0;    // registered-file table size (RuntimeOptions::fixedFileSlots)

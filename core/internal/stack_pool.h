@@ -96,7 +96,7 @@ public:
     /// if `nowNs` is at or past nextScavengeNs(). Owner thread.
     void scavenge(uint64_t nowNs) noexcept;
     /// Scavenges as if every period had passed with nothing used: all warm stacks but the kept
-    /// ones lose their pages now. Owner thread (tests, and a carrier told to trim memory).
+    /// ones lose their pages now. Owner thread. Used by the tests; no runtime path calls it yet.
     void trimNow() noexcept;
 
     /// The usable size of the class for `usableSize`; 0 above kMaxClassSize.
