@@ -289,7 +289,15 @@ int32_t EpollDriver::registerFd(int fd, FdState& st, bool drained) noexcept {
     // closed with close(2) and reused is not in the set any more: ENOENT), and reports the file's
     // readiness at once if it is ready, so no drained-looking descriptor waits for an edge that came.
     if (st.registered) {
-        if (drained && st.provenEpoch == epoch_) { return 0; }  // an event of this batch proved it live
+        // Skipped only for the fiber whose request an event of this epoch completed, re-waiting before
+        // the carrier looks for events again: nothing but that fiber ran on this number since the proof.
+        // A number closed with close(2) and reused by another fiber, a plain thread, or in an earlier
+        // epoch is caught by the MOD. (The one case left is that same fiber closing the number with
+        // close(2) and waiting on a new file that got it, all before the next poll; spindle::close and
+        // net::Socket bump the number's close generation, which forgets the state at once.)
+        if (drained && st.provenEpoch == epoch_ && st.provenFor != 0 && st.provenFor == runningFiberId()) {
+            return 0;
+        }
         if (::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd, &ev) == 0) { return 0; }
         if (errno != ENOENT) { return -errno; }
         // Not in the set: the file we knew was closed (with close(2)); forget what we knew of it.
@@ -310,6 +318,11 @@ int32_t EpollDriver::registerFd(int fd, FdState& st, bool drained) noexcept {
     socklen_t len = sizeof(type);
     st.stream = ::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) == 0 && type == SOCK_STREAM;
     return 0;
+}
+
+uint64_t EpollDriver::runningFiberId() const noexcept {
+    const Fiber* f = owner_->running();
+    return f != nullptr ? f->id() : 0;
 }
 
 int32_t EpollDriver::start(op::IoRequest* req) noexcept {
@@ -489,6 +502,7 @@ int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained) noexcep
         st.head = req;
     }
     st.tail = req;
+    req->epoll.parker = runningFiberId();
     // Connecting: the retry reads SO_ERROR instead of calling connect again.
     req->driverState = o.code == op::Code::kConnect ? kParked | kConnecting : kParked;
     ++waiting_;
@@ -542,6 +556,7 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
     FdState* st = &fds_[slot];
     if (!st->registered) { return; }  // forgotten since (closed through spindle): the event is stale
     st->provenEpoch = epoch_;
+    st->provenFor = 0;
     if ((events & (EPOLLIN | EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) { st->readReady = true; }
     if ((events & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) != 0) { st->readEnded = true; }
     if ((events & (EPOLLOUT | EPOLLHUP | EPOLLERR)) != 0) { st->writeReady = true; }
@@ -586,6 +601,7 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
         } else {
             unlink(req);
             if (!select && (o.code == op::Code::kRecv || o.code == op::Code::kRead)) { noteRead(*st, r, o.len); }
+            st->provenFor = req->epoll.parker;
             finish(req, r, flags);
             st = &fds_[slot];
         }
@@ -594,7 +610,6 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
 }
 
 void EpollDriver::handleEvents(int count) noexcept {
-    ++epoch_;
     for (int i = 0; i < count; ++i) {
         const epoll_event ev = events_[i];
         if (ev.data.u64 == kWakeTag) {
@@ -617,6 +632,7 @@ void EpollDriver::expireDeadlines() noexcept {
 }
 
 void EpollDriver::poll(bool) noexcept {
+    ++epoch_;  // the fibers that the last batch woke have run: its proofs end here
     if (waiting_ != 0) {
         enters_.store(enters_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         const int n = ::epoll_wait(epfd_, events_, kMaxEvents, 0);
@@ -632,6 +648,7 @@ void EpollDriver::wait(int64_t timeoutNs) noexcept {
         const int64_t m = (timeoutNs + 999'999) / 1'000'000;
         ms = m > INT32_MAX ? INT32_MAX : static_cast<int>(m);
     }
+    ++epoch_;
     enters_.store(enters_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
     const int n = ::epoll_wait(epfd_, events_, kMaxEvents, ms);
     if (n < 0 && errno != EINTR) {

@@ -99,7 +99,11 @@ private:
         bool readReady = true;          // no EAGAIN on input since the last input event
         bool readEnded = false;         // the peer shut its side (RDHUP/HUP/ERR seen): a read never waits
                                         // again, so a short one does not mean drained
-        uint64_t provenEpoch = 0;       // the driver's epoch_ when an event last came for this registration
+        // An event proved this registration live (the file behind the number is the one registered)
+        // in epoch `provenEpoch`, and completed a request of fiber `provenFor` (0: none). A wait by
+        // that fiber in the same epoch needs no re-arming; see registerFd.
+        uint64_t provenEpoch = 0;
+        uint64_t provenFor = 0;
         bool writeReady = true;
     };
 
@@ -112,6 +116,8 @@ private:
     // last event), so any readiness from now on comes as a new edge and a proven registration needs no
     // re-arming; otherwise the MOD is what reports readiness that is there already.
     int32_t registerFd(int fd, FdState& st, bool drained = false) noexcept;
+    // The id of the fiber running on this carrier; 0 outside a fiber.
+    [[nodiscard]] uint64_t runningFiberId() const noexcept;
     int32_t park(op::IoRequest* req, FdState& st, bool drained) noexcept;
     // After a read of `got` bytes out of `asked` from a registered stream socket: a short one means
     // nothing more until the next event (unless the peer shut its side, when the next read answers end
@@ -147,7 +153,7 @@ private:
     int wakeFd_ = -1;
     uint32_t waiting_ = 0;             // requests parked in fd lists
     int pendingEvents_ = 0;            // events wait() collected for reap()
-    uint64_t epoch_ = 1;               // one more for each batch of events handled
+    uint64_t epoch_ = 1;               // one more each time the carrier looks for events (poll, wait)
     std::vector<FdState> fds_;
     std::atomic<uint32_t>* gens_ = nullptr;  // the process's close generations (see bumpCloseGeneration)
     size_t gensSize_ = 0;

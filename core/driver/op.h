@@ -193,6 +193,7 @@ struct IoRequest {
         IoRequest* next;       // the fd's waiter list
         IoRequest* prev;
         uint64_t heapIndex;    // position in the driver's deadline heap (+1; 0: not in it)
+        uint64_t parker;       // the id of the fiber that parked it (0: none), see FdState::provenFor
     };
     struct UringState {
         int64_t timeoutSpec[2];  // the linked timeout's timespec, read at submission

@@ -1,6 +1,7 @@
 // Tests for the fiber-blocking I/O calls (core/io.h): results checked against the kernel's own view of the
 // file, errors passed through, the file position, the off-fiber path, a ring much smaller than the I/O in
-// flight, shutdown with sleepers and readers in flight, and sleep order and bounds.
+// flight, shutdown with sleepers and readers in flight, sleep order and bounds, and descriptor numbers
+// closed with close(2) and reused.
 //
 // No verdict depends on timing: sleeps have only lower bounds that the runtime guarantees and upper bounds
 // that a loaded machine cannot reach.
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "core/fiber.h"
+#include "core/fiber_event.h"
 #include "core/fiber_future.h"
 #include "core/runtime.h"
 #include "tests/core/with_runtime.h"
@@ -37,6 +39,8 @@ namespace {
 using namespace std::chrono_literals;
 
 using testing_support::pattern;
+using testing_support::Pipe;
+using testing_support::yieldUntil;
 
 /// A runtime with two carriers and a scratch directory that TearDown removes.
 class IoTest : public testing_support::WithScratchDir {};
@@ -588,6 +592,88 @@ TEST_F(IoTest, NopWorks) {
         return true;
     }));
     EXPECT_TRUE(spindle::nop()) << "off-fiber";
+}
+
+// ---- a number closed with close(2) and reused -----------------------------------------------------------------
+//
+// A readiness driver keys what it knows by descriptor number; close(2) is invisible to it. A wait on a new file
+// that got an old number must still be woken by the new file's readiness (on epoll, the old file's registration
+// left the set when the file closed, and a wait that trusted it slept forever).
+
+/// Reads one byte from `fd` with a deadline far beyond the test's writes: 1 for 'n', -errno otherwise.
+int readOneN(int fd) {
+    char c = 0;
+    auto r = spindle::read(fd, &c, 1, kCurrentPosition, 20s);
+    if (!r) { return -r.errorCode(); }
+    return *r == 1 && c == 'n' ? 1 : -1000;
+}
+
+/// Closes `fd` with close(2) and puts the read end of a fresh pipe at the same number; returns its write end.
+int reusePipeNumber(int fd) {
+    int p[2];
+    if (::pipe2(p, O_CLOEXEC) != 0) { return -1; }
+    ::close(fd);
+    if (::dup3(p[0], fd, O_CLOEXEC) != fd) { return -1; }
+    ::close(p[0]);
+    return p[1];
+}
+
+TEST_F(IoTest, ANumberReusedByAnotherFiberBeforeTheCarrierPollsAgainIsWaitedOnAfresh) {
+    Pipe a;
+    const int number = a.r;
+    std::atomic<bool> reading{false};
+    std::atomic<int> newWrite{-1};
+    FiberEvent go;
+    // The second fiber runs on the same carrier right after the first, in the same run: the first one's wait
+    // was ended by an event on this number, and the carrier has not looked for events since.
+    auto second = on(0, [&] {
+        go.wait();
+        return readOneN(number);
+    });
+    auto first = on(0, [&] {
+        char c = 0;
+        reading.store(true);
+        auto r = spindle::read(number, &c, 1);  // waits: the byte comes from the test thread
+        newWrite.store(reusePipeNumber(number));
+        go.set();
+        return r && *r == 1 && c == 'x';
+    });
+    yieldUntil([&] { return reading.load(); });
+    std::this_thread::sleep_for(5ms);  // the read is waiting (if not, it takes the byte at once: no harm)
+    ASSERT_EQ(::write(a.w, "x", 1), 1);
+    EXPECT_TRUE(first.join());
+    ASSERT_GE(newWrite.load(), 0) << std::strerror(errno);
+    std::this_thread::sleep_for(5ms);  // the second fiber is waiting on the new file
+    ASSERT_EQ(::write(newWrite.load(), "n", 1), 1);
+    EXPECT_EQ(second.join(), 1) << "the wait on the new file was not woken by its byte";
+    ::close(newWrite.load());
+}
+
+TEST_F(IoTest, ANumberReusedByTheSameFiberAfterASleepIsWaitedOnAfresh) {
+    Pipe a;
+    const int number = a.r;
+    std::atomic<bool> reading{false};
+    std::atomic<int> newWrite{-1};
+    std::atomic<bool> waitingAgain{false};
+    auto f = on(0, [&] {
+        char c = 0;
+        reading.store(true);
+        auto r = spindle::read(number, &c, 1);
+        if (!r || *r != 1 || c != 'x') { return -2000; }
+        (void)this_fiber::sleep_for(1ms);  // the carrier looks for events (and parks) meanwhile
+        newWrite.store(reusePipeNumber(number));
+        waitingAgain.store(true);
+        return readOneN(number);
+    });
+    yieldUntil([&] { return reading.load(); });
+    std::this_thread::sleep_for(5ms);
+    ASSERT_EQ(::write(a.w, "x", 1), 1);
+    yieldUntil([&] { return waitingAgain.load(); });
+    ASSERT_GE(newWrite.load(), 0) << std::strerror(errno);
+    std::this_thread::sleep_for(5ms);
+    ASSERT_EQ(::write(newWrite.load(), "n", 1), 1);
+    EXPECT_EQ(f.join(), 1) << "the wait on the new file was not woken by its byte";
+    ::close(newWrite.load());
 }
 
 }  // namespace
