@@ -114,6 +114,7 @@ Carrier::~Carrier() {
 Result<void> Carrier::start() noexcept {
     installStackOverflowReporter(&runningForFaultReport);
     try {
+        exited_.store(false, std::memory_order_relaxed);
         thread_ = std::thread([this] { threadMain(); });
     } catch (const std::system_error& e) {
         log::error("carrier {}: cannot create its thread: {}", config_.index, e.what());
@@ -142,6 +143,7 @@ void Carrier::threadMain() noexcept {
     }
     tearDown();
     tlsCarrier = nullptr;
+    exited_.store(true, std::memory_order_release);
 }
 
 Result<void> Carrier::setUp() noexcept {
@@ -324,7 +326,7 @@ void Carrier::prepareToRun(Fiber* fiber) noexcept {
     if (fiber->carrier_ != this && fiber->hasRun_) { Stats::bump(stats_.fibersMigrated); }
     fiber->hasRun_ = true;
     fiber->carrier_ = this;
-    fiber->waitReason_ = nullptr;
+    fiber->waitKind_ = WaitKind::kNone;
     fiber->state_.store(FiberState::kRunning, std::memory_order_relaxed);
     stats_.fibersRun.store(stats_.fibersRun.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
 }
@@ -339,8 +341,10 @@ void Carrier::runPendingAction() noexcept {
 
 void Carrier::runFiber(Fiber* fiber) noexcept {
     prepareToRun(fiber);
+    inFiber_.store(true, std::memory_order_relaxed);
     switchTo<SwitchEntry::kFull>(&schedSp_, targetOf(fiber), &schedFakeStack_);
     // Back on the scheduler: from `fiber`, or from another fiber it switched to.
+    inFiber_.store(false, std::memory_order_relaxed);
     current_ = nullptr;
     runPendingAction();
 }
@@ -366,6 +370,10 @@ void Carrier::suspendRunning(SuspendAction action) noexcept {
     Fiber* f = c->current_;
     SPINDLE_ASSERT(f != nullptr);
     f->state_.store(FiberState::kSuspended, std::memory_order_relaxed);
+    f->suspendedAtNs_ = c->coarseNowNs_;
+    // Listed from its first suspension on: a fiber that runs to its end in one go (most short ones)
+    // never touches the list.
+    if (f->home_ == nullptr) { c->linkHome(f); }
     c->action_ = action;
     c->actionFiber_ = f;
     c->switchAway(f, fakeStackOf(f));
@@ -407,6 +415,31 @@ void Carrier::onFiberStart() noexcept {
 }
 
 void Carrier::onFiberExit(Fiber* fiber, void*) {
+    if (fiber->home_ == nullptr) {  // never suspended, so never listed
+        finishFiber(fiber);
+        return;
+    }
+    Carrier* c = current();
+    if (fiber->home_ == c) {
+        c->unlinkHome(fiber);
+        finishFiber(fiber);
+        return;
+    }
+    // It died away from the carrier whose list holds it (it migrated after its first run): only that
+    // carrier's thread may unlink it. It stays counted live until then, so that carrier cannot exit
+    // first; its msg_ is free (nobody wakes a dead fiber).
+    fiber->msg_.run = &Carrier::onAwayExit;
+    fiber->msg_.target = fiber;
+    fiber->home_->post(&fiber->msg_);
+}
+
+void Carrier::onAwayExit(Message* m) noexcept {
+    auto* fiber = static_cast<Fiber*>(m->target);
+    current()->unlinkHome(fiber);
+    finishFiber(fiber);
+}
+
+void Carrier::finishFiber(Fiber* fiber) noexcept {
     // Uncount first, so that liveFibers() no longer counts a fiber whose join()
     // has returned. The carriers cannot exit under us: we are one of them.
     fiber->runtime_->retireFiber();
@@ -418,6 +451,7 @@ void Carrier::onFiberExit(Fiber* fiber, void*) {
 
 void Carrier::maintenance(bool beforePark) noexcept {
     sinceMaintenance_ = 0;
+    coarseNowNs_ = nowNs();
     if (!shutdownSeen_ && stopping()) { beginShutdown(); }
     inMaintenance_ = true;
     drainInbox();

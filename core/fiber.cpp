@@ -67,6 +67,25 @@ const char* toString(FiberState state) noexcept {
     return "?";
 }
 
+const char* toString(WaitKind kind) noexcept {
+    switch (kind) {
+        case WaitKind::kNone: return "";
+        case WaitKind::kIo: return "io";
+        case WaitKind::kMultishot: return "multishot";
+        case WaitKind::kSleep: return "sleep";
+        case WaitKind::kFuture: return "future";
+        case WaitKind::kFutex: return "futex";
+        case WaitKind::kMutex: return "mutex";
+        case WaitKind::kCondVar: return "condvar";
+        case WaitKind::kSemaphore: return "semaphore";
+        case WaitKind::kMultiLock: return "multilock";
+        case WaitKind::kSequencer: return "sequencer";
+        case WaitKind::kJoin: return "join";
+        case WaitKind::kOffload: return "offload";
+    }
+    return "?";
+}
+
 void Fiber::setName(const char* name) noexcept {
     if (name == nullptr) {
         name_[0] = '\0';
@@ -326,8 +345,7 @@ Result<void> sleep_until(std::chrono::steady_clock::time_point deadline) noexcep
         self->waitOn_.store(nullptr, std::memory_order_relaxed);
         return Error{ECANCELED};
     }
-    self->waitReason_ = "sleep";
-    const int32_t r = fired.wait();
+    const int32_t r = fired.wait(detail::WaitKind::kSleep, &fired, deadlineNs);
     if (r < 0) { return Error{-r}; }
     return {};
 }

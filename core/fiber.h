@@ -105,7 +105,7 @@ public:
         SPINDLE_CHECK_MSG(fiber_ != nullptr, "join() on an empty FiberHandle");
         SPINDLE_CHECK_MSG(fiber_ != detail::runningFiber(), "a fiber cannot join itself");
         detail::Fiber* f = std::exchange(fiber_, nullptr);
-        (void)f->done_.wait();
+        (void)f->done_.wait(detail::WaitKind::kJoin, f);
         f->joined_ = true;
         if (f->exception_) {
             std::exception_ptr e = std::move(f->exception_);  // the joiner alone owns it now

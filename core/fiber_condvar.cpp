@@ -44,7 +44,7 @@ void FiberCondVar::notify_all() noexcept {
 
 bool FiberCondVar::awaitFor(Waiter* w, std::chrono::nanoseconds timeout) noexcept {
     // -ETIMEDOUT, or -ECANCELED when the runtime is shutting down: either way, no notify arrived yet.
-    if (FiberFuture::waitWithTimeout(&w->woken, timeout) >= 0) { return true; }
+    if (FiberFuture::waitWithTimeout(&w->woken, timeout, detail::WaitKind::kCondVar, this) >= 0) { return true; }
     lock_.lock();
     const bool withdrawn = w->inList;
     if (withdrawn) { unlink(w); }
@@ -52,7 +52,7 @@ bool FiberCondVar::awaitFor(Waiter* w, std::chrono::nanoseconds timeout) noexcep
     if (withdrawn) { return false; }
     // A notify took the node just as the deadline passed and its set() is on the way: the wake-up is ours,
     // and the node must stay alive until that set() has landed. waitWithTimeout left the future armed.
-    (void)w->woken.wait();
+    (void)w->woken.wait(detail::WaitKind::kCondVar, this);
     return true;
 }
 

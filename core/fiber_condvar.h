@@ -117,7 +117,7 @@ void FiberCondVar::wait(Lock& lock) noexcept {
     // Enqueued before unlocking: a notify issued after the waiter's check of the condition, under the
     // same lock, finds the node in the list.
     lock.unlock();
-    (void)w.woken.wait();
+    (void)w.woken.wait(detail::WaitKind::kCondVar, this);
     lock.lock();
 }
 

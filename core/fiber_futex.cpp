@@ -52,19 +52,19 @@ int FiberFutex::waitUntil(uint64_t target, const std::chrono::steady_clock::time
         // table without us. Then the bit is clear (or the counter moved) now: leave and look again.
         s = state_.load(std::memory_order_acquire);
         if ((s >> kCounterShift) >= target || (s & kHasWaiters) == 0) {
-            if (!table.removeWaiter(this, &node)) { (void)node.ready.wait(); }  // a release beat us to it
+            if (!table.removeWaiter(this, &node)) { (void)node.ready.wait(detail::WaitKind::kFutex, this); }  // a release beat us to it
             continue;
         }
         if (deadline == nullptr) {
-            (void)node.ready.wait();
+            (void)node.ready.wait(detail::WaitKind::kFutex, this);
             continue;
         }
-        const int32_t r = FiberFuture::waitWithTimeout(&node.ready, left);
+        const int32_t r = FiberFuture::waitWithTimeout(&node.ready, left, detail::WaitKind::kFutex, this);
         if (r >= 0) { continue; }  // released: re-check the counter
         if (!table.removeWaiter(this, &node)) {
             // Released at the deadline: its set() is on the way. Take it, then re-check (the loop
             // returns 0 if the counter made it, -ETIMEDOUT otherwise).
-            (void)node.ready.wait();
+            (void)node.ready.wait(detail::WaitKind::kFutex, this);
             continue;
         }
         return (state_.load(std::memory_order_acquire) >> kCounterShift) >= target ? 0 : r;

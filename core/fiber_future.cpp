@@ -44,9 +44,10 @@ void FiberFuture::set(int32_t res) noexcept {
     detail::makeRunnable(reinterpret_cast<detail::Fiber*>(old));
 }
 
-int32_t FiberFuture::wait() noexcept {
+int32_t FiberFuture::wait(detail::WaitKind kind, const void* object, uint64_t deadlineNs) noexcept {
     if ((state_.load(std::memory_order_acquire) & kSet) != 0) { return res_; }
     detail::Fiber* self = detail::currentFiber();
+    detail::noteWait(self, kind, object, deadlineNs);
     // Runs once the fiber is switched out: publish it as the waiter, unless set()
     // came first, in which case it goes straight back on the run queue.
     auto publish = [this](detail::Fiber* f) {
@@ -84,6 +85,11 @@ void FiberFuture::setLocal(int32_t res) noexcept {
 }
 
 size_t FiberFuture::waitForMultiple(FiberFuture* const* futures, size_t count) noexcept {
+    return waitForMultipleNoted(futures, count, detail::WaitKind::kFuture, futures[0], 0);
+}
+
+size_t FiberFuture::waitForMultipleNoted(FiberFuture* const* futures, size_t count, detail::WaitKind kind,
+                                         const void* object, uint64_t deadlineNs) noexcept {
     SPINDLE_CHECK(count > 0);
     detail::MultiWaitState ms;
     const uint64_t tagged = reinterpret_cast<uint64_t>(&ms) | kMulti;
@@ -100,6 +106,7 @@ size_t FiberFuture::waitForMultiple(FiberFuture* const* futures, size_t count) n
     }
     if (!ready) {
         detail::Fiber* self = detail::currentFiber();
+        detail::noteWait(self, kind, object, deadlineNs);
         auto publish = [&ms](detail::Fiber* f) {
             uint64_t expected = 0;
             if (!ms.word.compare_exchange_strong(expected, reinterpret_cast<uint64_t>(f), std::memory_order_acq_rel,
@@ -133,7 +140,8 @@ size_t FiberFuture::waitForMultiple(FiberFuture* const* futures, size_t count) n
     return 0;
 }
 
-int32_t FiberFuture::waitWithTimeout(FiberFuture* future, std::chrono::nanoseconds timeout) noexcept {
+int32_t FiberFuture::waitWithTimeout(FiberFuture* future, std::chrono::nanoseconds timeout, detail::WaitKind kind,
+                                     const void* object) noexcept {
     if (future->isSet()) { return future->res_; }
     if (timeout.count() <= 0) { return -ETIMEDOUT; }
     const uint64_t deadline = detail::nowNs() + static_cast<uint64_t>(detail::clampTimeout(timeout).count());
@@ -174,7 +182,7 @@ int32_t FiberFuture::waitWithTimeout(FiberFuture* future, std::chrono::nanosecon
         return future->isSet() ? future->res_ : -ECANCELED;
     }
     FiberFuture* both[2] = {future, &fired};
-    (void)waitForMultiple(both, 2);
+    (void)waitForMultipleNoted(both, 2, kind, object, deadline);
     if (!fired.isSet()) { detail::Carrier::cancelTimer(&entry); }
     SPINDLE_ASSERT(fired.isSet());
     if (future->isSet()) { return future->res_; }

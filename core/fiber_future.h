@@ -30,6 +30,24 @@ namespace spindle {
 namespace detail {
 class Fiber;
 struct MultiWaitState;
+
+/// What a suspended fiber waits for (Runtime::fibers). Fiber::waitObject_ says which one: for kIo
+/// the op::Op being run, for kJoin the Fiber joined, for the others the primitive's address.
+enum class WaitKind : uint8_t {
+    kNone,       // not waiting (running, runnable), or a wait that says nothing of itself
+    kIo,         // an I/O operation (core/io.h)
+    kMultishot,  // the next completion of a multishot operation
+    kSleep,      // this_fiber::sleep_for/sleep_until
+    kFuture,     // a FiberFuture (set by another fiber, thread or completion)
+    kFutex,
+    kMutex,      // FiberMutex, FairFiberMutex
+    kCondVar,
+    kSemaphore,
+    kMultiLock,
+    kSequencer,  // FiberSequencer, FiberEvent
+    kJoin,       // FiberHandle::join
+    kOffload,    // offload(): a call on the offload pool
+};
 }  // namespace detail
 
 class FiberFuture {
@@ -44,7 +62,10 @@ public:
 
     /// Returns the result, parking the calling fiber (or blocking the calling
     /// thread) until set() has run.
-    [[nodiscard]] int32_t wait() noexcept;
+    [[nodiscard]] int32_t wait() noexcept { return wait(detail::WaitKind::kFuture, this); }
+    /// wait(), telling Runtime::fibers what the caller waits for (recorded only if it parks); for the
+    /// fiber-aware primitives built on futures.
+    [[nodiscard]] int32_t wait(detail::WaitKind kind, const void* object, uint64_t deadlineNs = 0) noexcept;
 
     [[nodiscard]] bool isSet() const noexcept { return (state_.load(std::memory_order_acquire) & kSet) != 0; }
 
@@ -74,11 +95,19 @@ public:
     /// wait() with a limit: returns the result, or -ETIMEDOUT when `timeout`
     /// passes first. The future stays armed after a timeout: a later set() is
     /// legal and a later wait() returns it.
-    static int32_t waitWithTimeout(FiberFuture* future, std::chrono::nanoseconds timeout) noexcept;
+    static int32_t waitWithTimeout(FiberFuture* future, std::chrono::nanoseconds timeout) noexcept {
+        return waitWithTimeout(future, timeout, detail::WaitKind::kFuture, future);
+    }
+    /// waitWithTimeout(), with what the caller waits for (see wait(kind, ...)).
+    static int32_t waitWithTimeout(FiberFuture* future, std::chrono::nanoseconds timeout, detail::WaitKind kind,
+                                   const void* object) noexcept;
 
 private:
     friend struct detail::MultiWaitState;
     friend class FiberFutureAccess;
+
+    static size_t waitForMultipleNoted(FiberFuture* const* futures, size_t count, detail::WaitKind kind,
+                                       const void* object, uint64_t deadlineNs) noexcept;
 
     // Invariant: state_ is 0 (empty, no waiter), kSet (set; res_ is valid), a
     // Fiber* (its waiter, parked or about to park), or a MultiWaitState* | kMulti

@@ -98,7 +98,7 @@ void FiberMultiLock::lock(uint64_t key, ScopedLock* held) noexcept {
     holder->queueTail = e;
     lock_.unlock();
     // unlock() turns e into the holder (tree links, remaining queue) before it sets the future.
-    (void)e->granted.wait();
+    (void)e->granted.wait(detail::WaitKind::kMultiLock, this);
     held->owner_ = this;
 }
 

@@ -65,7 +65,7 @@ void FiberMutex::park(const void* key, uint64_t bit) noexcept {
     // table without us. If the bit is clear now, leave instead of parking; if it is still set, the
     // release that clears it will find us (see WaiterTable's Memory ordering).
     if ((state_.load(std::memory_order_acquire) & bit) == 0 && table.removeWaiter(key, &node)) { return; }
-    (void)node.ready.wait();
+    (void)node.ready.wait(detail::WaitKind::kMutex, this);
 }
 
 void FiberMutex::lockSlow() noexcept {

@@ -52,7 +52,7 @@ void FiberSemaphore::acquire() noexcept {
     if (tryTake()) { return; }
     Waiter w;
     if (takeOrEnqueue(&w)) { return; }
-    (void)w.granted.wait();
+    (void)w.granted.wait(detail::WaitKind::kSemaphore, this);
 }
 
 bool FiberSemaphore::acquireFor(std::chrono::nanoseconds timeout) noexcept {
@@ -61,7 +61,7 @@ bool FiberSemaphore::acquireFor(std::chrono::nanoseconds timeout) noexcept {
     Waiter w;
     if (takeOrEnqueue(&w)) { return true; }
     // -ETIMEDOUT, or -ECANCELED during shutdown: no permit has reached us yet, but one may be on its way.
-    if (FiberFuture::waitWithTimeout(&w.granted, timeout) >= 0) { return true; }
+    if (FiberFuture::waitWithTimeout(&w.granted, timeout, detail::WaitKind::kSemaphore, this) >= 0) { return true; }
     lock_.lock();
     const bool withdrawn = w.inList;
     if (withdrawn) {
@@ -72,7 +72,7 @@ bool FiberSemaphore::acquireFor(std::chrono::nanoseconds timeout) noexcept {
     if (withdrawn) { return false; }
     // A release() unlinked us as the deadline passed, so the permit is ours: keep it rather than lose it.
     // Wait for its set() to land, since the node must outlive it (the future stays armed after a timeout).
-    (void)w.granted.wait();
+    (void)w.granted.wait(detail::WaitKind::kSemaphore, this);
     return true;
 }
 

@@ -48,7 +48,7 @@ int32_t FiberSequencer::wait(uint64_t token) noexcept {
     if (value() >= token) { return 0; }
     Future future;
     wait(token, &future);
-    return future.wait();
+    return future.wait(detail::WaitKind::kSequencer, this);
 }
 
 void FiberSequencer::increment() noexcept {

@@ -94,7 +94,7 @@ int32_t submitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) no
         io.flags = io.inlineFlags;
         c->afterInlineCompletion();
     } else {
-        self->waitReason_ = deadline.isSet() ? "io (deadline)" : "io";
+        noteWait(self, WaitKind::kIo, &o, deadline.isSet() ? deadline.ns() : 0);
         res = io.done.waitLocal();
     }
     if (cqeFlags != nullptr) { *cqeFlags = io.flags; }
@@ -171,8 +171,7 @@ int32_t waitMultishot(FiberFuture* future, MultishotCompletion* completion, Dead
     if (!detail::beginCancellableWait(self, c, detail::CancelPoint::Kind::kIo, static_cast<op::IoRequest*>(completion))) {
         return -ECANCELED;
     }
-    self->waitReason_ = "multishot";
-    const int32_t res = future->wait();
+    const int32_t res = future->wait(detail::WaitKind::kMultishot, completion->op);
     // Cleared by the waiter rather than in the handler's step, but on the same thread (the fiber is
     // pinned here): a cancel the carrier handles in between finds the operation still there (the
     // completion outlives this call) and cancels it, which is what a sticky cancellation asks for.

@@ -98,7 +98,7 @@ auto offload(F&& fn) -> Result<std::invoke_result_t<F>> {
     detail::OffloadCall<F, T> call(std::addressof(fn));
     if (const int err = detail::submitOffload(rt, &call); err != 0) { return Error{err}; }
     // The pool thread touches `call` for the last time inside done.set().
-    if (const int32_t res = call.done.wait(); res < 0) { return errorFromRes(res); }
+    if (const int32_t res = call.done.wait(detail::WaitKind::kOffload, &call); res < 0) { return errorFromRes(res); }
     if (call.error) { std::rethrow_exception(std::move(call.error)); }
     if constexpr (std::is_void_v<T>) {
         return {};

@@ -3,7 +3,10 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <thread>
 
 #include "base/log.h"
@@ -66,6 +69,7 @@ RuntimeImpl::RuntimeImpl(const RuntimeOptions& options) noexcept
 RuntimeImpl::~RuntimeImpl() {
     shutdown();
     join();
+    if (listedOnSignal_) { listOnSignal(false); }
 }
 
 Result<void> RuntimeImpl::loadTopology() noexcept {
@@ -129,6 +133,22 @@ Result<void> RuntimeImpl::start() noexcept {
         log::error("invalid runtime options: stealPolicy {} (0 numa, 1 random, 2 local-only, 3 none), "
                    "crossNodeStealThreshold {} (0..{})",
                    policy, options_.crossNodeStealThreshold, kMaxStealThreshold);
+        return Error{EINVAL};
+    }
+    stallThresholdMs_ = options_.stallThresholdMs;
+    if (const char* env = std::getenv("SPINDLE_STALL_MS"); env != nullptr && env[0] != '\0') {
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long v = std::strtoul(env, &end, 10);
+        if (errno != 0 || *end != '\0' || v > kMaxStallMs) {
+            log::error("invalid SPINDLE_STALL_MS '{}': a number of milliseconds, 0 (off) to {}", env, kMaxStallMs);
+            return Error{EINVAL};
+        }
+        stallThresholdMs_ = static_cast<unsigned>(v);
+    }
+    if (stallThresholdMs_ > kMaxStallMs || options_.shutdownReportMs > 3'600'000) {
+        log::error("invalid runtime options: stallThresholdMs {} (0..{}), shutdownReportMs {} (0..3600000)",
+                   stallThresholdMs_, kMaxStallMs, options_.shutdownReportMs);
         return Error{EINVAL};
     }
     if (auto r = loadTopology(); !r) { return r; }
@@ -225,6 +245,18 @@ Result<void> RuntimeImpl::start() noexcept {
             carriers_.clear();
             return r;
         }
+    }
+    if (stallThresholdMs_ != 0) {
+        stallMonitor_ = std::make_unique<StallMonitor>(this, uint64_t{stallThresholdMs_} * 1'000'000);
+        if (auto r = stallMonitor_->start(); !r) {
+            log::warn("stall detector: no monitor thread ({}); stalls go unreported", r.error().message());
+            stallMonitor_.reset();
+        }
+    }
+    const char* onSignal = std::getenv("SPINDLE_FIBER_SIGNAL");
+    if (options_.fiberListOnSignal || (onSignal != nullptr && std::strcmp(onSignal, "1") == 0)) {
+        listOnSignal(true);
+        listedOnSignal_ = true;
     }
     return {};
 }
@@ -346,8 +378,16 @@ void RuntimeImpl::shutdown() noexcept {
 
 void RuntimeImpl::join() noexcept {
     if (joined_) { return; }
-    SPINDLE_CHECK_MSG(Carrier::current() == nullptr || Carrier::current()->runtime() != this,
-                      "Runtime::join() called on one of its own carriers");
+    checkJoinable("Runtime::join()");
+    if (options_.shutdownReportMs != 0) {
+        const auto report = std::chrono::milliseconds(options_.shutdownReportMs);
+        const auto deadline = std::chrono::steady_clock::now() + report;
+        while (!carriersExited() && std::chrono::steady_clock::now() < deadline) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (!carriersExited()) { reportAlive(report); }
+    }
+    if (stallMonitor_) { stallMonitor_->stop(); }  // before the threads it signals are joined
     for (auto& c : carriers_) { c->joinThread(); }
     // Every fiber is gone, so no offload() caller waits any more; a pool thread may still be leaving.
     offload_.join();
@@ -428,6 +468,7 @@ std::vector<CarrierStats> Runtime::stats() const {
         }
         s.fibersMigrated = c->stats().fibersMigrated.load(std::memory_order_relaxed);
         s.idleNs = c->stats().idleNs.load(std::memory_order_relaxed);
+        s.stalls = c->stats().stalls.load(std::memory_order_relaxed);
         s.memoryNode = c->memoryNode();
         s.stacksNodeBound = c->stackPool().nodeBound();
         s.threadMemoryBound = c->threadMemoryBound();

@@ -26,6 +26,7 @@
 /// runs without it.
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -115,7 +116,46 @@ struct RuntimeOptions {
     // kNuma: a steal crosses a NUMA node only from a victim with more than this many runnable fibers
     // queued (0..1,000,000; 0: any non-empty remote victim, once the local ones are empty).
     unsigned crossNodeStealThreshold = 2;
+    // The stall detector (docs/RUNTIME.md, "Seeing inside"): a fiber that runs this long without
+    // switching out is logged once per stall with its name, id, carrier, run time and backtrace, taken
+    // on its own stack (0: off; 1..60,000). The SPINDLE_STALL_MS environment variable, when set,
+    // overrides this. A monitor thread per runtime wakes every max(1, stallThresholdMs / 2) ms.
+    unsigned stallThresholdMs = 10;
+    // join() logs the fibers still alive (Runtime::fibers, with backtraces) once this long after it began
+    // waiting for them, then waits on (0: never; at most 3,600,000). Runtime::joinFor returns instead.
+    unsigned shutdownReportMs = 5000;
+    // SIGUSR1 prints every runtime's fiber listing, with backtraces, to stderr (a process-wide handler,
+    // installed by the first runtime that asks). SPINDLE_FIBER_SIGNAL=1 turns it on as well.
+    bool fiberListOnSignal = false;
 };
+
+/// One live fiber, as Runtime::fibers() saw it.
+struct FiberInfo {
+    uint64_t id = 0;
+    std::string name;
+    std::string state;            // "created", "runnable", "running" or "suspended"
+    int carrier = -1;             // the carrier it runs on, last ran on, or was sent to
+    int home = -1;                // the carrier that lists it (where it was spawned or first ran)
+    std::string waitKind;         // suspended: "io", "sleep", "mutex", "join", ... ("" when it did not say)
+    std::string waitDetail;       // e.g. "recv fd 7", "fiber 12", "0x7f3a...", then "deadline in 5 ms"
+    uint64_t suspendedMs = 0;     // suspended: for about this long (to the carriers' loop-turn clock)
+    std::vector<std::string> backtrace;  // suspended, when asked: "#0 0x... function+0x1c"
+};
+
+/// What Runtime::fibers() returns.
+struct FiberListing {
+    // By home carrier, newest first. A fiber is listed from its first suspension on: one that has not
+    // waited yet (just spawned, or running to its end in one go) is counted in `live` but not listed,
+    // unless it is the caller.
+    std::vector<FiberInfo> fibers;
+    uint64_t live = 0;                    // liveFibers() as the listing began
+    // Carriers that did not pause within the patience (a fiber that never yields holds one): the fibers
+    // they list are missing, and no backtraces are taken.
+    std::vector<unsigned> unanswered;
+};
+
+/// The listing as text: a header line, then one line per fiber and its backtrace frames, indented.
+[[nodiscard]] std::string formatFiberListing(const FiberListing& listing);
 
 /// One entry of a carrier's victim order (Runtime::victimOrder).
 struct Victim {
@@ -158,6 +198,7 @@ struct CarrierStats {
     std::array<uint64_t, numa::kDistanceClassCount> stealSuccesses{};
     uint64_t fibersMigrated = 0;    // fibers that started running here after last running on another carrier
     uint64_t idleNs = 0;            // time parked in io_uring_enter or spinning idle (kSpin, kHybrid)
+    uint64_t stalls = 0;            // stalls the detector found here (RuntimeOptions::stallThresholdMs)
 
     /// Steals that left the NUMA node (stealSuccesses at numa::crossesNode distances).
     [[nodiscard]] uint64_t crossNodeSteals() const noexcept;
@@ -264,8 +305,22 @@ public:
     void waitIdle() noexcept;
     /// Begins shutdown (see the class comment); returns at once. Idempotent.
     void shutdown() noexcept;
-    /// Waits for every carrier thread to exit. Precondition: shutdown() was called.
+    /// Waits for every carrier thread to exit. After RuntimeOptions::shutdownReportMs it logs the fibers
+    /// still alive (each keeps join() waiting: an untimed lock(), join() or offload() that nothing
+    /// ends), then waits on. Precondition, checked (abort with a message): shutdown() was called, and
+    /// the caller is not one of this runtime's fibers.
     void join() noexcept;
+    /// join() with a limit: returns ETIMEDOUT, having logged the fibers still alive as join() does,
+    /// when carriers are still running after `limit`; the runtime stays as it was (call again, or
+    /// join()). Precondition: as join().
+    [[nodiscard]] Result<void> joinFor(std::chrono::nanoseconds limit) noexcept;
+    /// Every live fiber: id, name, state, carrier, what it waits for and since when, and with
+    /// `backtraces` the frames of each suspended one, unwound from its saved context. Each carrier is
+    /// paused at its next loop turn while the list is read, so the listing is exact when they all
+    /// pause within `patience` (see FiberListing::unanswered). Costs a few microseconds of every
+    /// carrier's time plus the unwinding; listings are taken one at a time. Any thread or fiber.
+    [[nodiscard]] FiberListing fibers(bool backtraces = false,
+                                      std::chrono::milliseconds patience = std::chrono::milliseconds(1000)) const;
 
     [[nodiscard]] unsigned carrierCount() const noexcept;
     /// Fibers spawned and not yet ended. Exact once nothing is being spawned or ending; meanwhile it may

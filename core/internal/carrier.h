@@ -177,6 +177,38 @@ public:
     [[nodiscard]] bool mayStealFrom(const Carrier* victim) const noexcept;
     [[nodiscard]] unsigned node() const noexcept { return config_.node; }
 
+    // --- introspection (core/introspect.cpp) ---
+    /// The fibers that first suspended here and have not ended (Fiber::home_), newest first. Owner-only,
+    /// except while the carrier is paused by RuntimeImpl::listFibers.
+    [[nodiscard]] Fiber* homeFibers() const noexcept { return homeHead_; }
+    /// Makes this carrier `fiber`'s home (Fiber::home_): at the fiber's first suspension, here.
+    /// Precondition: on this carrier's thread; not linked yet.
+    void linkHome(Fiber* fiber) noexcept {
+        fiber->home_ = this;
+        fiber->homePrev_ = nullptr;
+        fiber->homeNext_ = homeHead_;
+        if (homeHead_ != nullptr) { homeHead_->homePrev_ = fiber; }
+        homeHead_ = fiber;
+    }
+    /// CLOCK_MONOTONIC as of this carrier's last maintenance (Fiber::suspendedAtNs_). Owner-only.
+    [[nodiscard]] uint64_t coarseNowNs() const noexcept { return coarseNowNs_; }
+    /// Whether a fiber runs here now (the stall detector's view; any thread, racy by nature).
+    [[nodiscard]] bool inFiber() const noexcept { return inFiber_.load(std::memory_order_relaxed); }
+    [[nodiscard]] pthread_t threadHandle() noexcept { return thread_.native_handle(); }
+    /// Whether its thread has left its loop for good (any thread).
+    [[nodiscard]] bool exited() const noexcept { return exited_.load(std::memory_order_acquire); }
+    /// What the stall signal's handler found on this carrier's thread (core/introspect.cpp).
+    struct StallSample {
+        std::atomic<uint32_t> seq{0};    // bumped (release) once the fields below are written
+        uint64_t fiberId = 0;            // 0: no fiber was running when the signal came
+        uint64_t fibersRun = 0;          // Stats::fibersRun then: whether it is still the same run
+        char name[32] = {};
+        int depth = 0;
+        int skip = 0;                    // ips[0, skip) are the handler's own frames and the signal frame
+        void* ips[48] = {};
+    };
+    [[nodiscard]] StallSample& stallSample() noexcept { return stallSample_; }
+
     struct Stats {
         std::atomic<uint64_t> fibersRun{0};
         std::atomic<uint64_t> steals{0};
@@ -193,6 +225,7 @@ public:
         std::array<std::atomic<uint64_t>, numa::kDistanceClassCount> stealSuccesses{};
         std::atomic<uint64_t> fibersMigrated{0};
         std::atomic<uint64_t> idleNs{0};
+        std::atomic<uint64_t> stalls{0};     // fibers reported for running too long without yielding
 
         /// One more, from the owner (a relaxed load and store, no locked instruction).
         static void bump(std::atomic<uint64_t>& counter) noexcept {
@@ -254,6 +287,17 @@ private:
     void pushFifo(Fiber* fiber) noexcept;
     Fiber* popFifo() noexcept;
     static void onFiberExit(Fiber* fiber, void* unused);
+    // The end of a fiber that died away from its home carrier: on home's thread (a posted msg_).
+    static void onAwayExit(Message* m) noexcept;
+    static void finishFiber(Fiber* fiber) noexcept;
+    void unlinkHome(Fiber* fiber) noexcept {
+        if (fiber->homePrev_ != nullptr) {
+            fiber->homePrev_->homeNext_ = fiber->homeNext_;
+        } else {
+            homeHead_ = fiber->homeNext_;
+        }
+        if (fiber->homeNext_ != nullptr) { fiber->homeNext_->homePrev_ = fiber->homePrev_; }
+    }
 
     // Owner-only hot state.
     Fiber* current_ = nullptr;
@@ -287,6 +331,8 @@ private:
     std::vector<StealVictim> victims_;
     size_t localVictims_ = 0;
     uint64_t rng_ = 0;                  // xorshift64 state, never 0
+    Fiber* homeHead_ = nullptr;         // see homeFibers()
+    uint64_t coarseNowNs_ = 0;          // see coarseNowNs()
 
     // Shared with other threads.
     alignas(64) IntrusiveMpscQueue inbox_;
@@ -296,6 +342,9 @@ private:
     friend class RuntimeImpl;
     alignas(64) std::atomic<bool> parked_{false};
     Stats stats_;
+    std::atomic<bool> inFiber_{false};  // owner-written beside the counters; see inFiber()
+    std::atomic<bool> exited_{true};    // false from start() until threadMain ends
+    StallSample stallSample_;
 
     RuntimeImpl* runtime_;
     const std::atomic<bool>* stoppingFlag_;

@@ -28,6 +28,8 @@ class StackPool;
 enum class FiberState : uint8_t { kCreated, kRunnable, kRunning, kSuspended, kDead };
 const char* toString(FiberState state) noexcept;
 
+const char* toString(WaitKind kind) noexcept;
+
 /// One mmap'd stack: [base, base+guardSize) is PROT_NONE, the rest is usable.
 struct Stack {
     char* base = nullptr;
@@ -88,6 +90,9 @@ public:
     bool joined_ = false;                // join() took the result (set before the last release)
     uint16_t pinCount_ = 0;              // > 0: never stolen, never moved
     bool hasRun_ = false;                // it has run at least once (on carrier_): counts migrations
+    // What it waits for (Runtime::fibers; see noteWait): cleared each time it is switched in, so it lives
+    // on this line, which every switch writes anyway. waitObject_ and the rest are further down.
+    WaitKind waitKind_ = WaitKind::kNone;
     Fiber* nextLocal_ = nullptr;         // hook for the carrier's owner-only FIFO
     Message msg_;                        // hook for the carrier's inbox (kind kRunFiber)
 
@@ -101,7 +106,15 @@ public:
     std::exception_ptr exception_;
     Stack stack_;
     uint64_t id_ = 0;
-    const char* waitReason_ = nullptr;   // introspection: what a suspended fiber waits for
+
+    // --- introspection (Runtime::fibers): written on the thread that runs the fiber, read while the
+    // carriers are paused (RuntimeImpl::listFibers) ---
+    Carrier* home_ = nullptr;            // whose list holds it: where it first suspended (null: not yet)
+    Fiber* homeNext_ = nullptr;          // that list (owner-only: linked and unlinked on home_'s thread)
+    Fiber* homePrev_ = nullptr;
+    const void* waitObject_ = nullptr;   // with waitKind_ above
+    uint64_t waitDeadlineNs_ = 0;        // a timed wait's deadline (CLOCK_MONOTONIC); 0: none
+    uint64_t suspendedAtNs_ = 0;         // its carrier's coarse clock when it last switched out
 
     // --- cancellation (FiberHandle::cancel; see beginCancellableWait) ---
     std::atomic<bool> cancelRequested_{false};  // set by cancel(), cleared by acknowledgeCancellation()
@@ -123,6 +136,12 @@ public:
 #endif
 };
 
+inline void noteWait(Fiber* self, WaitKind kind, const void* object, uint64_t deadlineNs) noexcept {
+    self->waitKind_ = kind;
+    self->waitObject_ = object;
+    self->waitDeadlineNs_ = deadlineNs;
+}
+
 /// The running fiber, or this thread's proxy fiber when called off-fiber.
 Fiber* currentFiber() noexcept;
 /// The fiber running on this thread's carrier, or nullptr (plain thread, scheduler).
@@ -133,6 +152,11 @@ void makeRunnable(Fiber* fiber) noexcept;
 /// Switches the calling fiber out and runs `action` on the scheduler; returns once someone made it runnable.
 /// On a plain thread: runs `action` at once, then sleeps until made runnable.
 void suspend(Fiber* self, SuspendAction action) noexcept;
+
+/// Records what `self` is about to wait for (Runtime::fibers), just before it suspends: a wait that
+/// always suspends (an I/O operation, whose completion cannot come first) notes itself this way; the
+/// others pass the note to FiberFuture::wait(kind, ...), which records it only if it suspends.
+inline void noteWait(Fiber* self, WaitKind kind, const void* object, uint64_t deadlineNs = 0) noexcept;
 
 /// Lambda form of suspend(): fn(Fiber*) runs after the switch, on the scheduler.
 template <class Fn>

@@ -5,8 +5,12 @@
 /// Thread-safety: the carrier list is fixed after start(); the counters are atomics.
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <memory>
+#include <mutex>
 #include <optional>
+#include <thread>
 #include <vector>
 
 #include "base/result.h"
@@ -17,6 +21,44 @@
 
 namespace spindle::detail {
 
+class RuntimeImpl;
+
+/// The stall detector of one runtime (RuntimeOptions::stallThresholdMs; core/introspect.cpp): a thread
+/// that looks at every carrier each half threshold and reports a fiber that has not switched out.
+class StallMonitor {
+public:
+    StallMonitor(RuntimeImpl* rt, uint64_t thresholdNs) noexcept;
+    ~StallMonitor();
+    StallMonitor(const StallMonitor&) = delete;
+    StallMonitor& operator=(const StallMonitor&) = delete;
+    /// Starts the thread. Errors: EAGAIN (no thread), ENOMEM.
+    Result<void> start() noexcept;
+    /// Stops and joins the thread. Idempotent.
+    void stop() noexcept;
+
+private:
+    struct Watch {
+        uint64_t run = 0;                 // the carrier's fibersRun at the last look
+        uint64_t since = 0;               // when it was last seen to move (or the carrier idle)
+        uint64_t reported = UINT64_MAX;   // the fibersRun of the stall last reported
+    };
+    static constexpr unsigned kBurst = 8;                       // reports per window, at most
+    static constexpr uint64_t kWindowNs = 10'000'000'000;       // 10 s
+    void run() noexcept;
+    void report(Carrier* c, uint64_t ranNs) noexcept;
+
+    RuntimeImpl* rt_;
+    uint64_t thresholdNs_;
+    std::vector<Watch> watch_;            // one per carrier; the monitor thread's alone
+    uint64_t windowStart_ = 0;
+    unsigned inWindow_ = 0;
+    uint64_t suppressed_ = 0;
+    std::mutex mutex_;
+    std::condition_variable cv_;
+    bool stop_ = false;                   // guarded by mutex_
+    std::thread thread_;
+};
+
 class RuntimeImpl {
 public:
     explicit RuntimeImpl(const RuntimeOptions& options) noexcept;
@@ -25,7 +67,11 @@ public:
     Result<void> start() noexcept;
     void shutdown() noexcept;
     void join() noexcept;
+    /// Runtime::joinFor (core/introspect.cpp).
+    Result<void> joinFor(std::chrono::nanoseconds limit) noexcept;
     void waitIdle() noexcept;
+    /// Runtime::fibers (core/introspect.cpp). Any thread, fibers of this runtime included.
+    FiberListing listFibers(bool backtraces, std::chrono::nanoseconds patience) const;
 
     [[nodiscard]] bool stopping() const noexcept { return stopping_.load(std::memory_order_relaxed); }
     [[nodiscard]] const std::atomic<bool>& stoppingFlag() const noexcept { return stopping_; }
@@ -67,6 +113,13 @@ public:
 
 private:
     Result<void> loadTopology() noexcept;
+    // join()'s checked preconditions: not on one of its carriers, and after shutdown().
+    void checkJoinable(const char* what) const noexcept;
+    [[nodiscard]] bool carriersExited() const noexcept;
+    // Logs the fibers still alive (join() after shutdownReportMs, joinFor at its limit).
+    void reportAlive(std::chrono::nanoseconds waited) const noexcept;
+    // Adds this runtime to (or removes it from) those SIGUSR1 lists.
+    void listOnSignal(bool on) noexcept;
     // Takes n from live_; the last one out wakes waitIdle() and, during shutdown, the carriers.
     void dropLive(uint64_t n) noexcept;
     /// The CPU for the SQPOLL thread of the carrier on PU `pu`, or -1 (logged) when there is none.
@@ -81,6 +134,11 @@ private:
     bool joined_ = false;
     Backend backend_ = Backend::kUring;
     OffloadPool offload_;  // closed by shutdown(), joined by join() after the carriers
+    unsigned stallThresholdMs_ = 0;  // the option, or SPINDLE_STALL_MS
+    static constexpr unsigned long kMaxStallMs = 60'000;
+    std::unique_ptr<StallMonitor> stallMonitor_;  // null when the detector is off
+    bool listedOnSignal_ = false;
+    mutable std::mutex listMutex_;  // one listing at a time (each pauses every carrier)
 };
 
 /// Monotonic clock in nanoseconds (CLOCK_MONOTONIC, the steady_clock epoch).

@@ -13,7 +13,7 @@ SPINDLE_DEB_PACKAGES=(
   liburing-dev libhwloc-dev hwloc
   libgtest-dev libgmock-dev libbenchmark-dev
   libboost-context-dev libboost-fiber-dev
-  libfmt-dev libcli11-dev python3
+  libfmt-dev libcli11-dev python3 libunwind-dev
   libdpdk-dev iproute2 iputils-ping ethtool
 )
 
@@ -85,7 +85,7 @@ SPINDLE_CROSS_DEB_PACKAGES=(
   g++-aarch64-linux-gnu qemu-user
   liburing-dev:arm64 libhwloc-dev:arm64
   libgtest-dev:arm64 libgmock-dev:arm64
-  libfmt-dev:arm64 libcli11-dev
+  libfmt-dev:arm64 libcli11-dev libunwind-dev:arm64
 )
 
 spindle_install_cross_deps() {

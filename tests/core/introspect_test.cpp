@@ -1,0 +1,361 @@
+// Tests for seeing inside a running runtime (core/introspect.cpp): Runtime::fibers() lists every live
+// fiber with what it waits for and a backtrace unwound from its saved context; a carrier that does not
+// pause is named rather than waited for; join() after shutdown() reports the fibers that keep it waiting,
+// joinFor() gives up with ETIMEDOUT, and join() before shutdown() is a checked precondition; the stall
+// detector reports a fiber that runs without switching out, once, with its backtrace; SIGUSR1 prints the
+// listing.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/fiber.h"
+#include "core/fiber_event.h"
+#include "core/fiber_mutex.h"
+#include "core/io.h"
+#include "core/offload.h"
+#include "core/runtime.h"
+#include "tests/core/with_runtime.h"
+
+namespace spindle {
+namespace {
+
+using namespace std::chrono_literals;
+using testing_support::Pipe;
+using testing_support::yieldUntil;
+
+const FiberInfo* byName(const FiberListing& l, const std::string& name) {
+    auto it = std::find_if(l.fibers.begin(), l.fibers.end(), [&](const FiberInfo& f) { return f.name == name; });
+    return it != l.fibers.end() ? &*it : nullptr;
+}
+
+bool anyFrameHas(const FiberInfo& f, const std::string& text) {
+    return std::any_of(f.backtrace.begin(), f.backtrace.end(),
+                       [&](const std::string& frame) { return frame.find(text) != std::string::npos; });
+}
+
+/// Polls the listing until `n` fibers named in `names` are suspended (each has reached its wait).
+FiberListing listingOnceSuspended(Runtime& rt, const std::vector<std::string>& names) {
+    for (;;) {
+        FiberListing l = rt.fibers(true);
+        const bool all = std::all_of(names.begin(), names.end(), [&](const std::string& n) {
+            const FiberInfo* f = byName(l, n);
+            return f != nullptr && f->state == "suspended";
+        });
+        if (all) { return l; }
+        std::this_thread::sleep_for(1ms);
+    }
+}
+
+// Noinline and named, so that a backtrace has a frame of the test's own to find.
+[[gnu::noinline]] int readOneByte(int fd) {
+    char c = 0;
+    auto r = spindle::read(fd, &c, 1);
+    return r ? static_cast<int>(*r) : -r.errorCode();
+}
+
+class Introspect : public testing_support::WithRuntime {};
+
+TEST_F(Introspect, ListsEveryFiberWithWhatItWaitsForAndItsBacktrace) {
+    Pipe p;
+    FiberMutex mutex;
+    FiberEvent event;
+    FiberEvent release;
+    mutex.lock();  // the test thread holds it: the locker waits
+    auto reader = on(0, [&] { return readOneByte(p.r); }, "reader");
+    auto sleeper = on(1, [&] { return this_fiber::sleep_for(1h).errorCode(); }, "sleeper");
+    auto locker = on(0, [&] {
+        mutex.lock();
+        mutex.unlock();
+    }, "locker");
+    auto waiter = on(1, [&] { event.wait(); }, "event-waiter");
+    auto target = on(0, [&] { release.wait(); }, "join-target");
+    const uint64_t targetId = target.id();
+    auto joiner = on(1, [&] { target.join(); }, "joiner");
+    auto offloader = on(0, [&] {
+        (void)offload([&] { release.wait(); });
+    }, "offloader");
+
+    const FiberListing l = listingOnceSuspended(
+        rt(), {"reader", "sleeper", "locker", "event-waiter", "join-target", "joiner", "offloader"});
+    EXPECT_TRUE(l.unanswered.empty());
+    EXPECT_EQ(l.live, 7u);
+    EXPECT_EQ(l.fibers.size(), 7u) << formatFiberListing(l);
+
+    const FiberInfo* r = byName(l, "reader");
+    ASSERT_NE(r, nullptr);
+    EXPECT_EQ(r->waitKind, "io");
+    EXPECT_EQ(r->waitDetail, "read fd " + std::to_string(p.r));
+    EXPECT_EQ(r->carrier, 0);
+    EXPECT_EQ(r->id, reader.id());
+    EXPECT_TRUE(anyFrameHas(*r, "readOneByte")) << formatFiberListing(l);
+    EXPECT_TRUE(anyFrameHas(*r, "spindle::read")) << formatFiberListing(l);
+
+    const FiberInfo* s = byName(l, "sleeper");
+    ASSERT_NE(s, nullptr);
+    EXPECT_EQ(s->waitKind, "sleep");
+    EXPECT_NE(s->waitDetail.find("deadline in "), std::string::npos) << s->waitDetail;
+    EXPECT_EQ(s->carrier, 1);
+
+    const FiberInfo* m = byName(l, "locker");
+    ASSERT_NE(m, nullptr);
+    EXPECT_EQ(m->waitKind, "mutex");
+    EXPECT_TRUE(anyFrameHas(*m, "FiberMutex")) << formatFiberListing(l);
+
+    const FiberInfo* e = byName(l, "event-waiter");
+    ASSERT_NE(e, nullptr);
+    EXPECT_EQ(e->waitKind, "sequencer");
+
+    const FiberInfo* j = byName(l, "joiner");
+    ASSERT_NE(j, nullptr);
+    EXPECT_EQ(j->waitKind, "join");
+    EXPECT_EQ(j->waitDetail, "fiber " + std::to_string(targetId));
+
+    const FiberInfo* o = byName(l, "offloader");
+    ASSERT_NE(o, nullptr);
+    EXPECT_EQ(o->waitKind, "offload");
+
+    const std::string text = formatFiberListing(l);
+    EXPECT_NE(text.find("fibers: 7 live, 7 listed"), std::string::npos) << text;
+    EXPECT_NE(text.find("'reader' suspended"), std::string::npos) << text;
+
+    // Let everything finish.
+    ASSERT_EQ(::write(p.w, "x", 1), 1);
+    EXPECT_EQ(reader.join(), 1);
+    sleeper.cancel();
+    EXPECT_EQ(sleeper.join(), ECANCELED);
+    mutex.unlock();
+    locker.join();
+    event.set();
+    waiter.join();
+    release.set();
+    joiner.join();
+    offloader.join();
+}
+
+TEST_F(Introspect, AFiberListsItselfAsRunning) {
+    auto h = on(1, [&] {
+        const FiberListing l = rt().fibers(true);
+        const FiberInfo* self = byName(l, "lister");
+        return self != nullptr && self->state == "running" && self->carrier == 1 && self->backtrace.empty() &&
+               l.unanswered.empty();
+    }, "lister");
+    EXPECT_TRUE(h.join());
+}
+
+TEST_F(Introspect, ACarrierThatDoesNotPauseIsNamedAndTheRestIsListed) {
+    std::atomic<bool> spin{true};
+    std::atomic<bool> spinning{false};
+    auto spinner = on(0, [&] {
+        spinning.store(true);
+        while (spin.load()) {}  // never yields: carrier 0 cannot pause
+    }, "spinner");
+    FiberEvent go;
+    auto waiter = on(1, [&] { go.wait(); }, "waiter");
+    yieldUntil([&] { return spinning.load(); });
+    FiberListing l;
+    for (;;) {
+        l = rt().fibers(true, 50ms);
+        const FiberInfo* w = byName(l, "waiter");
+        if (w != nullptr && w->state == "suspended") { break; }
+    }
+    ASSERT_EQ(l.unanswered, std::vector<unsigned>{0});
+    EXPECT_EQ(byName(l, "spinner"), nullptr) << "carrier 0 lists it, and carrier 0 did not pause";
+    EXPECT_TRUE(byName(l, "waiter")->backtrace.empty()) << "no backtraces unless every carrier paused";
+    EXPECT_NE(formatFiberListing(l).find("did not pause (their fibers are missing): 0"), std::string::npos);
+    spin.store(false);
+    spinner.join();
+    go.set();
+    waiter.join();
+    // Carrier 0 handles the late pause message and carries on.
+    EXPECT_TRUE(rt().fibers().unanswered.empty());
+}
+
+// ---- shutdown ---------------------------------------------------------------------------------------------
+
+TEST(IntrospectShutdown, JoinForNamesTheFibersThatKeepItWaiting) {
+    RuntimeOptions o;
+    o.carriers = 2;
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt);
+    FiberMutex mutex;
+    mutex.lock();
+    auto h = rt->spawn([&] {
+        mutex.lock();  // untimed: shutdown does not end it
+        mutex.unlock();
+    }, SpawnOptions{.name = "stuck-locker"});
+    ASSERT_TRUE(h);
+    for (;;) {
+        const FiberInfo* f = nullptr;
+        const FiberListing l = rt->fibers();
+        f = byName(l, "stuck-locker");
+        if (f != nullptr && f->state == "suspended") { break; }
+        std::this_thread::sleep_for(1ms);
+    }
+    rt->shutdown();
+    testing::internal::CaptureStderr();
+    const auto r = rt->joinFor(100ms);
+    const std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(r.errorCode(), ETIMEDOUT);
+    EXPECT_NE(logged.find("1 fibers are still alive"), std::string::npos) << logged;
+    EXPECT_NE(logged.find("'stuck-locker' suspended"), std::string::npos) << logged;
+    EXPECT_NE(logged.find(": mutex "), std::string::npos) << logged;
+    EXPECT_NE(logged.find("FiberMutex"), std::string::npos) << "a backtrace frame:\n" << logged;
+    mutex.unlock();
+    h->join();
+    EXPECT_TRUE(rt->joinFor(10s));
+}
+
+TEST(IntrospectShutdown, JoinReportsOnceAfterTheReportDelayThenWaitsOn) {
+    RuntimeOptions o;
+    o.carriers = 1;
+    o.shutdownReportMs = 50;
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt);
+    FiberEvent release;
+    auto h = rt->spawn([&] { release.wait(); }, SpawnOptions{.name = "held-open"});
+    ASSERT_TRUE(h);
+    rt->shutdown();
+    std::thread releaser([&] {
+        std::this_thread::sleep_for(300ms);
+        release.set();
+    });
+    testing::internal::CaptureStderr();
+    rt->join();
+    const std::string logged = testing::internal::GetCapturedStderr();
+    releaser.join();
+    EXPECT_NE(logged.find("'held-open' suspended"), std::string::npos) << logged;
+    EXPECT_NE(logged.find("after 50 ms"), std::string::npos) << logged;
+    h->join();
+}
+
+TEST(IntrospectShutdownDeathTest, JoinBeforeShutdownIsACheckedPrecondition) {
+    GTEST_FLAG_SET(death_test_style, "threadsafe");
+    EXPECT_DEATH(
+        {
+            auto rt = Runtime::start(testing_support::withCarriers(1));
+            if (!rt) { std::exit(3); }
+            rt->join();
+        },
+        "before Runtime::shutdown\\(\\)");
+}
+
+// ---- the stall detector --------------------------------------------------------------------------------------
+
+#if defined(SPINDLE_TSAN)
+constexpr bool kTsan = true;
+#else
+constexpr bool kTsan = false;
+#endif
+
+std::atomic<bool> gSpin{false};
+
+[[gnu::noinline]] void spinWithoutYielding(std::chrono::milliseconds d) {
+    const auto end = std::chrono::steady_clock::now() + d;
+    while (std::chrono::steady_clock::now() < end) { gSpin.store(true, std::memory_order_relaxed); }
+}
+
+TEST(StallDetector, ReportsAFiberThatRunsWithoutYieldingOnceWithItsBacktrace) {
+    RuntimeOptions o;
+    o.carriers = 2;
+    o.stallThresholdMs = 20;
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt);
+    testing::internal::CaptureStderr();
+    auto h = rt->spawn([] { spinWithoutYielding(300ms); }, SpawnOptions{.name = "hog", .carrier = 1});
+    ASSERT_TRUE(h);
+    const uint64_t hogId = h->id();
+    h->join();
+    // A fiber that yields often is never reported.
+    auto polite = rt->spawn([] {
+        const auto end = std::chrono::steady_clock::now() + 100ms;
+        while (std::chrono::steady_clock::now() < end) { this_fiber::yield(); }
+    }, SpawnOptions{.name = "polite", .carrier = 1});
+    ASSERT_TRUE(polite);
+    polite->join();
+    const std::string logged = testing::internal::GetCapturedStderr();
+    const auto reports = [&](const std::string& what) {
+        size_t n = 0;
+        for (size_t at = logged.find(what); at != std::string::npos; at = logged.find(what, at + 1)) { ++n; }
+        return n;
+    };
+    EXPECT_EQ(reports("stall: "), 1u) << logged;
+    EXPECT_NE(logged.find("stall: fiber 'hog' (id " + std::to_string(hogId)), std::string::npos) << logged;
+    EXPECT_NE(logged.find("on carrier 1 has run for "), std::string::npos) << logged;
+    // TSan holds an asynchronous signal back until the thread enters an intercepted call, which a spinning
+    // fiber may not do before the monitor stops waiting for the sample: the report comes without frames.
+    if (!kTsan) {
+        EXPECT_NE(logged.find("    #0 "), std::string::npos) << logged;
+        EXPECT_NE(logged.find("spinWithoutYielding"), std::string::npos) << "its own frame:\n" << logged;
+        EXPECT_EQ(logged.find("onStallSignal"), std::string::npos) << "the handler's frames are left out:\n" << logged;
+    }
+    EXPECT_EQ(reports("'polite'"), 0u) << logged;
+    const auto stats = rt->stats();
+    EXPECT_EQ(stats[1].stalls, 1u);
+    EXPECT_EQ(stats[0].stalls, 0u);
+}
+
+TEST(StallDetector, OffMeansNoMonitorAndNoReport) {
+    RuntimeOptions o;
+    o.carriers = 1;
+    o.stallThresholdMs = 0;
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt);
+    testing::internal::CaptureStderr();
+    auto h = rt->spawn([] { spinWithoutYielding(50ms); });
+    ASSERT_TRUE(h);
+    h->join();
+    const std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(logged.find("stall: "), std::string::npos) << logged;
+    EXPECT_EQ(rt->stats()[0].stalls, 0u);
+}
+
+TEST(StallDetector, AThresholdOutOfRangeIsRefused) {
+    RuntimeOptions o;
+    o.carriers = 1;
+    o.stallThresholdMs = 60'001;
+    testing::internal::CaptureStderr();
+    auto rt = Runtime::start(o);
+    const std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(rt.errorCode(), EINVAL);
+    EXPECT_NE(logged.find("stallThresholdMs 60001 (0..60000)"), std::string::npos) << logged;
+}
+
+// ---- SIGUSR1 ---------------------------------------------------------------------------------------------------
+
+TEST(FiberListOnSignal, Sigusr1PrintsTheListingToStderr) {
+    RuntimeOptions o;
+    o.carriers = 1;
+    o.fiberListOnSignal = true;
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt);
+    FiberEvent release;
+    auto h = rt->spawn([&] { release.wait(); }, SpawnOptions{.name = "signal-listed"});
+    ASSERT_TRUE(h);
+    while (true) {
+        const FiberListing l = rt->fibers();
+        const FiberInfo* f = byName(l, "signal-listed");
+        if (f != nullptr && f->state == "suspended") { break; }
+        std::this_thread::sleep_for(1ms);
+    }
+    testing::internal::CaptureStderr();
+    ASSERT_EQ(::kill(::getpid(), SIGUSR1), 0);
+    std::this_thread::sleep_for(500ms);  // the listing thread writes it; it takes a few ms
+    const std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_NE(logged.find("'signal-listed' suspended"), std::string::npos) << logged;
+    EXPECT_NE(logged.find("#0 0x"), std::string::npos) << "with backtraces:\n" << logged;
+    release.set();
+    h->join();
+}
+
+}  // namespace
+}  // namespace spindle
