@@ -107,6 +107,11 @@ Result<void> RuntimeImpl::loadTopology() noexcept {
 }
 
 Result<void> RuntimeImpl::start() noexcept {
+    if (options_.carriers > kMaxCarriers) {
+        log::error("invalid runtime options: carriers {} (0..{}; 0: the placement's natural count)", options_.carriers,
+                   kMaxCarriers);
+        return Error{EINVAL};
+    }
     if (options_.stackSize < 16 * 1024 || options_.ringEntries == 0 || options_.ringEntries > 32768 ||
         options_.offloadThreads == 0 || options_.offloadThreads > 1024) {
         log::error("invalid runtime options: stackSize {} (>= 16 KiB), ringEntries {} (1..32768), offloadThreads {} "
@@ -184,6 +189,11 @@ Result<void> RuntimeImpl::start() noexcept {
             log::warn("no topology: placement {} is ignored and carriers run unbound", numa::toString(options_.placement));
         }
         if (count == 0) { count = std::max(1u, std::thread::hardware_concurrency()); }
+    }
+    if (count > kMaxCarriers) {  // a natural count: a synthetic topology of more PUs than that, say
+        log::error("invalid runtime options: placement {} picks {} carriers, more than {}; set carriers",
+                   numa::toString(options_.placement), count, kMaxCarriers);
+        return Error{EINVAL};
     }
     const bool canBind = options_.bindCarriers && topology_ && !topology_->isSynthetic();
     try {

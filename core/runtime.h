@@ -15,7 +15,8 @@
 /// Thread-safety: every member may be called from any thread, except join()
 /// and the destructor, which must not run on one of this runtime's fibers.
 /// Errors: start() returns EINVAL for an option out of range (logged with its
-/// name), for a topology that does not load (a bad description, ENOENT for a
+/// name; more than kMaxCarriers carriers, asked for or picked by the placement,
+/// is one), for a topology that does not load (a bad description, ENOENT for a
 /// missing XML file) or a placement that does not fit it (an explicit PU not in
 /// the topology, a duplicate, an empty list), or the errno of the first carrier that failed to come up (ring
 /// set-up: ENOMEM for the memlock limit, EPERM when io_uring is disabled;
@@ -77,13 +78,21 @@ const char* toString(StealPolicy policy) noexcept;
 /// Errors: EINVAL for any other text.
 [[nodiscard]] Result<StealPolicy> parseStealPolicy(std::string_view name) noexcept;
 
+/// The most carriers one runtime runs (RuntimeOptions::carriers, and the count a placement policy picks
+/// when carriers is 0). Each carrier is a thread with its own ring and stack pool, and each keeps every
+/// other carrier in its victim order, so the start-up cost grows with the square of the count: 1024
+/// carriers hold 16 MiB of victim orders, 99,999 would ask for 160 GB. More than the cores of the
+/// largest machines a process runs on, and several carriers per PU (oversubscription, a synthetic
+/// topology) stay well inside it.
+inline constexpr unsigned kMaxCarriers = 1024;
+
 struct RuntimeOptions {
     // The I/O driver. Precedence: an explicit kUring or kEpoll here, then the SPINDLE_BACKEND environment
     // variable ("auto", "io_uring", "epoll"), then kAuto. With kAuto, start() probes io_uring once and
     // falls back to epoll only when io_uring cannot be used at all (ENOSYS, EPERM, ENOMEM at set-up, a
     // required feature missing), logging why; never on an error later in the run.
     Backend backend = Backend::kAuto;
-    unsigned carriers = 0;          // 0: one per core of the process cpuset
+    unsigned carriers = 0;          // 0: one per core of the process cpuset; at most kMaxCarriers
     unsigned ringEntries = 256;     // SQ entries per carrier ring
     unsigned cqEntries = 0;         // CQ entries per carrier ring (0: max(2 x ringEntries, 4096); else
                                     // ringEntries..524288): room for one completion per operation in flight

@@ -132,6 +132,26 @@ TEST(RuntimeStart, RejectsBadOptions) {
     EXPECT_EQ(Runtime::start(hugeCq).errorCode(), EINVAL);
 }
 
+// More than kMaxCarriers is refused before anything is allocated for them, whether asked for or picked as
+// a placement's natural count (here a synthetic topology of more cores than that).
+TEST(RuntimeStart, RejectsMoreCarriersThanTheMaximum) {
+    for (const unsigned count : {kMaxCarriers + 1, 99'999u, ~0u}) {
+        RuntimeOptions many;
+        many.carriers = count;
+        many.fixedBufferCount = 0;  // were it to start them, no pinned memory
+        ASSERT_EQ(Runtime::start(many).errorCode(), EINVAL) << count;  // stop at the first: no runaway
+    }
+    RuntimeOptions natural;
+    natural.topology = "synthetic:pack:2 core:" + std::to_string(kMaxCarriers / 2 + 1) + " pu:1";
+    natural.fixedBufferCount = 0;
+    natural.ringEntries = 8;
+    EXPECT_EQ(Runtime::start(natural).errorCode(), EINVAL) << natural.topology;
+    natural.carriers = 2;  // the same topology with a count that fits
+    auto rt = Runtime::start(natural);
+    ASSERT_TRUE(rt) << rt.error().message();
+    EXPECT_EQ(rt->carrierCount(), 2u);
+}
+
 TEST(RuntimeStart, CompletionQueueIsSizedForManyOperationsInFlight) {
     SPINDLE_REQUIRE_URING("the completion queue's size");
     for (const auto& [asked, expected] : {std::pair{0u, "cq=4096 "}, std::pair{5000u, "cq=8192 "}}) {
