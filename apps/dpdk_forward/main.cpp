@@ -13,6 +13,7 @@
 
 #include <rte_mbuf.h>
 
+#include "apps/common/cli.h"
 #include "core/fiber.h"
 #include "core/runtime.h"
 #include "net/dpdk/eal.h"
@@ -45,12 +46,7 @@ int main(int argc, char** argv) {
     app.add_option("--duration", duration, "seconds to forward")->check(CLI::Range(0.01, 3600.0));
     app.add_option("--burst", burst, "packets per receive call")->check(CLI::Range(1u, 32u));
     app.add_option("--dpdk-memory-mb", memoryMb, "EAL memory without hugepages, MB")->check(CLI::Range(64u, 65536u));
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        const int rc = app.exit(e);
-        return rc == 0 ? 0 : 2;
-    }
+    if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
     spindle::dpdk::EalOptions eal;
     eal.memoryMb = memoryMb;
     std::string why;

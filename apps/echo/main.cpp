@@ -39,6 +39,7 @@
 #include <fmt/format.h>
 
 #include "apps/common/backend_flag.h"
+#include "apps/common/cli.h"
 #include "apps/echo/echo.h"
 #include "apps/echo/udp_echo.h"
 #include "core/io.h"
@@ -55,8 +56,8 @@
 
 namespace {
 
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
+using spindle::apps::kExitFailure;
+using spindle::apps::kExitUsage;
 
 struct RuntimeFlags {
     unsigned carriers = 0;
@@ -728,11 +729,8 @@ int main(int argc, char** argv) {
     pairFlags.addTo(*pair);
     pairRt.addTo(*pair);
 
-    try {
-        app.parse(static_cast<int>(args.size()), args.data());
-    } catch (const CLI::ParseError& e) {
-        const int rc = app.exit(e);
-        return rc == 0 ? 0 : kExitUsage;
+    if (auto status = spindle::apps::parseCommandLine(app, static_cast<int>(args.size()), args.data())) {
+        return *status;
     }
     raiseDescriptorLimit();
     if (pair->parsed()) { return runUdpPair(pairRt, pairFlags, pairDpdk); }

@@ -19,6 +19,7 @@
 #include <fmt/format.h>
 
 #include "apps/common/backend_flag.h"
+#include "apps/common/cli.h"
 #include "apps/httpd/server.h"
 #include "core/io.h"
 #include "core/runtime.h"
@@ -92,7 +93,7 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
     app.add_flag("--no-multishot-recv", noMultishotRecv,
                  "with provided buffers: one receive per read instead of one multishot receive per connection");
-    CLI11_PARSE(app, argc, argv);
+    if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));
     if (!listen) {

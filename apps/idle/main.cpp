@@ -23,6 +23,7 @@
 #include <fmt/format.h>
 
 #include "apps/common/backend_flag.h"
+#include "apps/common/cli.h"
 #include "core/io.h"
 #include "core/runtime.h"
 
@@ -85,7 +86,7 @@ int main(int argc, char** argv) {
     app.add_option("--sq-idle-ms", sqIdleMs, "with --sqpoll: SQ thread idle time before it sleeps")
         ->check(CLI::Range(1u, 60000u));
     spindle::apps::addBackendFlag(app, backend);
-    CLI11_PARSE(app, argc, argv);
+    if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     spindle::RuntimeOptions o;
     o.carriers = carriers;

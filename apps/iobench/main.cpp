@@ -41,6 +41,7 @@
 #include <fmt/format.h>
 
 #include "apps/common/backend_flag.h"
+#include "apps/common/cli.h"
 #include "base/histogram.h"
 #include "core/fixed.h"
 #include "core/io.h"
@@ -50,8 +51,8 @@ namespace {
 
 using Clock = std::chrono::steady_clock;  // CLOCK_MONOTONIC
 
-constexpr int kExitIoError = 1;
-constexpr int kExitUsage = 2;
+constexpr int kExitIoError = spindle::apps::kExitFailure;
+using spindle::apps::kExitUsage;
 
 enum class Rw { kRandRead, kRandWrite, kRead, kWrite };
 
@@ -352,12 +353,7 @@ int main(int argc, char** argv) {
                  "leave the carrier threads unbound (the scheduler may move them within the process cpuset)");
     app.add_option("--seed", o.seed, "seed of the fibers' offset generators");
     app.add_flag("--json", o.json, "print one JSON object instead of the text report");
-    try {
-        app.parse(argc, argv);
-    } catch (const CLI::ParseError& e) {
-        const int rc = app.exit(e);
-        return rc == 0 ? 0 : kExitUsage;
-    }
+    if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     auto usage = [](const std::string& msg) {
         fmt::print(stderr, "spindle-iobench: {}\n", msg);

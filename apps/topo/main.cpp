@@ -27,6 +27,7 @@
 #include <fmt/format.h>
 
 #include "apps/common/backend_flag.h"
+#include "apps/common/cli.h"
 #include "core/fiber.h"
 #include "core/runtime.h"
 #include "numa/placement.h"
@@ -40,8 +41,8 @@ using spindle::RuntimeOptions;
 using spindle::StealPolicy;
 namespace numa = spindle::numa;
 
-constexpr int kExitError = 1;
-constexpr int kExitUsage = 2;
+using spindle::apps::kExitFailure;
+using spindle::apps::kExitUsage;
 
 struct Common {
     std::string topology;  // "", "synthetic:..." or "xml:..."
@@ -92,7 +93,7 @@ int showTopology(const Common& c) {
     if (!rt) {
         fmt::print(stderr, "spindle-topo: the runtime did not start: {}{}\n", rt.error().message(),
                    spindle::apps::startFailureNote(c.backend));
-        return kExitError;
+        return kExitFailure;
     }
     const numa::Topology* t = rt->topology();
     if (t == nullptr) {
@@ -122,7 +123,7 @@ int showTopology(const Common& c) {
         auto order = rt->victimOrder(s.index);
         if (!order) {
             fmt::print(stderr, "spindle-topo: victimOrder({}): {}\n", s.index, order.error().message());
-            return kExitError;
+            return kExitFailure;
         }
         std::string line;
         numa::Distance cls = numa::Distance::kSamePu;
@@ -167,7 +168,7 @@ int runOnce(const Common& c, const Experiment& e, StealPolicy policy, RunResult&
     if (!rt) {
         fmt::print(stderr, "spindle-topo: the runtime did not start: {}{}\n", rt.error().message(),
                    spindle::apps::startFailureNote(c.backend));
-        return kExitError;
+        return kExitFailure;
     }
     const std::vector<CarrierStats> before = rt->stats();
     std::vector<int> targets;
@@ -194,7 +195,7 @@ int runOnce(const Common& c, const Experiment& e, StealPolicy policy, RunResult&
             spindle::SpawnOptions{.name = "work", .carrier = targets[i % targets.size()]});
         if (!h) {
             fmt::print(stderr, "spindle-topo: spawn: {}\n", h.error().message());
-            return kExitError;
+            return kExitFailure;
         }
         handles.push_back(std::move(*h));
     }
@@ -243,7 +244,7 @@ int runExperiment(const Common& c, const Experiment& e) {
         if (!probe) {
             fmt::print(stderr, "spindle-topo: the runtime did not start: {}{}\n", probe.error().message(),
                        spindle::apps::startFailureNote(c.backend));
-            return kExitError;
+            return kExitFailure;
         }
         const numa::Topology* t = probe->topology();
         fmt::print("machine: {} online CPUs; topology: {}\n", sysconf(_SC_NPROCESSORS_ONLN),
@@ -320,7 +321,7 @@ int main(int argc, char** argv) {
     exp->add_option("--skew", e.skew, "one-carrier (all spawned on carrier 0) or hot-node (on node 0's carriers)");
     exp->add_option("--repetitions", e.repetitions, "runs per policy; the median makespan is shown")
         ->check(CLI::Range(1u, 1000u));
-    CLI11_PARSE(app, argc, argv);
+    if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
     auto placement = numa::parsePlacement(c.placementText);
     if (!placement) {
         fmt::print(stderr, "spindle-topo: bad --placement '{}': per-core, per-pu, compact, scatter or list:0,2,...\n",

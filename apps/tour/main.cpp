@@ -18,6 +18,7 @@
 #include <fmt/format.h>
 
 #include "apps/common/backend_flag.h"
+#include "apps/common/cli.h"
 #include "core/driver/backend.h"
 #include "core/io.h"
 #include "core/runtime.h"
@@ -64,7 +65,7 @@ int main(int argc, char** argv) {
     app.add_option("--passes", o.passes, "times each block is read")->check(CLI::Range(1u, 1000u));
     app.add_option("--file", o.path, "scratch file (default: a temporary file, removed afterwards)");
     spindle::apps::addBackendFlag(app, o.backend);
-    CLI11_PARSE(app, argc, argv);
+    if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     bool ownFile = false;
     if (o.path.empty()) {

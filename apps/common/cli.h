@@ -1,0 +1,65 @@
+#pragma once
+/// How every spindle app reads its command line: CLI11, with the exit statuses the apps document, and
+/// the validators their numeric flags share.
+///
+/// Exit status, the same for every app (README.md, "Flags and exit status"): kExitOk (0) when done, and
+/// after --help; kExitFailure (1) when something failed at run time, said on stderr (the runtime or a
+/// server did not start, an I/O error, a failed connection); kExitUsage (2) for a bad command line: an
+/// unknown flag, a value that is not a number, or a number out of its flag's range. CLI11's own codes
+/// (104 for a value that does not convert, 105 out of range, 109 an unknown flag, ...) never reach
+/// the shell.
+
+#include <CLI/CLI.hpp>
+#include <cmath>
+#include <cstdint>
+#include <optional>
+#include <string>
+
+namespace spindle::apps {
+
+inline constexpr int kExitOk = 0;
+inline constexpr int kExitFailure = 1;
+inline constexpr int kExitUsage = 2;
+
+/// Parses `argv` into `app` and its subcommands. Returns std::nullopt when the program goes on, else the
+/// status for main to return: kExitOk after --help (the help on stdout), kExitUsage after a bad command
+/// line (CLI11's message, which names the flag, then "Run with --help for more information.", on stderr).
+[[nodiscard]] inline std::optional<int> parseCommandLine(CLI::App& app, int argc, const char* const* argv) {
+    try {
+        app.parse(argc, argv);
+        return std::nullopt;
+    } catch (const CLI::ParseError& e) {
+        return app.exit(e) == 0 ? kExitOk : kExitUsage;  // exit() prints the help, or the message
+    }
+}
+
+/// CLI::Range for a real number (seconds, say) that refuses NaN as well: CLI::Range lets "nan" through,
+/// since it compares false with both bounds. --help shows CLI::Range's description, "FLOAT in [min - max]".
+[[nodiscard]] inline CLI::Validator realRange(double min, double max) {
+    const CLI::Validator range = CLI::Range(min, max);
+    return CLI::Validator(
+        [range](std::string& text) {
+            double value = 0;
+            if (CLI::detail::lexical_cast(text, value) && std::isnan(value)) {
+                return "Value " + text + " is not a number";
+            }
+            return range(text);
+        },
+        range.get_description());
+}
+
+/// Refuses a count that is not a power of two (an io_uring provided-buffer ring holds 2^k entries). Goes
+/// after a CLI::Range, which refuses what is not a number first.
+[[nodiscard]] inline CLI::Validator powerOfTwo() {
+    return CLI::Validator(
+        [](std::string& text) {
+            uint64_t value = 0;
+            if (!CLI::detail::lexical_cast(text, value) || value == 0 || (value & (value - 1)) != 0) {
+                return "Value " + text + " is not a power of two";
+            }
+            return std::string();
+        },
+        "POWER OF TWO");
+}
+
+}  // namespace spindle::apps
