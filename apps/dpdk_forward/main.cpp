@@ -43,7 +43,7 @@ int main(int argc, char** argv) {
     unsigned memoryMb = 512;
     app.add_option("--port-a", portA, "first port (vdev string or PCI address)")->capture_default_str();
     app.add_option("--port-b", portB, "second port")->capture_default_str();
-    app.add_option("--duration", duration, "seconds to forward")->check(CLI::Range(0.01, 3600.0));
+    app.add_option("--duration", duration, "seconds to forward")->check(spindle::apps::realRange(0.01, 3600.0));
     app.add_option("--burst", burst, "packets per receive call")->check(CLI::Range(1u, 32u));
     app.add_option("--dpdk-memory-mb", memoryMb, "EAL memory without hugepages, MB")->check(CLI::Range(64u, 65536u));
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }

@@ -68,7 +68,8 @@ struct RuntimeFlags {
     std::string backend = "auto";
 
     void addTo(CLI::App& app) {
-        app.add_option("--carriers", carriers, "carriers (0: one per core of the process cpuset)");
+        app.add_option("--carriers", carriers, "carriers (0: one per core of the process cpuset)")
+            ->check(CLI::Range(0u, spindle::kMaxCarriers));
         app.add_option("--poll-mode", pollMode, "what an idle carrier does: block, spin or hybrid")
             ->check(CLI::IsMember({"block", "spin", "hybrid"}));
         app.add_option("--spin-us", spinMicros, "hybrid: microseconds an idle carrier spins before it parks")
@@ -671,7 +672,7 @@ int main(int argc, char** argv) {
                      "per connection into provided buffers");
     server->add_option("--provided-buffers", serverOptions.providedBuffers,
                        "provided receive buffers per carrier (a power of two)")
-        ->check(CLI::Range(1u, 32768u))->capture_default_str();
+        ->check(CLI::Range(1u, 32768u))->check(spindle::apps::powerOfTwo())->capture_default_str();
     server->add_option("--provided-buffer-size", serverOptions.providedBufferSize, "bytes of each provided buffer")
         ->check(CLI::Range(size_t{1}, size_t{1} << 20))->capture_default_str();
     serverRt.addTo(*server);
@@ -694,14 +695,18 @@ int main(int argc, char** argv) {
     unsigned ioTimeoutMs = 10000;
     client->add_option("--address", clientHost, "numeric IPv4 or IPv6 address of the server");
     client->add_option("--port", clientPort, "TCP port")->check(CLI::Range(1u, 65535u));
+    // Every connection to the one server address needs a local port of its own: no more than 65535 exist.
     client->add_option("--connections", clientOptions.connections, "concurrent connections, each a ping-pong fiber")
-        ->check(CLI::Range(1u, 1000000u));
+        ->check(CLI::Range(1u, 65535u));
     client->add_option("--size", clientOptions.messageSize, "bytes per message")
         ->check(CLI::Range(size_t{1}, spindle::echo::kMaxMessageSize));
-    client->add_option("--duration", duration, "measured seconds, after the warm-up")->check(CLI::Range(0.001, 86400.0));
+    client->add_option("--duration", duration, "measured seconds, after the warm-up")
+        ->check(spindle::apps::realRange(0.001, 86400.0));
+    // 10^12 round trips take years; times 65535 connections, the count still fits the report's 64 bits.
     client->add_option("--messages", clientOptions.messagesPerConnection,
-                       "round trips per connection, all measured, instead of --warmup and --duration");
-    client->add_option("--warmup", warmup, "seconds of load before measuring")->check(CLI::Range(0.0, 3600.0));
+                       "round trips per connection, all measured, instead of --warmup and --duration (0: use those)")
+        ->check(CLI::Range(uint64_t{0}, uint64_t{1'000'000'000'000}));
+    client->add_option("--warmup", warmup, "seconds of load before measuring")->check(spindle::apps::realRange(0.0, 3600.0));
     client->add_option("--connect-timeout-ms", connectTimeoutMs, "a connect taking longer fails")
         ->check(CLI::Range(1u, 3600000u));
     client->add_option("--io-timeout-ms", ioTimeoutMs, "one send or echo taking longer fails the connection")
@@ -724,8 +729,10 @@ int main(int argc, char** argv) {
     pair->add_flag("--dpdk", pairDpdk, "over two net_ring ports wired back to back instead of kernel sockets on loopback");
     pair->add_option("--size", pairFlags.size, "bytes per datagram")
         ->check(CLI::Range(spindle::echo::kUdpMinMessage, spindle::echo::kUdpMaxMessage));
-    pair->add_option("--duration", pairFlags.duration, "measured seconds, after the warm-up")->check(CLI::Range(0.001, 86400.0));
-    pair->add_option("--warmup", pairFlags.warmup, "seconds of load before measuring")->check(CLI::Range(0.0, 3600.0));
+    pair->add_option("--duration", pairFlags.duration, "measured seconds, after the warm-up")
+        ->check(spindle::apps::realRange(0.001, 86400.0));
+    pair->add_option("--warmup", pairFlags.warmup, "seconds of load before measuring")
+        ->check(spindle::apps::realRange(0.0, 3600.0));
     pairFlags.addTo(*pair);
     pairRt.addTo(*pair);
 

@@ -56,26 +56,29 @@ int main(int argc, char** argv) {
     CLI::App app{"spindle-httpd: HTTP/1.1 on spindle fibers (hello route, static files)"};
     app.add_option("--address", address, "numeric IPv4 or IPv6 address to listen on")->capture_default_str();
     app.add_option("--port", port, "TCP port (0: any free port)")->check(CLI::Range(0u, 65535u))->capture_default_str();
-    app.add_option("--carriers", carriers, "carriers, one listener each (0: one per core)")->capture_default_str();
+    app.add_option("--carriers", carriers, "carriers, one listener each (0: one per core)")
+        ->check(CLI::Range(0u, spindle::kMaxCarriers))->capture_default_str();
     app.add_option("--root", root, "document root for static files (none: only the hello route)")
         ->check(CLI::ExistingDirectory);
     app.add_option("--header-timeout", headerTimeout, "seconds to receive a request head")
-        ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
+        ->check(spindle::apps::realRange(0.001, 3600.0))->capture_default_str();
     app.add_option("--idle-timeout", idleTimeout, "seconds a keep-alive connection may stay idle")
-        ->check(CLI::Range(0.001, 86400.0))->capture_default_str();
+        ->check(spindle::apps::realRange(0.001, 86400.0))->capture_default_str();
     app.add_option("--send-timeout", sendTimeout, "seconds for one batch of responses to leave")
-        ->check(CLI::Range(0.001, 3600.0))->capture_default_str();
+        ->check(spindle::apps::realRange(0.001, 3600.0))->capture_default_str();
     app.add_option("--drain-timeout", drainTimeout, "seconds requests in flight get after SIGINT/SIGTERM")
-        ->check(CLI::Range(0.0, 3600.0))->capture_default_str();
+        ->check(spindle::apps::realRange(0.0, 3600.0))->capture_default_str();
     app.add_option("--max-header-bytes", maxHeaderBytes, "request line + headers; more: 431")
         ->check(CLI::Range(size_t{64}, size_t{1} << 20))->capture_default_str();
     app.add_option("--max-headers", maxHeaders, "header fields per request; more: 431")
         ->check(CLI::Range(size_t{1}, size_t{10000}))->capture_default_str();
-    app.add_option("--max-body-bytes", maxBodyBytes, "request body size; more: 413")->capture_default_str();
+    // Bodies are read and dropped, so any size works; the bound refuses -1, which CLI11 would take as 2^64 - 1.
+    app.add_option("--max-body-bytes", maxBodyBytes, "request body size; more: 413")
+        ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX}))->capture_default_str();
     app.add_option("--stack-kib", stackKib, "stack of each connection fiber in KiB")
         ->check(CLI::Range(size_t{16}, size_t{8192}))->capture_default_str();
     app.add_option("--provided-buffers", providedBuffers, "provided receive buffers per carrier (a power of two)")
-        ->check(CLI::Range(1u, 32768u))->capture_default_str();
+        ->check(CLI::Range(1u, 32768u))->check(spindle::apps::powerOfTwo())->capture_default_str();
     app.add_option("--ring-entries", ringEntries, "io_uring SQ entries per carrier (the CQ has twice as many)")
         ->check(CLI::Range(64u, 32768u))->capture_default_str();
     spindle::apps::addBackendFlag(app, backend);
@@ -90,7 +93,7 @@ int main(int argc, char** argv) {
     double idleFiberRelease = 1;
     app.add_option("--idle-fiber-release", idleFiberRelease,
                    "seconds after which an idle keep-alive connection gives its fiber up (0: never)")
-        ->check(CLI::Range(0.0, 86400.0))->capture_default_str();
+        ->check(spindle::apps::realRange(0.0, 86400.0))->capture_default_str();
     app.add_flag("--no-multishot-recv", noMultishotRecv,
                  "with provided buffers: one receive per read instead of one multishot receive per connection");
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }

@@ -77,8 +77,9 @@ int main(int argc, char** argv) {
     std::string backend = "auto";
     CLI::App app{"spindle-idle: CPU used by an idle runtime in each poll mode"};
     app.add_option("--mode", mode, "block, spin or hybrid")->check(CLI::IsMember({"block", "spin", "hybrid"}));
-    app.add_option("--carriers", carriers, "carriers to start (0: one per core)");
-    app.add_option("--seconds", seconds, "how long to stay idle")->check(CLI::Range(0.1, 3600.0));
+    app.add_option("--carriers", carriers, "carriers to start (0: one per core)")
+        ->check(CLI::Range(0u, spindle::kMaxCarriers));
+    app.add_option("--seconds", seconds, "how long to stay idle")->check(spindle::apps::realRange(0.1, 3600.0));
     app.add_option("--spin-us", spinMicros, "hybrid: spin window in microseconds")->check(CLI::Range(1u, 1000000u));
     app.add_option("--tick-ms", tickMs, "one fiber per carrier wakes every this many ms (0: no work at all)")
         ->check(CLI::Range(0u, 60000u));

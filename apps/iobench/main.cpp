@@ -112,6 +112,20 @@ std::optional<uint64_t> parseSize(const std::string& text) {
     return value << shift;
 }
 
+// Checks a size flag: parseSize's spelling, `min` to `max` bytes, which --help shows as "SIZE in [shown]".
+CLI::Validator sizeRange(uint64_t min, uint64_t max, const std::string& shown) {
+    return CLI::Validator(
+        [min, max, shown](std::string& text) {
+            const auto size = parseSize(text);
+            if (!size || *size < min || *size > max) {
+                return fmt::format("Value {} is not a size in [{}] (bytes, or with k, m, g or t as in fio)", text,
+                                   shown);
+            }
+            return std::string();
+        },
+        "SIZE in [" + shown + "]");
+}
+
 std::string humanBytes(uint64_t b) {
     if (b >= (uint64_t{1} << 30)) { return fmt::format("{:.2f} GiB", static_cast<double>(b) / (1 << 30)); }
     if (b >= (uint64_t{1} << 20)) { return fmt::format("{:.2f} MiB", static_cast<double>(b) / (1 << 20)); }
@@ -329,18 +343,21 @@ int main(int argc, char** argv) {
     app.add_option("--file", o.file, "file or block device to read or write")->required();
     app.add_option("--rw", o.rwName, "randread, randwrite, read or write (default randread)")
         ->check(CLI::IsMember({"randread", "randwrite", "read", "write"}));
-    app.add_option("--bs", o.bsText, "block size, with k/m/g suffixes as in fio (default 4k)");
+    app.add_option("--bs", o.bsText, "block size, with k/m/g suffixes as in fio (default 4k)")
+        ->check(sizeRange(1, uint64_t{64} << 20, "1 - 64m"));
     app.add_option("--depth", o.depth, "I/Os in flight per carrier: one fiber each (default 1)")
         ->check(CLI::Range(1u, 4096u));
     app.add_option("--carriers", o.carriers, "carriers (threads), bound to the CPUs of the process cpuset (default 1)")
-        ->check(CLI::Range(1u, 1024u));
+        ->check(CLI::Range(1u, spindle::kMaxCarriers));
     app.add_option("--duration", o.duration, "measured seconds, after the ramp (default 10)")
-        ->check(CLI::Range(0.001, 86400.0));
+        ->check(spindle::apps::realRange(0.001, 86400.0));
     app.add_option("--ramp", o.ramp, "warm-up seconds whose I/Os are not counted (default 0)")
-        ->check(CLI::Range(0.0, 86400.0));
+        ->check(spindle::apps::realRange(0.0, 86400.0));
+    // At most the largest file offset (off_t).
     app.add_option("--size", o.sizeText,
                    "bytes of the file to use; the file is created or extended with data to this size if shorter "
-                   "(default: the whole existing file)");
+                   "(default: the whole existing file)")
+        ->check(sizeRange(1, uint64_t{INT64_MAX}, "1 - 2^63-1"));
     app.add_flag("--direct", o.direct, "open with O_DIRECT (bypass the page cache)");
     app.add_flag("--fixed-buffers", o.fixedBuffers,
                  "use registered buffers (acquireFixedBuffer, read_fixed/write_fixed from core/fixed.h)");
@@ -351,7 +368,8 @@ int main(int argc, char** argv) {
                  "rings without IORING_SETUP_DEFER_TASKRUN (completions posted as they come, COOP_TASKRUN)");
     app.add_flag("--no-bind", o.noBind,
                  "leave the carrier threads unbound (the scheduler may move them within the process cpuset)");
-    app.add_option("--seed", o.seed, "seed of the fibers' offset generators");
+    app.add_option("--seed", o.seed, "seed of the fibers' offset generators")
+        ->check(CLI::Range(uint64_t{0}, UINT64_MAX));
     app.add_flag("--json", o.json, "print one JSON object instead of the text report");
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
@@ -362,18 +380,8 @@ int main(int argc, char** argv) {
     o.rw = o.rwName == "randread" ? Rw::kRandRead : o.rwName == "randwrite" ? Rw::kRandWrite
          : o.rwName == "read"     ? Rw::kRead
                                   : Rw::kWrite;
-    if (auto bs = parseSize(o.bsText); !bs || *bs == 0 || *bs > (uint64_t{64} << 20)) {
-        return usage(fmt::format("--bs '{}': expected a size from 1 to 64m, such as 4096, 4k or 1m", o.bsText));
-    } else {
-        o.bs = *bs;
-    }
-    if (!o.sizeText.empty()) {
-        auto size = parseSize(o.sizeText);
-        if (!size || *size == 0) {
-            return usage(fmt::format("--size '{}': expected a size such as 512m or 1g", o.sizeText));
-        }
-        o.size = *size;
-    }
+    o.bs = *parseSize(o.bsText);  // the flags' checks have read both
+    if (!o.sizeText.empty()) { o.size = *parseSize(o.sizeText); }
     if (o.direct && o.bs % 512 != 0) {
         return usage(fmt::format("--direct needs --bs to be a multiple of 512 (got {})", o.bs));
     }

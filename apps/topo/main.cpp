@@ -305,7 +305,7 @@ int main(int argc, char** argv) {
         a->add_option("--placement", c.placementText,
                       "carrier placement: per-core, per-pu, compact, scatter or list:<os>,<os>,...");
         a->add_option("--carriers", c.carriers, "carriers (0: the placement's natural count)")
-            ->check(CLI::Range(0u, 4096u));
+            ->check(CLI::Range(0u, spindle::kMaxCarriers));
         a->add_option("--threshold", c.threshold, "numa policy: a remote victim needs more than this many queued")
             ->check(CLI::Range(0u, 1'000'000u));
         spindle::apps::addBackendFlag(*a, c.backend);

@@ -58,10 +58,11 @@ std::string whyBackend(const std::string& flag, spindle::Backend chosen) {
 int main(int argc, char** argv) {
     TourOptions o;
     CLI::App app{"spindle-tour: fibers on pinned carriers reading a file through io_uring (or epoll)"};
-    app.add_option("--carriers", o.carriers, "carriers to start (0: one per core)");
+    app.add_option("--carriers", o.carriers, "carriers to start (0: one per core)")
+        ->check(CLI::Range(0u, spindle::kMaxCarriers));
     app.add_option("--fibers", o.fibers, "reader fibers")->check(CLI::Range(1u, 100000u));
-    app.add_option("--file-mib", o.fileMiB, "size of the scratch file in MiB")->check(CLI::Range(1, 4096));
-    app.add_option("--block-kib", o.blockKiB, "read size in KiB")->check(CLI::Range(1, 1024));
+    app.add_option("--file-mib", o.fileMiB, "size of the scratch file in MiB")->check(CLI::Range(size_t{1}, size_t{4096}));
+    app.add_option("--block-kib", o.blockKiB, "read size in KiB")->check(CLI::Range(size_t{1}, size_t{1024}));
     app.add_option("--passes", o.passes, "times each block is read")->check(CLI::Range(1u, 1000u));
     app.add_option("--file", o.path, "scratch file (default: a temporary file, removed afterwards)");
     spindle::apps::addBackendFlag(app, o.backend);
