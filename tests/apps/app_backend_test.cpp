@@ -3,38 +3,29 @@
 // kernel.io_uring_disabled would), and must then run on epoll, say why once, and exit 0; with
 // --backend io_uring they must refuse to start and say why.
 //
-// Why fork and exec: a seccomp filter outlives the test and would change every test after it; the
-// child takes it to its grave, and the binaries are the ones a user runs. Between fork and exec the
-// child makes only system calls (prctl, dup2, execve); everything it needs is built before the fork.
+// Why fork and exec (tests/apps/child_process.h): a seccomp filter outlives the test and would change
+// every test after it; the child takes it to its grave, and the binaries are the ones a user runs.
 // The child's environment drops SPINDLE_BACKEND (so --backend auto means the probe, whichever
 // backend this suite's ctest entry names) and sets SPINDLE_LOG=warn (so the fallback's warning is
 // the only log line expected).
 
 #include <arpa/inet.h>
-#include <fcntl.h>
 #include <gtest/gtest.h>
-
-#include "tests/core/deny_io_uring.h"
 #include <netinet/in.h>
-#include <poll.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
-#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
 #include <csignal>
-#include <cstddef>
-#include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <optional>
 #include <string>
 #include <string_view>
-#include <thread>
 #include <vector>
+
+#include "tests/apps/child_process.h"
 
 #ifndef SPINDLE_HELLO_BIN
 #error "tests/CMakeLists.txt passes SPINDLE_HELLO_BIN, the path of spindle-hello"
@@ -43,143 +34,15 @@
 #error "tests/CMakeLists.txt passes SPINDLE_HTTPD_BIN, the path of spindle-httpd"
 #endif
 
-extern char** environ;
-
 namespace {
 
 using namespace std::chrono_literals;
-using Clock = std::chrono::steady_clock;
+using spindle::testing_support::Child;
+using spindle::testing_support::childEnvironment;
+using spindle::testing_support::describeStatus;
+using spindle::testing_support::spawn;
 
-
-// The child's exit status when it could not install the filter; its stderr then says why.
-constexpr int kNoFilterExit = 125;
-constexpr std::string_view kNoFilterTag = "app_backend_test: no seccomp filter: ";
 constexpr std::string_view kFallbackWords = "io_uring unavailable";
-
-// The filter of tests/core/deny_io_uring.h; 0 or the errno of the prctl that failed.
-int denyIoUringSetup() noexcept { return spindle::testing_support::denyIoUringSetupFilter(); }
-
-// The environment of the test process without SPINDLE_BACKEND and SPINDLE_LOG, plus SPINDLE_LOG=warn
-// and `extra` ("NAME=value" entries).
-std::vector<std::string> childEnvironment(const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> env;
-    for (char** e = environ; *e != nullptr; ++e) {
-        const std::string_view entry(*e);
-        if (entry.starts_with("SPINDLE_BACKEND=") || entry.starts_with("SPINDLE_LOG=")) { continue; }
-        env.emplace_back(entry);
-    }
-    env.emplace_back("SPINDLE_LOG=warn");
-    env.insert(env.end(), extra.begin(), extra.end());
-    return env;
-}
-
-// A program started by spawn(): its pid and the read ends of its stdout and stderr, with everything
-// read from them so far.
-struct Child {
-    pid_t pid = -1;
-    int out = -1;
-    int err = -1;
-    std::string stdoutText;
-    std::string stderrText;
-    std::optional<int> status;  // waitpid's status once reaped
-
-    Child() = default;
-    Child(const Child&) = delete;
-    Child& operator=(const Child&) = delete;
-    ~Child() {
-        if (pid > 0 && !status) {
-            ::kill(pid, SIGKILL);
-            int st = 0;
-            ::waitpid(pid, &st, 0);
-        }
-        if (out >= 0) { ::close(out); }
-        if (err >= 0) { ::close(err); }
-    }
-
-    // Reads what stdout and stderr have for up to `wait` (less once both are at EOF); true when
-    // `done` is satisfied, checked after every read.
-    template <class Done>
-    bool readUntil(Done&& done, std::chrono::milliseconds wait) {
-        const auto until = Clock::now() + wait;
-        while (!done()) {
-            pollfd fds[2] = {{out, POLLIN, 0}, {err, POLLIN, 0}};
-            const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(until - Clock::now());
-            if (left <= 0ms || (out < 0 && err < 0)) { return false; }
-            const int n = ::poll(fds, 2, static_cast<int>(left.count()));
-            if (n < 0 && errno != EINTR) { return false; }
-            for (int i = 0; i < 2 && n > 0; ++i) {
-                if (fds[i].fd < 0 || fds[i].revents == 0) { continue; }
-                char buf[4096];
-                const ssize_t got = ::read(fds[i].fd, buf, sizeof buf);
-                if (got > 0) {
-                    (i == 0 ? stdoutText : stderrText).append(buf, static_cast<size_t>(got));
-                } else if (got == 0 || errno != EINTR) {
-                    ::close(fds[i].fd);
-                    (i == 0 ? out : err) = -1;
-                }
-            }
-        }
-        return true;
-    }
-
-    // Reads both pipes to EOF and reaps the child, within `wait`; then status holds its status.
-    // Returns false (the child is killed by the destructor) when it does not exit in time.
-    bool finish(std::chrono::milliseconds wait) {
-        const auto until = Clock::now() + wait;
-        readUntil([this] { return out < 0 && err < 0; }, wait);
-        while (!status) {
-            int st = 0;
-            const pid_t r = ::waitpid(pid, &st, WNOHANG);
-            if (r == pid) {
-                status = st;
-            } else if (Clock::now() >= until) {
-                return false;
-            } else {
-                std::this_thread::sleep_for(10ms);
-            }
-        }
-        return true;
-    }
-
-    [[nodiscard]] bool filterMissing() const {
-        return status && WIFEXITED(*status) && WEXITSTATUS(*status) == kNoFilterExit &&
-               stderrText.find(kNoFilterTag) != std::string::npos;
-    }
-};
-
-// Starts `argv` with `env`, under the io_uring_setup filter when `filtered`. Precondition: argv[0]
-// is a path. Fails the test (and returns pid -1) when fork or a pipe fails.
-void spawn(Child& child, const std::vector<std::string>& argv, const std::vector<std::string>& env, bool filtered) {
-    std::vector<char*> args, envp;
-    for (const std::string& a : argv) { args.push_back(const_cast<char*>(a.c_str())); }
-    args.push_back(nullptr);
-    for (const std::string& e : env) { envp.push_back(const_cast<char*>(e.c_str())); }
-    envp.push_back(nullptr);
-    int outPipe[2], errPipe[2];
-    ASSERT_EQ(::pipe2(outPipe, O_CLOEXEC), 0) << std::strerror(errno);
-    ASSERT_EQ(::pipe2(errPipe, O_CLOEXEC), 0) << std::strerror(errno);
-    const pid_t pid = ::fork();
-    ASSERT_GE(pid, 0) << "fork: " << std::strerror(errno);
-    if (pid == 0) {
-        // dup2 clears O_CLOEXEC on the copies, so 1 and 2 survive the exec and the pipes' ends do not.
-        if (::dup2(outPipe[1], STDOUT_FILENO) < 0 || ::dup2(errPipe[1], STDERR_FILENO) < 0) { ::_exit(127); }
-        if (filtered) {
-            if (const int e = denyIoUringSetup(); e != 0) {
-                (void)!::write(STDERR_FILENO, kNoFilterTag.data(), kNoFilterTag.size());
-                const char* why = ::strerrordesc_np(e);
-                (void)!::write(STDERR_FILENO, why, std::strlen(why));
-                ::_exit(kNoFilterExit);
-            }
-        }
-        ::execve(args[0], args.data(), envp.data());
-        ::_exit(127);
-    }
-    ::close(outPipe[1]);
-    ::close(errPipe[1]);
-    child.pid = pid;
-    child.out = outPipe[0];
-    child.err = errPipe[0];
-}
 
 // A scratch file holding `text`, removed with the object.
 class ScratchFile {
@@ -221,12 +84,6 @@ std::vector<std::string> linesWith(const std::string& text, std::string_view wor
         start = end + 1;
     }
     return lines;
-}
-
-std::string describeStatus(int status) {
-    if (WIFEXITED(status)) { return "exit " + std::to_string(WEXITSTATUS(status)); }
-    if (WIFSIGNALED(status)) { return std::string("killed by ") + ::strsignal(WTERMSIG(status)); }
-    return "status " + std::to_string(status);
 }
 
 // The port in spindle-httpd's "listening on 127.0.0.1:PORT ..." line, or 0.
@@ -279,7 +136,8 @@ TEST(AppBackend, HelloFallsBackToEpollWhenIoUringIsRefused) {
     ScratchFile file(kFileText);
     ASSERT_FALSE(file.path().empty()) << "cannot write a file in /tmp";
     Child child;
-    ASSERT_NO_FATAL_FAILURE(spawn(child, {SPINDLE_HELLO_BIN, file.path()}, childEnvironment(), true));
+    ASSERT_NO_FATAL_FAILURE(
+        spawn(child, {SPINDLE_HELLO_BIN, file.path()}, childEnvironment(), {.denyIoUring = true}));
     ASSERT_TRUE(child.finish(30s)) << "spindle-hello did not exit; stderr:\n" << child.stderrText;
     if (child.filterMissing()) { GTEST_SKIP() << child.stderrText; }
     EXPECT_TRUE(WIFEXITED(*child.status) && WEXITSTATUS(*child.status) == 0)
@@ -298,7 +156,7 @@ TEST(AppBackend, HttpdFallsBackToEpollAndServesWhenIoUringIsRefused) {
     ASSERT_NO_FATAL_FAILURE(spawn(child,
                                   {SPINDLE_HTTPD_BIN, "--address", "127.0.0.1", "--port", "0", "--drain-timeout",
                                    "2"},
-                                  childEnvironment(), true));
+                                  childEnvironment(), {.denyIoUring = true}));
     const bool up = child.readUntil([&] { return listeningPort(child.stderrText) != 0; }, 30s);
     if (!up) {
         child.finish(5s);
@@ -324,7 +182,7 @@ TEST(AppBackend, HttpdWithBackendIoUringFailsWhenIoUringIsRefused) {
     Child child;
     ASSERT_NO_FATAL_FAILURE(spawn(
         child, {SPINDLE_HTTPD_BIN, "--address", "127.0.0.1", "--port", "0", "--backend", "io_uring"},
-        childEnvironment(), true));
+        childEnvironment(), {.denyIoUring = true}));
     ASSERT_TRUE(child.finish(30s)) << "spindle-httpd did not exit; stderr:\n" << child.stderrText;
     if (child.filterMissing()) { GTEST_SKIP() << child.stderrText; }
     EXPECT_TRUE(WIFEXITED(*child.status) && WEXITSTATUS(*child.status) != 0)
@@ -345,7 +203,7 @@ TEST(AppBackend, TheFlagWinsOverSpindleBackend) {
     ASSERT_NO_FATAL_FAILURE(spawn(child,
                                   {SPINDLE_HTTPD_BIN, "--address", "127.0.0.1", "--port", "0", "--backend", "epoll",
                                    "--drain-timeout", "2"},
-                                  childEnvironment({"SPINDLE_BACKEND=io_uring"}), false));
+                                  childEnvironment({"SPINDLE_BACKEND=io_uring"})));
     ASSERT_TRUE(child.readUntil([&] { return listeningPort(child.stderrText) != 0; }, 30s))
         << "spindle-httpd did not say where it listens; stderr:\n" << child.stderrText;
     EXPECT_EQ(linesWith(child.stderrText, "backend epoll").size(), 1u) << child.stderrText;
@@ -359,7 +217,7 @@ TEST(AppBackend, TheFlagWinsOverSpindleBackend) {
     ASSERT_FALSE(file.path().empty()) << "cannot write a file in /tmp";
     Child hello;
     ASSERT_NO_FATAL_FAILURE(
-        spawn(hello, {SPINDLE_HELLO_BIN, file.path()}, childEnvironment({"SPINDLE_BACKEND=epoll"}), false));
+        spawn(hello, {SPINDLE_HELLO_BIN, file.path()}, childEnvironment({"SPINDLE_BACKEND=epoll"})));
     ASSERT_TRUE(hello.finish(30s)) << "spindle-hello did not exit; stderr:\n" << hello.stderrText;
     EXPECT_NE(hello.stdoutText.find(" through epoll\n"), std::string::npos) << hello.stdoutText << hello.stderrText;
     EXPECT_TRUE(hello.stderrText.empty()) << hello.stderrText;
