@@ -1,14 +1,15 @@
 #pragma once
 /// Runs an app binary as a child of the test, the way a user runs it, and collects its stdout, stderr
-/// and exit status (tests/apps/app_backend_test.cpp).
+/// and exit status. Shared by tests/apps/app_backend_test.cpp and tests/apps/app_flags_test.cpp.
 ///
-/// Why fork and exec: what the child is given (a seccomp filter) stays with it and
+/// Why fork and exec: what the child is given (a seccomp filter, a resource limit) stays with it and
 /// changes no test after it. Between fork and exec the child makes only system calls (dup2, prctl,
-/// execve); everything it needs is built before the fork.
+/// setrlimit, execve); everything it needs is built before the fork.
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -32,6 +33,8 @@ namespace spindle::testing_support {
 /// The child's exit status when it could not install the io_uring filter; its stderr then says why.
 inline constexpr int kNoFilterExit = 125;
 inline constexpr std::string_view kNoFilterTag = "child_process: no seccomp filter: ";
+/// The child's exit status when it could not set its resource limit, or exec failed.
+inline constexpr int kNoExecExit = 127;
 
 /// The environment of the test process without SPINDLE_BACKEND and SPINDLE_LOG, plus SPINDLE_LOG=warn
 /// and `extra` ("NAME=value" entries). Without SPINDLE_BACKEND, --backend auto means the probe,
@@ -123,11 +126,17 @@ struct Child {
         return status && WIFEXITED(*status) && WEXITSTATUS(*status) == kNoFilterExit &&
                stderrText.find(kNoFilterTag) != std::string::npos;
     }
+
+    /// Whether the child exited with `code`.
+    [[nodiscard]] bool exitedWith(int code) const {
+        return status && WIFEXITED(*status) && WEXITSTATUS(*status) == code;
+    }
 };
 
 /// What the child gets besides its arguments and environment.
 struct ChildOptions {
     bool denyIoUring = false;  // under denyIoUringSetupFilter(): io_uring_setup fails with EPERM
+    rlim_t addressSpace = 0;   // RLIMIT_AS in bytes (a runaway fails to allocate); 0: the test's own
 };
 
 /// Starts `argv` with `env` and `options`. Precondition: argv[0] is a path. Fails the test (and leaves
@@ -139,6 +148,7 @@ inline void spawn(Child& child, const std::vector<std::string>& argv, const std:
     args.push_back(nullptr);
     for (const std::string& e : env) { envp.push_back(const_cast<char*>(e.c_str())); }
     envp.push_back(nullptr);
+    const rlimit addressSpace{options.addressSpace, options.addressSpace};
     int outPipe[2], errPipe[2];
     ASSERT_EQ(::pipe2(outPipe, O_CLOEXEC), 0) << std::strerror(errno);
     ASSERT_EQ(::pipe2(errPipe, O_CLOEXEC), 0) << std::strerror(errno);
@@ -146,7 +156,9 @@ inline void spawn(Child& child, const std::vector<std::string>& argv, const std:
     ASSERT_GE(pid, 0) << "fork: " << std::strerror(errno);
     if (pid == 0) {
         // dup2 clears O_CLOEXEC on the copies, so 1 and 2 survive the exec and the pipes' ends do not.
-        if (::dup2(outPipe[1], STDOUT_FILENO) < 0 || ::dup2(errPipe[1], STDERR_FILENO) < 0) { ::_exit(127); }
+        if (::dup2(outPipe[1], STDOUT_FILENO) < 0 || ::dup2(errPipe[1], STDERR_FILENO) < 0) {
+            ::_exit(kNoExecExit);
+        }
         if (options.denyIoUring) {
             if (const int e = denyIoUringSetupFilter(); e != 0) {
                 (void)!::write(STDERR_FILENO, kNoFilterTag.data(), kNoFilterTag.size());
@@ -155,8 +167,9 @@ inline void spawn(Child& child, const std::vector<std::string>& argv, const std:
                 ::_exit(kNoFilterExit);
             }
         }
+        if (options.addressSpace != 0 && ::setrlimit(RLIMIT_AS, &addressSpace) != 0) { ::_exit(kNoExecExit); }
         ::execve(args[0], args.data(), envp.data());
-        ::_exit(127);
+        ::_exit(kNoExecExit);
     }
     ::close(outPipe[1]);
     ::close(errPipe[1]);
