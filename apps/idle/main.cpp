@@ -4,6 +4,9 @@
 // prints the process CPU time spent meanwhile as a percentage of one CPU per
 // carrier, with the share of the kernel's SQPOLL threads (iou-sqp-*) apart, and
 // the backend the runtime ran on (--backend; SPINDLE_BACKEND with auto).
+//
+// Exit status: 0 done; 1 the runtime did not start or a ticker fiber could not be spawned; 2 a bad flag
+// value (README.md, "Flags and exit status").
 #include <dirent.h>
 #include <sys/resource.h>
 #include <unistd.h>

@@ -2,6 +2,9 @@
 // a file through its I/O backend (io_uring, or epoll where io_uring cannot be used
 // or --backend asks for it), and prints the backend, what this kernel's io_uring
 // offers, what the workload did and how fast.
+//
+// Exit status: 0 done; 1 the runtime did not start, an I/O error, or a block read back wrong; 2 a bad
+// flag value (README.md, "Flags and exit status").
 #include <fcntl.h>
 #include <unistd.h>
 
