@@ -41,6 +41,16 @@
 #include "core/internal/fiber.h"
 #include "core/internal/runtime_impl.h"
 
+namespace spindle::detail {
+class RuntimeImpl;
+}
+
+/// Every runtime that has started and not been destroyed, newest first, linked by
+/// RuntimeImpl::debugNext_: where tools/gdb/spindle.py starts (a live process or a core file).
+extern "C" {
+spindle::detail::RuntimeImpl* spindle_debug_runtimes = nullptr;
+}
+
 namespace spindle {
 namespace detail {
 namespace {
@@ -477,6 +487,33 @@ void RuntimeImpl::listOnSignal(bool on) noexcept {
     } catch (...) {
         log::warn("fiber listing on SIGUSR1: out of memory; this runtime is not listed");
     }
+}
+
+// ---- debuggers ----------------------------------------------------------------------------------------------
+
+namespace {
+std::mutex gDebugMutex;  // guards spindle_debug_runtimes and the links from it
+}  // namespace
+
+void RuntimeImpl::showToDebuggers(bool on) noexcept {
+    std::lock_guard lock(gDebugMutex);
+    if (on) {
+        for (size_t i = carriers_.size(); i-- > 0;) {
+            carriers_[i]->debugNext_ = debugCarriers_;
+            debugCarriers_ = carriers_[i].get();
+        }
+        debugNext_ = spindle_debug_runtimes;
+        spindle_debug_runtimes = this;
+        shownToDebuggers_ = true;
+        return;
+    }
+    for (RuntimeImpl** p = &spindle_debug_runtimes; *p != nullptr; p = &(*p)->debugNext_) {
+        if (*p == this) {
+            *p = debugNext_;
+            break;
+        }
+    }
+    shownToDebuggers_ = false;
 }
 
 // ---- the stall monitor ---------------------------------------------------------------------------------------

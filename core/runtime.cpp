@@ -70,6 +70,7 @@ RuntimeImpl::~RuntimeImpl() {
     shutdown();
     join();
     if (listedOnSignal_) { listOnSignal(false); }
+    if (shownToDebuggers_) { showToDebuggers(false); }
 }
 
 Result<void> RuntimeImpl::loadTopology() noexcept {
@@ -263,6 +264,7 @@ Result<void> RuntimeImpl::start() noexcept {
             stallMonitor_.reset();
         }
     }
+    showToDebuggers(true);
     const char* onSignal = std::getenv("SPINDLE_FIBER_SIGNAL");
     if (options_.fiberListOnSignal || (onSignal != nullptr && std::strcmp(onSignal, "1") == 0)) {
         listOnSignal(true);

@@ -344,6 +344,7 @@ private:
     Stats stats_;
     std::atomic<bool> inFiber_{false};  // owner-written beside the counters; see inFiber()
     std::atomic<bool> exited_{true};    // false from start() until threadMain ends
+    Carrier* debugNext_ = nullptr;      // the runtime's next carrier, for debuggers (tools/gdb/spindle.py)
     StallSample stallSample_;
 
     RuntimeImpl* runtime_;

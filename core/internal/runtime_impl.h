@@ -120,6 +120,8 @@ private:
     void reportAlive(std::chrono::nanoseconds waited) const noexcept;
     // Adds this runtime to (or removes it from) those SIGUSR1 lists.
     void listOnSignal(bool on) noexcept;
+    // Adds this runtime to (or removes it from) spindle_debug_runtimes, the list debuggers read.
+    void showToDebuggers(bool on) noexcept;
     // Takes n from live_; the last one out wakes waitIdle() and, during shutdown, the carriers.
     void dropLive(uint64_t n) noexcept;
     /// The CPU for the SQPOLL thread of the carrier on PU `pu`, or -1 (logged) when there is none.
@@ -138,6 +140,11 @@ private:
     static constexpr unsigned long kMaxStallMs = 60'000;
     std::unique_ptr<StallMonitor> stallMonitor_;  // null when the detector is off
     bool listedOnSignal_ = false;
+    // For debuggers (tools/gdb/spindle.py reads these by name): the next runtime of
+    // spindle_debug_runtimes, and the first carrier (Carrier::debugNext_ links the others).
+    RuntimeImpl* debugNext_ = nullptr;
+    Carrier* debugCarriers_ = nullptr;
+    bool shownToDebuggers_ = false;
     mutable std::mutex listMutex_;  // one listing at a time (each pauses every carrier)
 };
 

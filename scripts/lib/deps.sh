@@ -13,7 +13,7 @@ SPINDLE_DEB_PACKAGES=(
   liburing-dev libhwloc-dev hwloc
   libgtest-dev libgmock-dev libbenchmark-dev
   libboost-context-dev libboost-fiber-dev
-  libfmt-dev libcli11-dev python3 libunwind-dev
+  libfmt-dev libcli11-dev python3 libunwind-dev gdb
   libdpdk-dev iproute2 iputils-ping ethtool
 )
 
