@@ -36,6 +36,7 @@
 /// | kMultishotRecv   | net::MultishotReceiver arming its receive   | the errno its only CQE says |
 /// | kWakeFail        | a MSG_RING wake-up leaving a carrier's ring | ignored: the kernel says EBADF |
 /// | kEnterFail       | a Ring::submitAndWait call                  | the errno it returns     |
+/// | kGrowFail        | a carrier's run deque or timer heap growing | ignored: std::bad_alloc  |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -88,6 +89,7 @@ enum class Point : uint8_t {
     kMultishotRecv,    // net::MultishotReceiver::next, in place of arming (as a kernel that refuses it: EINVAL)
     kWakeFail,         // core's UringDriver, a carrier-to-carrier MSG_RING wake-up: aimed at no ring (EBADF)
     kEnterFail,        // uring::Ring::submitAndWait, in place of io_uring_enter (nothing submitted or reaped)
+    kGrowFail,         // ChaseLevDeque::grow and DeadlineHeap::push when it must grow: std::bad_alloc, as if out of memory
     kCount,
 };
 

@@ -310,8 +310,14 @@ void Carrier::pushReady(Fiber* fiber) noexcept {
     fiber->state_.store(FiberState::kRunnable, std::memory_order_relaxed);
     if (fiber->pinCount_ > 0 || inMaintenance_) {
         pushFifo(fiber);
-    } else {
+        return;
+    }
+    try {
         deque_.push(fiber);
+    } catch (const std::bad_alloc&) {
+        // The deque could not grow. A wake-up cannot fail: the FIFO takes the fiber (intrusive, it never
+        // allocates), and maintenance offers it to thieves again later.
+        pushFifo(fiber);
     }
 }
 
@@ -477,12 +483,18 @@ void Carrier::maintenance(bool beforePark) noexcept {
         Fiber* keep = nullptr;
         Fiber* keepTail = nullptr;
         while (Fiber* f = popFifo()) {
-            if (f->pinCount_ > 0) {
+            bool kept = f->pinCount_ > 0;
+            if (!kept) {
+                try {
+                    deque_.push(f);
+                } catch (const std::bad_alloc&) {
+                    kept = true;  // no room to grow the deque: it stays in the FIFO, runnable here
+                }
+            }
+            if (kept) {
                 f->nextLocal_ = nullptr;
                 if (keepTail != nullptr) { keepTail->nextLocal_ = f; } else { keep = f; }
                 keepTail = f;
-            } else {
-                deque_.push(f);
             }
         }
         fifoHead_ = keep;
@@ -555,12 +567,16 @@ void Carrier::expireTimers() noexcept {
     }
 }
 
-bool Carrier::addTimer(TimerEntry* entry, uint64_t deadlineNs) noexcept {
+int Carrier::addTimer(TimerEntry* entry, uint64_t deadlineNs) noexcept {
     SPINDLE_ASSERT(tlsCarrier == this);
-    if (stopping()) { return false; }
+    if (stopping()) { return ECANCELED; }
     entry->owner = this;
-    timers_.push(entry, deadlineNs);
-    return true;
+    try {
+        timers_.push(entry, deadlineNs);
+    } catch (const std::bad_alloc&) {
+        return ENOMEM;  // the heap could not grow; it is unchanged
+    }
+    return 0;
 }
 
 void Carrier::cancelTimer(TimerEntry* entry) noexcept {

@@ -341,9 +341,9 @@ Result<void> sleep_until(std::chrono::steady_clock::time_point deadline) noexcep
     entry.fired = &fired;
     entry.waiter = self;
     if (!detail::beginCancellableWait(self, c, detail::CancelPoint::Kind::kTimer, &entry)) { return Error{ECANCELED}; }
-    if (!c->addTimer(&entry, deadlineNs)) {
+    if (const int err = c->addTimer(&entry, deadlineNs); err != 0) {
         self->waitOn_.store(nullptr, std::memory_order_relaxed);
-        return Error{ECANCELED};
+        return Error{err};
     }
     const int32_t r = fired.wait(detail::WaitKind::kSleep, &fired, deadlineNs);
     if (r < 0) { return Error{-r}; }

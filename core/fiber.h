@@ -151,7 +151,8 @@ namespace this_fiber {
 /// Lets the other runnable fibers of this carrier run first; on a plain thread, std::this_thread::yield().
 void yield() noexcept;
 /// Parks the fiber until `deadline` (CLOCK_MONOTONIC); a plain thread sleeps.
-/// Errors: ECANCELED when the runtime shuts down first.
+/// Errors: ECANCELED when the runtime shuts down first; ENOMEM when the carrier's timer heap must grow
+/// and cannot (nothing is armed; the fiber did not sleep).
 Result<void> sleep_until(std::chrono::steady_clock::time_point deadline) noexcept;
 /// Parks the fiber for `duration`. Errors: as sleep_until.
 Result<void> sleep_for(std::chrono::nanoseconds duration) noexcept;

@@ -177,9 +177,9 @@ int32_t FiberFuture::waitWithTimeout(FiberFuture* future, std::chrono::nanosecon
     if (!detail::beginCancellableWait(self, c, detail::CancelPoint::Kind::kTimer, &entry)) {
         return future->isSet() ? future->res_ : -ECANCELED;
     }
-    if (!c->addTimer(&entry, deadline)) {
+    if (const int err = c->addTimer(&entry, deadline); err != 0) {
         self->waitOn_.store(nullptr, std::memory_order_relaxed);
-        return future->isSet() ? future->res_ : -ECANCELED;
+        return future->isSet() ? future->res_ : -err;
     }
     FiberFuture* both[2] = {future, &fired};
     (void)waitForMultipleNoted(both, 2, kind, object, deadline);

@@ -94,7 +94,9 @@ public:
 
     /// wait() with a limit: returns the result, or -ETIMEDOUT when `timeout`
     /// passes first. The future stays armed after a timeout: a later set() is
-    /// legal and a later wait() returns it.
+    /// legal and a later wait() returns it. -ECANCELED during shutdown or for a
+    /// cancelled fiber; -ENOMEM (without waiting) when the carrier's timer heap
+    /// must grow and cannot. The primitives' timed waits take either as a timeout.
     static int32_t waitWithTimeout(FiberFuture* future, std::chrono::nanoseconds timeout) noexcept {
         return waitWithTimeout(future, timeout, detail::WaitKind::kFuture, future);
     }

@@ -135,16 +135,22 @@ Result<void> cancelMultishot(MultishotCompletion* completion) noexcept {
         owner->cancelOpHere(completion);
         return {};
     }
-    auto* m = new (std::nothrow) detail::Message;
-    if (m == nullptr) { return Error{ENOMEM}; }
-    // A heap message: two cancels of one operation may be on their way at once (a pause and a stop).
-    m->run = [](detail::Message* self) noexcept {
-        detail::Carrier::current()->cancelOpHere(static_cast<op::IoRequest*>(self->target));
-        delete self;
+    if (owner->exited()) { return {}; }  // it ended every operation it held on its way out
+    // One message at a time: a cancel while one is queued (a pause and a stop) is folded into it.
+    if (completion->cancelQueued.exchange(true, std::memory_order_acq_rel)) { return {}; }
+    completion->cancelMsg.run = [](detail::Message* self) noexcept {
+        auto* c = static_cast<MultishotCompletion*>(self->target);
+        detail::Carrier::current()->cancelOpHere(c);
+        // The last touch: once false, settleMultishot() lets the owner of `c` destroy it.
+        c->cancelQueued.store(false, std::memory_order_release);
     };
-    m->target = static_cast<op::IoRequest*>(completion);
-    owner->post(m);
+    completion->cancelMsg.target = completion;
+    owner->post(&completion->cancelMsg);
     return {};
+}
+
+void settleMultishot(MultishotCompletion* completion) noexcept {
+    while (completion->cancelQueued.load(std::memory_order_acquire)) { this_fiber::yield(); }
 }
 
 int32_t waitMultishot(FiberFuture* future, MultishotCompletion* completion, Deadline deadline) noexcept {

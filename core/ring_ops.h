@@ -7,11 +7,13 @@
 /// the carrier's driver (io_uring or epoll) carries it out. Users of the runtime want core/io.h and
 /// net/ instead.
 
+#include <atomic>
 #include <cstdint>
 
 #include "base/result.h"
 #include "core/deadline.h"
 #include "core/driver/op.h"
+#include "core/internal/fiber.h"
 
 namespace spindle {
 class FiberFuture;
@@ -38,11 +40,16 @@ struct OpResult {
 /// The target of a multishot operation's completions. `fn` runs on the thread of the carrier whose
 /// driver holds the operation, once per completion: it must not block, and it must be quick. The
 /// operation has ended with the first completion whose flags lack op::kMore (an error, an explicit
-/// cancel, runtime shutdown); only then may the completion be destroyed.
+/// cancel, runtime shutdown); only then, and after settleMultishot(), may the completion be destroyed.
 struct MultishotCompletion : op::IoRequest {
     void (*fn)(MultishotCompletion* self, int32_t res, uint32_t flags) = nullptr;
     void* owner = nullptr;  // set by armMultishot: the carrier that holds it (for cancelMultishot)
     op::Op opStorage;       // armMultishot's copy of the op, which the request points at
+    // cancelMultishot's message to the owner when sent from elsewhere, and whether it is on its way
+    // (it is the completion's own: a cancel allocates nothing, and a second one while the first is
+    // queued is folded into it).
+    detail::Message cancelMsg;
+    std::atomic<bool> cancelQueued{false};
 };
 
 /// Starts a multishot operation (op::acceptMultishot, op::recvMultishot) on the calling fiber's
@@ -55,11 +62,17 @@ struct MultishotCompletion : op::IoRequest {
 [[nodiscard]] Result<unsigned> armMultishot(const op::Op& op, MultishotCompletion* completion) noexcept;
 
 /// Asks the carrier holding `completion`'s operation to cancel it (through that carrier's driver,
-/// sent as a message when the caller is elsewhere, a plain thread included); returns at once. The
-/// operation's last completion follows: -ECANCELED, or whatever ended it first.
-/// Precondition: armMultishot(..., completion) succeeded and the runtime has not been joined.
-/// Errors: ENOMEM when the message to another carrier cannot be allocated (nothing was sent).
+/// sent as the completion's own message when the caller is elsewhere, a plain thread included);
+/// returns at once. The operation's last completion follows: -ECANCELED, or whatever ended it first.
+/// After the holding carrier has exited (shutdown ended every operation) it does nothing.
+/// Precondition: armMultishot(..., completion) succeeded and the Runtime still exists.
+/// Errors: none today (the message is the completion's own); the Result stays for callers' sake.
 [[nodiscard]] Result<void> cancelMultishot(MultishotCompletion* completion) noexcept;
+
+/// Waits (parks a fiber, yields a thread) until no cancelMultishot() message for `completion` is on its
+/// way: call it after the operation's last completion and before destroying `completion`, which such a
+/// message would otherwise touch. Returns at once in the usual case (none was sent, or it has run).
+void settleMultishot(MultishotCompletion* completion) noexcept;
 
 /// Parks the calling fiber until `future` is set by `completion`'s handler, for a consumer of a
 /// multishot operation's CQEs. The handler must set the future (FiberFuture::set) for the CQE the

@@ -532,6 +532,7 @@ void MultishotReceiver::stop() noexcept {
     }
     if (!cancelMultishot(&completion_)) { (void)::shutdown(fd_, SHUT_RD); }
     (void)ended_.wait();
+    settleMultishot(&completion_);
     std::lock_guard<spindle::detail::SpinLock> g(lock_);  // the handler that set ended_ has let go of the receiver
 }
 

@@ -284,6 +284,7 @@ void TcpListener::close() noexcept {
         // (ENOMEM), shutdown(2) ends a TCP listener's pending accept with EINVAL all the same.
         if (!cancelMultishot(&s)) { (void)::shutdown(s.fd, SHUT_RD); }
         (void)s.ended.wait();
+        settleMultishot(&s);
     }
     std::deque<int> left;
     {

@@ -155,8 +155,9 @@ public:
     void handleCancelWait(Fiber* fiber) noexcept;
 
     // --- timers ---
-    /// Arms `entry` to fire at `deadlineNs`. Returns false (nothing armed) during shutdown.
-    bool addTimer(TimerEntry* entry, uint64_t deadlineNs) noexcept;
+    /// Arms `entry` to fire at `deadlineNs`. Returns 0, or (nothing armed) ECANCELED during shutdown,
+    /// ENOMEM when the timer heap cannot grow.
+    [[nodiscard]] int addTimer(TimerEntry* entry, uint64_t deadlineNs) noexcept;
     /// Disarms `entry` from any thread; returns once the owner no longer touches it.
     /// Afterwards entry->fired is set (0 if it had fired, -ECANCELED if disarmed).
     static void cancelTimer(TimerEntry* entry) noexcept;

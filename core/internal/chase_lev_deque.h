@@ -20,6 +20,7 @@
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <memory>
 #include <optional>
 #include <type_traits>
@@ -27,6 +28,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/inject.h"
 
 namespace spindle::detail {
 
@@ -168,6 +170,7 @@ void ChaseLevDeque<T>::push(T value) noexcept(false) {
 
 template <class T>
 void ChaseLevDeque<T>::grow(Buffer* cur, int64_t top, int64_t bottom) {
+    SPINDLE_INJECT(inject::Point::kGrowFail, { throw std::bad_alloc(); });
     // Everything that can throw happens before the new buffer is published.
     auto next = std::make_unique<Buffer>(cur->capacity() * 2);
     retired_.reserve(retired_.size() + 1);

@@ -21,10 +21,12 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <new>
 #include <utility>
 #include <vector>
 
 #include "base/check.h"
+#include "base/inject.h"
 
 namespace spindle::detail {
 
@@ -117,6 +119,7 @@ private:
 inline void DeadlineHeap::push(HeapNode* node, uint64_t deadline) {
     SPINDLE_ASSERT(node != nullptr && !node->inHeap());
     SPINDLE_CHECK_MSG(heap_.size() < HeapNode::kNotInHeap - 1, "DeadlineHeap: too many timers");
+    if (heap_.size() == heap_.capacity()) { SPINDLE_INJECT(inject::Point::kGrowFail, { throw std::bad_alloc(); }); }
     heap_.push_back(node);  // may throw; nothing has been changed yet
     node->deadline = deadline;
     node->seq = nextSeq_++;
