@@ -3,6 +3,7 @@
 // is empty; bad placements fail start(); node-local memory on this machine, and its fallbacks
 // (synthetic topology, injected hwloc failure, injected membind refusal).
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <stdlib.h>
 
 #include <atomic>
@@ -154,6 +155,35 @@ TEST(RuntimeTopologyEnv, MachineNamesThisHost) {
     auto rt = Runtime::start(lean("", numa::Placement::kPerCore, 1));
     ASSERT_TRUE(rt) << rt.error().message();
     EXPECT_EQ(rt->describe().find("[synthetic]"), std::string::npos) << rt->describe();
+}
+
+// On this machine, with the default options (bound carriers, one per core): each carrier's thread may run
+// on its PU alone, and runs there. Read on the carrier's own thread, from the kernel (sched_getaffinity,
+// sched_getcpu), not from what the runtime believes.
+TEST(RuntimeBinding, OnThisMachineEachCarrierRunsOnItsPuAlone) {
+    auto rt = Runtime::start();
+    ASSERT_TRUE(rt) << rt.error().message();
+    const auto stats = rt->stats();
+    ASSERT_EQ(stats.size(), rt->carrierCount());
+    for (const CarrierStats& s : stats) {
+        if (s.pu < 0) { GTEST_SKIP() << "carrier " << s.index << " runs unbound here (the log says why)"; }
+        cpu_set_t set;
+        CPU_ZERO(&set);
+        int affinityErr = -1;
+        int cpu = -1;
+        ASSERT_TRUE(rt->runOnCarrier(s.index, [&] {
+            affinityErr = ::sched_getaffinity(0, sizeof(set), &set) == 0 ? 0 : errno;
+            cpu = ::sched_getcpu();
+        }));
+        ASSERT_EQ(affinityErr, 0);
+        EXPECT_EQ(CPU_COUNT(&set), 1) << "carrier " << s.index;
+        EXPECT_TRUE(CPU_ISSET(static_cast<unsigned>(s.pu), &set)) << "carrier " << s.index << " pu " << s.pu;
+        EXPECT_EQ(cpu, s.pu) << "carrier " << s.index;
+    }
+    // One per core: no two carriers share a PU.
+    for (size_t i = 0; i < stats.size(); ++i) {
+        for (size_t j = i + 1; j < stats.size(); ++j) { EXPECT_NE(stats[i].pu, stats[j].pu); }
+    }
 }
 
 // Whether this machine lets hwloc bind memory (mbind may be refused, e.g. by seccomp).
