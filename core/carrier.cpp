@@ -268,7 +268,11 @@ void Carrier::loop() noexcept {
 
 Fiber* Carrier::nextLocal() noexcept {
     // Alternate between the deque and the FIFO so that neither starves the other.
+#if defined(SPINDLE_SHUFFLE_RUN_QUEUE)
+    preferFifo_ = (nextRandom() & 1) != 0;  // which queue goes first is not promised: vary it
+#else
     preferFifo_ = !preferFifo_;
+#endif
     if (preferFifo_ && fifoHead_ != nullptr) { return popFifo(); }
     if (!deque_.emptyApprox()) {
         if (auto f = deque_.pop()) { return *f; }
@@ -312,6 +316,12 @@ void Carrier::pushReady(Fiber* fiber) noexcept {
         pushFifo(fiber);
         return;
     }
+#if defined(SPINDLE_SHUFFLE_RUN_QUEUE)
+    if ((nextRandom() & 3) == 0) {  // deque or FIFO for a single wake-up is not promised either
+        pushFifo(fiber);
+        return;
+    }
+#endif
     try {
         deque_.push(fiber);
     } catch (const std::bad_alloc&) {
@@ -328,6 +338,7 @@ void Carrier::pushYielded(Fiber* fiber) noexcept {
 
 void Carrier::prepareToRun(Fiber* fiber) noexcept {
     current_ = fiber;
+    runningNow_.store(fiber, std::memory_order_relaxed);
     inlineRun_ = 0;
     if (fiber->carrier_ != this && fiber->hasRun_) { Stats::bump(stats_.fibersMigrated); }
     fiber->hasRun_ = true;
@@ -347,10 +358,9 @@ void Carrier::runPendingAction() noexcept {
 
 void Carrier::runFiber(Fiber* fiber) noexcept {
     prepareToRun(fiber);
-    inFiber_.store(true, std::memory_order_relaxed);
     switchTo<SwitchEntry::kFull>(&schedSp_, targetOf(fiber), &schedFakeStack_);
     // Back on the scheduler: from `fiber`, or from another fiber it switched to.
-    inFiber_.store(false, std::memory_order_relaxed);
+    runningNow_.store(nullptr, std::memory_order_relaxed);
     current_ = nullptr;
     runPendingAction();
 }
@@ -413,6 +423,15 @@ void Carrier::exitRunning() noexcept {
     c->actionFiber_ = f;
     c->switchAway(f, nullptr);  // nullptr: this stack is never resumed
     __builtin_unreachable();
+}
+
+bool fiberRunsOnACarrier(const Fiber* f) noexcept {
+    const Carrier* self = Carrier::current();
+    if (self == nullptr) { return false; }
+    for (const auto& c : self->runtime()->carriers()) {
+        if (c->runningNow() == f) { return true; }
+    }
+    return false;
 }
 
 void Carrier::onFiberStart() noexcept {

@@ -36,8 +36,6 @@ uint64_t nextFiberId(bool onCarrier) noexcept {
     }
     return tlsNextId++;
 }
-// FiberPeeks alive, process-wide (see FiberPeek). Alone in its cache line: peekers write it, releasers read it.
-alignas(64) std::atomic<uint32_t> gFiberPeeks{0};
 
 constexpr size_t kMinStackSize = 16 * 1024;  // below this, a payload plus a frame or two do not fit
 constexpr size_t kMinFreeStack = 8 * 1024;   // what must remain under the payload
@@ -106,7 +104,6 @@ ProxyFiber::ProxyFiber() noexcept {
 }
 
 ProxyFiber::~ProxyFiber() {
-    waitForFiberPeeks();  // the thread's memory goes away with it
     ::sem_destroy(&sem_);
 }
 
@@ -172,20 +169,6 @@ void suspend(Fiber* self, SuspendAction action) noexcept {
     Carrier::suspendRunning(action);
 }
 
-FiberPeek::FiberPeek() noexcept { gFiberPeeks.fetch_add(1, std::memory_order_seq_cst); }
-
-FiberPeek::~FiberPeek() { gFiberPeeks.fetch_sub(1, std::memory_order_release); }
-
-void waitForFiberPeeks() noexcept {
-    for (unsigned spins = 0; gFiberPeeks.load(std::memory_order_seq_cst) != 0; ++spins) {
-        if (spins < 256) {
-            cpuRelax();
-        } else {
-            std::this_thread::yield();  // the peeking thread was preempted mid-peek
-        }
-    }
-}
-
 void requestCancel(Fiber* fiber) noexcept {
     // Only the request that sets the flag looks for a wait: a wait that begins later sees the flag.
     if (fiber->cancelRequested_.exchange(true, std::memory_order_seq_cst)) { return; }
@@ -207,7 +190,6 @@ void requestCancel(Fiber* fiber) noexcept {
 
 void releaseFiber(Fiber* fiber) noexcept {
     if (fiber->refs_.fetch_sub(1, std::memory_order_acq_rel) != 1) { return; }
-    waitForFiberPeeks();  // the stack, and the Fiber at its top, may be reused or unmapped below
     if (fiber->exception_ && !fiber->joined_) {
         std::string what = "unknown exception";
         try {

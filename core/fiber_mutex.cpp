@@ -12,7 +12,6 @@ void FiberMutex::unlock() noexcept {
     SPINDLE_ASSERT((state_.load(std::memory_order_relaxed) & kValueMask) ==
                        reinterpret_cast<uint64_t>(detail::currentFiber()) &&
                    "FiberMutex::unlock() by a fiber or thread that does not hold it exclusively");
-    // seq_cst: a spinner that peeks at our state (FiberPeek) must see this before we can end.
     const uint64_t old = state_.exchange(0, std::memory_order_seq_cst);
     if ((old & kWaiterBits) != 0) { wake(old); }
 }
@@ -50,11 +49,10 @@ bool FiberMutex::ownerRunning(uint64_t seen, const detail::Fiber* self) const no
     if ((seen & kExclusive) == 0) { return false; }  // readers leave no identity to look at
     const auto* owner = reinterpret_cast<const detail::Fiber*>(seen & kValueMask);
     SPINDLE_CHECK_MSG(owner != self, "FiberMutex taken again by its exclusive owner: it is not recursive");
-    // The owner may unlock and end at any moment: read it only inside a peek, and only if it still
-    // holds the mutex once the peek has begun.
-    detail::FiberPeek peek;
-    if (state_.load(std::memory_order_seq_cst) != seen) { return true; }  // it changed: worth a fresh look
-    return owner->state() == detail::FiberState::kRunning;
+    // The owner may unlock and end at any moment, so it is never read: only compared with what the
+    // carriers say they run (a process-wide counter of such reads used to bounce between every
+    // spinner and every fiber release).
+    return detail::fiberRunsOnACarrier(owner);
 }
 
 void FiberMutex::park(const void* key, uint64_t bit) noexcept {

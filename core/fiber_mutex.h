@@ -14,10 +14,9 @@
 /// so the next holder may destroy the mutex once nobody waits for it (a primitive built at the same
 /// address later may then get a spurious wake-up, which every primitive tolerates).
 /// Memory ordering: acquiring (in either mode) is an acquire operation and releasing a release one:
-/// what a holder wrote before its unlock is visible to every later holder. Taking it exclusively is
-/// also a release, and unlock() seq_cst, because spinning waiters read the owner's Fiber out of the
-/// word: the release publishes that Fiber (a thread's proxy may have just been built), the seq_cst
-/// lets detail::FiberPeek keep it alive while they look.
+/// what a holder wrote before its unlock is visible to every later holder. Spinning waiters read the
+/// owner's Fiber* out of the word but never dereference it (detail::fiberRunsOnACarrier compares it
+/// with what each carrier runs), so the owner may end at any time.
 /// Fairness: writers are preferred, best effort. Once a writer waits, new readers see it on their
 /// fast path and queue behind it instead of joining the readers inside. But a release wakes every
 /// waiter (writers first) and they race for the lock: a reader may win and the writer re-queues, and
@@ -29,8 +28,10 @@
 /// writer-preferring lock.
 /// Cost: uncontended lock() and unlock() are one CAS and one exchange, plus a look at the thread's
 /// carrier for the current fiber; lock_shared() and unlock_shared() one CAS each. A contended lock() spins up to 16 PAUSEs (about half a microsecond)
-/// but only while the exclusive owner is running on another carrier or thread and nobody is queued
-/// (spinning behind readers, or an owner that is parked, cannot pay); then it arms a waiter bit (one
+/// but only while the exclusive owner is running on another carrier of the spinner's runtime and nobody
+/// is queued (spinning behind readers, an owner that is parked, or a plain thread's hold, which a
+/// spinner cannot see running, does not pay; nor does a spinner that is a plain thread, which has no
+/// carriers to look at); each look reads one word per carrier; then it arms a waiter bit (one
 /// CAS), queues in the WaiterTable (one bucket lock) and parks. A release that finds a waiter bit set
 /// adds one WaiterTable::releaseWaiters() per mode waiting.
 /// Keys: exclusive waiters queue in the WaiterTable under `this`, shared waiters under the byte after

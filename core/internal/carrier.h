@@ -193,8 +193,10 @@ public:
     }
     /// CLOCK_MONOTONIC as of this carrier's last maintenance (Fiber::suspendedAtNs_). Owner-only.
     [[nodiscard]] uint64_t coarseNowNs() const noexcept { return coarseNowNs_; }
-    /// Whether a fiber runs here now (the stall detector's view; any thread, racy by nature).
-    [[nodiscard]] bool inFiber() const noexcept { return inFiber_.load(std::memory_order_relaxed); }
+    /// The fiber running here now, or null (any thread, racy by nature): the stall detector's view, and
+    /// fiberRunsOnACarrier's. Written at every switch into a fiber and on the way back to the scheduler.
+    [[nodiscard]] const Fiber* runningNow() const noexcept { return runningNow_.load(std::memory_order_relaxed); }
+    [[nodiscard]] bool inFiber() const noexcept { return runningNow() != nullptr; }
     [[nodiscard]] pthread_t threadHandle() noexcept { return thread_.native_handle(); }
     /// Whether its thread has left its loop for good (any thread).
     [[nodiscard]] bool exited() const noexcept { return exited_.load(std::memory_order_acquire); }
@@ -343,7 +345,7 @@ private:
     friend class RuntimeImpl;
     alignas(64) std::atomic<bool> parked_{false};
     Stats stats_;
-    std::atomic<bool> inFiber_{false};  // owner-written beside the counters; see inFiber()
+    std::atomic<const Fiber*> runningNow_{nullptr};  // owner-written beside the counters; see runningNow()
     std::atomic<bool> exited_{true};    // false from start() until threadMain ends
     Carrier* debugNext_ = nullptr;      // the runtime's next carrier, for debuggers (tools/gdb/spindle.py)
     StallSample stallSample_;

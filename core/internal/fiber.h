@@ -164,33 +164,14 @@ void suspendWith(Fiber* self, Fn& fn) noexcept {
     suspend(self, SuspendAction{[](Fiber* f, void* arg) { (*static_cast<Fn*>(arg))(f); }, &fn});
 }
 
-/// Brackets a read of another fiber's state_ while that fiber may be ending.
-///
-/// A fiber's control block lives in its stack mapping, which is reused (or
-/// unmapped) once the fiber is released; a thread's proxy dies with the thread.
-/// Code that found a Fiber* in a shared word (a FiberMutex deciding whether to
-/// spin on its owner) may read it only inside a FiberPeek, and only after
-/// re-reading that word (seq_cst) and seeing it still names the fiber. The
-/// fiber must clear the word with a seq_cst operation before it can end.
-/// releaseFiber() and ~ProxyFiber() wait until no FiberPeek is alive before
-/// they let the memory go, so the read lands in a live Fiber.
-/// Memory ordering: entering is a seq_cst increment of one process-wide counter
-/// and leaving a release decrement; the releaser's check is a seq_cst load. In
-/// the single total order, either the check sees the peek (and waits for it)
-/// or the peek's re-read comes after the owner cleared the word.
-/// Cost: two locked instructions on a shared cache line per peek; one load on
-/// every last release of a fiber, which waits only while a peek is in flight
-/// (a few instructions, unless the peeking thread is preempted).
-class FiberPeek {
-public:
-    FiberPeek() noexcept;
-    ~FiberPeek();
-    FiberPeek(const FiberPeek&) = delete;
-    FiberPeek& operator=(const FiberPeek&) = delete;
-};
-
-/// Returns once no FiberPeek is alive; called before a Fiber's memory is given up.
-void waitForFiberPeeks() noexcept;
+/// Whether the fiber at `f` is running now on a carrier of the calling carrier's runtime: a spinner's
+/// question (FiberMutex: is spinning on the owner worth it?). Compares `f` with what each carrier
+/// publishes as its running fiber (Carrier::runningNow) and never reads *f, so `f` may have ended and
+/// its memory gone. A hint, not a fact: a fiber that ended and whose stack a new, running fiber took
+/// answers yes; the caller re-checks what it waits for anyway. False off-carrier (a plain thread cannot
+/// tell) and for a plain thread's proxy (a thread is on no carrier).
+/// Cost: one relaxed load per carrier of the runtime, each a line that carrier writes at every switch.
+bool fiberRunsOnACarrier(const Fiber* f) noexcept;
 
 /// Enters a cancellable wait on `carrier` (the caller's): records what to cancel, then checks for a
 /// pending cancellation. Returns false, with nothing registered, when one is pending: the caller
