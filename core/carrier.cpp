@@ -151,6 +151,7 @@ Result<void> Carrier::setUp() noexcept {
     char name[16];
     std::snprintf(name, sizeof(name), "spindle-c%u", config_.index);
     ::pthread_setname_np(::pthread_self(), name);
+    log::setThreadTag(config_.index);
 
     if (config_.pu >= 0 && runtime_->topology() != nullptr) {
         if (runtime_->topology()->bindCurrentThread(static_cast<unsigned>(config_.pu))) {
@@ -233,6 +234,7 @@ void Carrier::tearDown() noexcept {
         fixedFiles_.unregister();
     }
     altStack_.remove();
+    log::clearThreadTag();
 }
 
 // ---- the loop ------------------------------------------------------------------
