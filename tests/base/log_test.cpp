@@ -10,16 +10,35 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <new>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <utility>
 #include <vector>
 
 #include "tests/base/log_line.h"
+
+// Counts the calling thread's operator new calls, for the test that a short line allocates nothing.
+// Replacing the global pair affects the whole spindle_base_tests binary; it only counts and forwards
+// to malloc and free (delete is replaced too, so sanitizers see matching calls; not inlined, so GCC
+// does not take the free() for a mismatch with the operator new it was given).
+namespace {
+thread_local uint64_t threadNews = 0;
+}  // namespace
+
+void* operator new(std::size_t n) {
+    ++threadNews;
+    if (void* p = std::malloc(n == 0 ? 1 : n)) { return p; }
+    throw std::bad_alloc();
+}
+[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
+[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
 
 namespace spindle {
 namespace {
@@ -227,6 +246,28 @@ TEST_F(Log, ThreadTagNamesTheCarrierOnItsOwnThreadOnly) {
     EXPECT_EQ(after->thread, workerTag);
     EXPECT_NE(workerTag, selfTag());
     EXPECT_EQ(onlyLine([] { log::info("main"); }).thread, selfTag());  // the worker's tag stayed there
+}
+
+TEST_F(Log, AShortLineDoesNotAllocate) {
+    testing::internal::CaptureStderr();
+    const std::string text(300, 'x');
+    const uint64_t before = threadNews;
+    log::warn("carrier {}: {} ({})", 3, text, std::string_view("a string_view"));
+    log::write(log::Level::kError, text);
+    const uint64_t news = threadNews - before;
+    const auto lines = splitLines(testing::internal::GetCapturedStderr());
+    EXPECT_EQ(news, 0u);
+    ASSERT_EQ(lines.size(), 2u);
+    EXPECT_TRUE(parseLogLine(lines[0]));
+
+    // The count works: a line longer than the buffers' inline storage does allocate.
+    const std::string longText(700, 'y');
+    testing::internal::CaptureStderr();
+    const uint64_t beforeLong = threadNews;
+    log::warn("{}", longText);
+    const uint64_t longNews = threadNews - beforeLong;
+    (void)testing::internal::GetCapturedStderr();
+    EXPECT_GT(longNews, 0u);
 }
 
 TEST_F(Log, KeepsErrno) {
