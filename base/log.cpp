@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <mutex>
 
 namespace spindle::log {
@@ -48,8 +49,9 @@ void appendTimestamp(fmt::memory_buffer& out) {
                    t.tm_mon + 1, t.tm_mday, t.tm_hour, t.tm_min, t.tm_sec, ts.tv_nsec / 1000);
 }
 
-/// Writes all of [p, p + n) with one write(2) where the kernel takes it whole (always, for a pipe up to
-/// PIPE_BUF or a file); a short write is finished by more calls, still under the caller's lock.
+/// Writes [p, p + n) to stderr with one write(2), which the kernel takes whole for a file and for a
+/// pipe up to PIPE_BUF; a short write (a longer line into a full pipe, a signal) is finished by more
+/// calls, still under the caller's lock, so this process's lines never interleave.
 void writeAll(const char* p, size_t n) noexcept {
     while (n > 0) {
         ssize_t w = ::write(STDERR_FILENO, p, n);
