@@ -10,6 +10,7 @@
 #include "base/relax.h"
 #include "core/internal/carrier.h"
 #include "core/internal/context.h"
+#include "core/internal/fiber_local.h"
 #include "core/internal/sync_support.h"
 #include "core/internal/proxy_fiber.h"
 #include "core/internal/runtime_impl.h"
@@ -49,6 +50,9 @@ void fiberEntry(void* arg) {
     auto* f = static_cast<Fiber*>(arg);
     Carrier::onFiberStart();
     f->entry_(f);
+    // Its FiberLocal values die here, on the fiber itself (so their destructors may block), before
+    // exitRunning() marks it dead and lets a join() return.
+    if (f->locals_ != nullptr) { destroyFiberLocals(f); }
     Carrier::exitRunning();
 }
 
@@ -104,6 +108,8 @@ ProxyFiber::ProxyFiber() noexcept {
 }
 
 ProxyFiber::~ProxyFiber() {
+    // The thread's FiberLocal values, at thread exit (with its other thread_local objects).
+    if (locals_ != nullptr) { destroyFiberLocals(this); }
     ::sem_destroy(&sem_);
 }
 
@@ -202,6 +208,7 @@ void releaseFiber(Fiber* fiber) noexcept {
                    fiber->id_, what);
         std::abort();
     }
+    SPINDLE_ASSERT(fiber->locals_ == nullptr);  // destroyed by the fiber as it ended (fiberEntry)
     Stack stack = fiber->stack_;
     if (fiber->destroyPayload_ != nullptr) { fiber->destroyPayload_(fiber); }
 #if defined(SPINDLE_TSAN)

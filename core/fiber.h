@@ -11,7 +11,8 @@
 /// function is caught, kept, and rethrown by join(); if nobody joins (the
 /// handle was dropped or detached) it is logged and the process aborts.
 /// Limitations: thread_local variables belong to the carrier thread, not the
-/// fiber, and a fiber may resume on another thread after any blocking call;
+/// fiber, and a fiber may resume on another thread after any blocking call
+/// (per-fiber state goes in a FiberLocal, core/fiber_local.h);
 /// do not block inside a catch block (the C++ runtime keeps the caught
 /// exception per thread).
 

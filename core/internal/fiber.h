@@ -24,6 +24,7 @@ namespace spindle::detail {
 class Carrier;
 class RuntimeImpl;
 class StackPool;
+struct FiberLocalTable;
 
 enum class FiberState : uint8_t { kCreated, kRunnable, kRunning, kSuspended, kDead };
 const char* toString(FiberState state) noexcept;
@@ -101,6 +102,9 @@ public:
     void (*entry_)(Fiber*) = nullptr;           // runs the payload; catches into exception_
     void (*destroyPayload_)(Fiber*) = nullptr;  // destroys the payload (result slot)
     void* payload_ = nullptr;
+    // Its FiberLocal values (core/internal/fiber_local.h): null until its first FiberLocal access, so a
+    // fiber that uses none pays nothing. Touched only by the fiber itself; destroyed as it ends.
+    FiberLocalTable* locals_ = nullptr;
     std::atomic<uint32_t> refs_{2};
     FiberFuture done_;                   // set when the fiber is dead; the joiner waits on it
     std::exception_ptr exception_;
@@ -118,13 +122,13 @@ public:
 
     // --- cancellation (FiberHandle::cancel; see beginCancellableWait) ---
     std::atomic<bool> cancelRequested_{false};  // set by cancel(), cleared by acknowledgeCancellation()
+    std::atomic<bool> cancelMsgQueued_{false};  // cancelMsg_ is in some carrier's inbox
     // The carrier whose ring or timer heap holds the fiber's cancellable wait, or null. Set by the
     // fiber on that carrier's thread; cleared only by that carrier's thread, in the same step that
     // ends the wait (CQE dispatch, timer expiry or removal). So a carrier that reads itself here
     // knows the wait, and waitPoint_, stay put while it acts on them.
     std::atomic<Carrier*> waitOn_{nullptr};
     CancelPoint waitPoint_;                     // written before waitOn_, on the same thread
-    std::atomic<bool> cancelMsgQueued_{false};  // cancelMsg_ is in some carrier's inbox
     Message cancelMsg_;                         // kCancelWait; holds a reference while queued
     char name_[32] = {};
 
