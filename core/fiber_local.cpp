@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "core/internal/carrier.h"
 #include "core/internal/fiber.h"
 #include "core/internal/proxy_fiber.h"
 
@@ -32,7 +33,7 @@ constexpr uint32_t kMinCapacity = 8;
 // The table's owner: the running fiber, else the calling thread's proxy (a carrier thread between fibers
 // included). No switch can happen between this and the use of its result by the caller.
 Fiber* localsOwner() noexcept {
-    if (Fiber* f = runningFiber()) { return f; }
+    if (Carrier* c = Carrier::current(); c != nullptr && c->running() != nullptr) { return c->running(); }
     return &threadProxy();
 }
 

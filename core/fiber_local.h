@@ -18,8 +18,10 @@
 /// Lifetime: a value lives from first access (get(), emplace()) until reset() or the end of its fiber.
 /// When the fiber's function has returned or thrown, the fiber itself (still running, on the carrier
 /// that runs it then) destroys its values, newest first, before a join() can return; a destructor may
-/// therefore use this_fiber calls and block. A value made by such a destructor is destroyed too. The
-/// address of a value is stable for its whole life, whatever other FiberLocals the fiber touches.
+/// therefore use this_fiber calls and block (a cancellation still pending makes its cancellable calls
+/// fail with ECANCELED). A value made by such a destructor is destroyed too. The address of a value is
+/// stable for its whole life, whatever other FiberLocals the fiber touches. T's constructor must not
+/// access the FiberLocal it is constructing a value for (as with thread_local, that recursion never ends).
 /// A FiberLocal may be destroyed while fibers still hold values for it: those values are not leaked and
 /// not touched by anyone else; each is destroyed when its fiber ends (or, earlier, when a FiberLocal made
 /// later takes the same slot in that fiber). So T's destructor must not depend on the FiberLocal object.
@@ -30,10 +32,10 @@
 /// Thread-safety: the object itself may be used by any number of fibers and threads at once; each
 /// touches only its own value. A value belongs to its fiber: pass a pointer to it elsewhere only for as
 /// long as the fiber keeps it alive.
-/// Cost: a fiber that never touches a FiberLocal pays nothing at spawn or exit (one pointer in the fiber,
-/// null). The first access in a fiber allocates its table (one block, grown by doubling) and the value
+/// Cost: a fiber that never touches a FiberLocal pays no allocation and no call: one pointer in the fiber,
+/// null, tested once as it ends. The first access in a fiber allocates its table (one block, grown by doubling) and the value
 /// (one allocation per value, so that its address survives the table's growth and any alignment works);
-/// later accesses are one out-of-line call that finds the running fiber, then an indexed load. The keys
+/// later accesses are an out-of-line call that finds the running fiber, then an indexed load. The keys
 /// of destroyed FiberLocals are reused, so the table stays as small as the number of FiberLocals alive.
 
 #include <new>
