@@ -318,12 +318,6 @@ void Carrier::pushReady(Fiber* fiber) noexcept {
         pushFifo(fiber);
         return;
     }
-#if defined(SPINDLE_SHUFFLE_RUN_QUEUE)
-    if ((nextRandom() & 3) == 0) {  // deque or FIFO for a single wake-up is not promised either
-        pushFifo(fiber);
-        return;
-    }
-#endif
     try {
         deque_.push(fiber);
     } catch (const std::bad_alloc&) {

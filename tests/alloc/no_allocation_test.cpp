@@ -1,7 +1,7 @@
 // The hot paths allocate nothing once warm (issue 17, item 12): spawn and join on a carrier and across
 // carriers, the I/O calls (with and without a deadline), sleeps, and wake-ups from another thread. This
-// program replaces the global operator new and delete to count every allocation made in the process
-// while a test has counting on; the benchmarks report the same, but only a test can fail on it.
+// program counts every allocation made in the process (testing/alloc_hook.h) while a test looks; the
+// benchmarks report the same, but only a test can fail on it.
 //
 // The runtimes here run without the stall detector, whose report (only on a stall, which a sanitizer's
 // slowness could cause) formats a log line.
@@ -19,52 +19,7 @@
 #include "core/fiber_event.h"
 #include "core/io.h"
 #include "core/runtime.h"
-
-namespace {
-
-std::atomic<bool> gCounting{false};
-std::atomic<uint64_t> gAllocations{0};
-
-void* counted(std::size_t n, std::size_t align) {
-    if (gCounting.load(std::memory_order_relaxed)) { gAllocations.fetch_add(1, std::memory_order_relaxed); }
-    void* p = align <= alignof(std::max_align_t) ? std::malloc(n != 0 ? n : 1)
-                                                  : std::aligned_alloc(align, (n + align - 1) / align * align);
-    return p;
-}
-
-}  // namespace
-
-// These are the process's operator new and delete: malloc and free underneath, by design.
-#if defined(__GNUC__) && !defined(__clang__)
-#pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-#endif
-
-void* operator new(std::size_t n) {
-    if (void* p = counted(n, 0)) { return p; }
-    throw std::bad_alloc();
-}
-void* operator new[](std::size_t n) {
-    if (void* p = counted(n, 0)) { return p; }
-    throw std::bad_alloc();
-}
-void* operator new(std::size_t n, std::align_val_t a) {
-    if (void* p = counted(n, static_cast<std::size_t>(a))) { return p; }
-    throw std::bad_alloc();
-}
-void* operator new[](std::size_t n, std::align_val_t a) {
-    if (void* p = counted(n, static_cast<std::size_t>(a))) { return p; }
-    throw std::bad_alloc();
-}
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return counted(n, 0); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return counted(n, 0); }
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
+#include "testing/alloc_hook.h"
 
 namespace spindle {
 namespace {
@@ -74,14 +29,13 @@ using namespace std::chrono_literals;
 /// Counts the allocations made anywhere in the process while alive.
 class CountAllocations {
 public:
-    CountAllocations() noexcept {
-        gAllocations.store(0);
-        gCounting.store(true);
-    }
-    ~CountAllocations() { gCounting.store(false); }
-    [[nodiscard]] uint64_t count() const noexcept { return gAllocations.load(); }
+    CountAllocations() noexcept : before_(alloc_hook::processAllocations()) {}
+    [[nodiscard]] uint64_t count() const noexcept { return alloc_hook::processAllocations() - before_; }
     CountAllocations(const CountAllocations&) = delete;
     CountAllocations& operator=(const CountAllocations&) = delete;
+
+private:
+    uint64_t before_;
 };
 
 // The counter itself: a test that could not fail would prove nothing.

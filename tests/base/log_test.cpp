@@ -22,23 +22,9 @@
 #include <utility>
 #include <vector>
 
+#include "testing/alloc_hook.h"
 #include "tests/base/log_line.h"
-
-// Counts the calling thread's operator new calls, for the test that a short line allocates nothing.
-// Replacing the global pair affects the whole spindle_base_tests binary; it only counts and forwards
-// to malloc and free (delete is replaced too, so sanitizers see matching calls; not inlined, so GCC
-// does not take the free() for a mismatch with the operator new it was given).
-namespace {
-thread_local uint64_t threadNews = 0;
-}  // namespace
-
-void* operator new(std::size_t n) {
-    ++threadNews;
-    if (void* p = std::malloc(n == 0 ? 1 : n)) { return p; }
-    throw std::bad_alloc();
-}
-[[gnu::noinline]] void operator delete(void* p) noexcept { std::free(p); }
-[[gnu::noinline]] void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+#include "testing/scoped_env.h"
 
 namespace spindle {
 namespace {
@@ -48,27 +34,7 @@ using testing_support::logTimeSeconds;
 using testing_support::parseLogLine;
 using testing_support::splitLines;
 
-/// An environment variable set for one test, put back as it was (set or not) after it.
-class ScopedEnv {
-public:
-    ScopedEnv(const char* name, const char* value) : name_(name) {
-        if (const char* old = std::getenv(name)) { old_ = old; }
-        ::setenv(name, value, 1);
-    }
-    ~ScopedEnv() {
-        if (old_) {
-            ::setenv(name_, old_->c_str(), 1);
-        } else {
-            ::unsetenv(name_);
-        }
-    }
-    ScopedEnv(const ScopedEnv&) = delete;
-    ScopedEnv& operator=(const ScopedEnv&) = delete;
-
-private:
-    const char* name_;
-    std::optional<std::string> old_;
-};
+using testing_support::ScopedEnv;
 
 /// Each test runs with SPINDLE_LOG=debug and SPINDLE_LOG_TIME=1, whatever the caller's environment
 /// says, and leaves the logger as it found it: configured from that environment, at the same level.
@@ -251,10 +217,10 @@ TEST_F(Log, ThreadTagNamesTheCarrierOnItsOwnThreadOnly) {
 TEST_F(Log, AShortLineDoesNotAllocate) {
     testing::internal::CaptureStderr();
     const std::string text(300, 'x');
-    const uint64_t before = threadNews;
+    alloc_hook::ThisThread hook;  // this thread's operator new calls (testing/alloc_hook.h)
     log::warn("carrier {}: {} ({})", 3, text, std::string_view("a string_view"));
     log::write(log::Level::kError, text);
-    const uint64_t news = threadNews - before;
+    const uint64_t news = hook.stop();
     const auto lines = splitLines(testing::internal::GetCapturedStderr());
     EXPECT_EQ(news, 0u);
     ASSERT_EQ(lines.size(), 2u);
@@ -263,9 +229,9 @@ TEST_F(Log, AShortLineDoesNotAllocate) {
     // The count works: a line longer than the buffers' inline storage does allocate.
     const std::string longText(700, 'y');
     testing::internal::CaptureStderr();
-    const uint64_t beforeLong = threadNews;
+    alloc_hook::ThisThread longHook;
     log::warn("{}", longText);
-    const uint64_t longNews = threadNews - beforeLong;
+    const uint64_t longNews = longHook.stop();
     (void)testing::internal::GetCapturedStderr();
     EXPECT_GT(longNews, 0u);
 }

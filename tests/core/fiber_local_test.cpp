@@ -6,10 +6,8 @@
 // threads and of a carrier's own code; allocation failure; no allocation for a fiber that uses none; and
 // a throwing destructor terminating the process.
 //
-// This file replaces the global operator new and delete for the whole test binary (every form, on
-// malloc and free, as perf/bench_support.cpp does) so that a test can count, or fail, the allocations
-// of one thread while it sets a flag; other threads and other tests see plain malloc. Sanitizer builds
-// keep their own allocator, and skip the tests that need the hook.
+// The allocation tests count, or fail, one thread's allocations through testing/alloc_hook.h, which
+// this test program links. Sanitizer builds skip them: their allocators add allocations of their own.
 
 #include "core/fiber_local.h"
 
@@ -30,6 +28,7 @@
 #include "core/fiber.h"
 #include "core/fiber_future.h"
 #include "core/runtime.h"
+#include "testing/alloc_hook.h"
 #include "tests/core/with_runtime.h"
 
 #if !defined(SPINDLE_ASAN) && !defined(SPINDLE_TSAN)
@@ -42,60 +41,9 @@ namespace {
 using namespace std::chrono_literals;
 using namespace testing_support;
 
-// ---- the allocation hook (this thread only, while set) ----------------------------------------------------
-
-// Allocations counted on this thread while tCountAllocs is set.
-thread_local bool tCountAllocs = false;
-thread_local uint64_t tAllocs = 0;
-// While >= 0 on this thread: how many more allocations succeed before each one fails.
-thread_local int tFailAfter = -1;
-
-[[maybe_unused]] void* hookedAllocate(std::size_t size, std::size_t align) {
-    if (tCountAllocs) { ++tAllocs; }
-    if (tFailAfter == 0) { throw std::bad_alloc(); }
-    if (tFailAfter > 0) { --tFailAfter; }
-    if (size == 0) { size = 1; }
-    for (;;) {
-        void* p = nullptr;
-        if (align <= alignof(std::max_align_t)) {
-            p = std::malloc(size);
-        } else if (::posix_memalign(&p, align, size) != 0) {
-            p = nullptr;
-        }
-        if (p != nullptr) { return p; }
-        std::new_handler handler = std::get_new_handler();
-        if (handler == nullptr) { throw std::bad_alloc(); }
-        handler();
-    }
-}
-
-[[maybe_unused]] void* hookedAllocateNoThrow(std::size_t size, std::size_t align) noexcept {
-    try {
-        return hookedAllocate(size, align);
-    } catch (...) {
-        return nullptr;
-    }
-}
-
-// Sets the hook for the calling thread in its scope. Use it only where the caller cannot switch threads
-// (a plain thread, or a pinned fiber): the flags are thread_local.
-class AllocHook {
-public:
-    explicit AllocHook(int failAfter = -1) {
-        tAllocs = 0;
-        tFailAfter = failAfter;
-        tCountAllocs = true;
-    }
-    ~AllocHook() { stop(); }
-    AllocHook(const AllocHook&) = delete;
-    AllocHook& operator=(const AllocHook&) = delete;
-    /// Stops counting and failing; returns the count.
-    uint64_t stop() {
-        tCountAllocs = false;
-        tFailAfter = -1;
-        return tAllocs;
-    }
-};
+// The allocation hook (testing/alloc_hook.h): counts, or fails, this thread's allocations in its scope. Use
+// it only where the caller cannot switch threads (a plain thread, or a pinned fiber).
+using AllocHook = alloc_hook::ThisThread;
 
 // ---- value types ---------------------------------------------------------------------------------------
 
@@ -628,43 +576,3 @@ TEST(FiberLocalDeathTest, ADestructorThatThrowsTerminates) {
 }  // namespace
 }  // namespace spindle
 
-#if defined(SPINDLE_TEST_ALLOC_HOOK)
-// Every replaceable form, so each allocation goes through the hook once and each block goes back to the
-// allocator that made it (malloc and posix_memalign blocks are both released with free).
-using spindle::hookedAllocate;
-using spindle::hookedAllocateNoThrow;
-
-namespace {
-constexpr std::size_t kDefaultAlign = alignof(std::max_align_t);
-}  // namespace
-
-void* operator new(std::size_t size) { return hookedAllocate(size, kDefaultAlign); }
-void* operator new[](std::size_t size) { return hookedAllocate(size, kDefaultAlign); }
-void* operator new(std::size_t size, std::align_val_t align) { return hookedAllocate(size, static_cast<std::size_t>(align)); }
-void* operator new[](std::size_t size, std::align_val_t align) {
-    return hookedAllocate(size, static_cast<std::size_t>(align));
-}
-void* operator new(std::size_t size, const std::nothrow_t&) noexcept { return hookedAllocateNoThrow(size, kDefaultAlign); }
-void* operator new[](std::size_t size, const std::nothrow_t&) noexcept {
-    return hookedAllocateNoThrow(size, kDefaultAlign);
-}
-void* operator new(std::size_t size, std::align_val_t align, const std::nothrow_t&) noexcept {
-    return hookedAllocateNoThrow(size, static_cast<std::size_t>(align));
-}
-void* operator new[](std::size_t size, std::align_val_t align, const std::nothrow_t&) noexcept {
-    return hookedAllocateNoThrow(size, static_cast<std::size_t>(align));
-}
-
-void operator delete(void* p) noexcept { std::free(p); }
-void operator delete[](void* p) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete[](void* p, std::size_t, std::align_val_t) noexcept { std::free(p); }
-void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
-#endif

@@ -15,6 +15,7 @@
 #include "base/inject.h"
 #include "core/runtime.h"
 #include "numa/topology.h"
+#include "testing/scoped_env.h"
 
 namespace spindle {
 namespace {
@@ -54,26 +55,7 @@ void touchEveryCarrier(Runtime& rt) {
     EXPECT_EQ(ran.load(), rt.carrierCount());
 }
 
-class ScopedEnv {
-public:
-    ScopedEnv(const char* name, const char* value) : name_(name) {
-        if (const char* old = ::getenv(name)) { saved_ = old; }
-        ::setenv(name, value, 1);
-    }
-    ~ScopedEnv() {
-        if (saved_) {
-            ::setenv(name_, saved_->c_str(), 1);
-        } else {
-            ::unsetenv(name_);
-        }
-    }
-    ScopedEnv(const ScopedEnv&) = delete;
-    ScopedEnv& operator=(const ScopedEnv&) = delete;
-
-private:
-    const char* name_;
-    std::optional<std::string> saved_;
-};
+using testing_support::ScopedEnv;
 
 using inject::ArmedFault;
 
