@@ -14,7 +14,7 @@ thread_local uint64_t tCount = 0;
 thread_local int tFailAfter = -1;  // >= 0: allocations left before each one fails
 
 // The replaceable operator new's contract: never null, call the new-handler until it frees memory, else throw.
-void* allocate(std::size_t size, std::size_t align) {
+[[maybe_unused]] void* allocate(std::size_t size, std::size_t align) {
     gAllocations.fetch_add(1, std::memory_order_relaxed);
     if (tCounting) {
         ++tCount;
@@ -36,7 +36,7 @@ void* allocate(std::size_t size, std::size_t align) {
     }
 }
 
-void* allocateNoThrow(std::size_t size, std::size_t align) noexcept {
+[[maybe_unused]] void* allocateNoThrow(std::size_t size, std::size_t align) noexcept {
     try {
         return allocate(size, align);
     } catch (...) {
@@ -44,9 +44,17 @@ void* allocateNoThrow(std::size_t size, std::size_t align) noexcept {
     }
 }
 
-constexpr std::size_t kDefaultAlign = alignof(std::max_align_t);
+[[maybe_unused]] constexpr std::size_t kDefaultAlign = alignof(std::max_align_t);
 
 }  // namespace
+
+bool available() noexcept {
+#if defined(SPINDLE_TSAN)
+    return false;
+#else
+    return true;
+#endif
+}
 
 uint64_t processAllocations() noexcept { return gAllocations.load(std::memory_order_relaxed); }
 
@@ -69,7 +77,9 @@ uint64_t ThisThread::stop() noexcept {
 }  // namespace spindle::alloc_hook
 
 // Every replaceable form, so each allocation is counted once and each block goes back to the allocator
-// that made it (malloc and posix_memalign blocks are both released with free).
+// that made it (malloc and posix_memalign blocks are both released with free). Not under TSan (see
+// available()).
+#if !defined(SPINDLE_TSAN)
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
 #endif
@@ -102,3 +112,4 @@ void operator delete(void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete(void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
 void operator delete[](void* p, std::align_val_t, const std::nothrow_t&) noexcept { std::free(p); }
+#endif  // !SPINDLE_TSAN

@@ -16,6 +16,11 @@
 
 namespace spindle::alloc_hook {
 
+/// Whether this build replaces operator new at all: not under TSan, whose runtime defines its own
+/// (a program replacing them fails to link there). Where false, the counts stay 0 and nothing fails:
+/// tests that need the hook skip.
+[[nodiscard]] bool available() noexcept;
+
 /// Every operator new in the process since it started.
 [[nodiscard]] uint64_t processAllocations() noexcept;
 
