@@ -295,7 +295,8 @@ int stallSignal() noexcept { return SIGRTMIN + 4; }
 void onStallSignal(int, siginfo_t*, void*) {
     const int saved = errno;
     Carrier* c = Carrier::current();
-    if (c != nullptr) {
+    const uint32_t token = c != nullptr ? c->stallSample().requested.exchange(0, std::memory_order_acq_rel) : 0;
+    if (token != 0) {
         Carrier::StallSample& s = c->stallSample();
         const Fiber* f = c->running();
         s.fiberId = f != nullptr ? f->id_ : 0;
@@ -323,7 +324,7 @@ void onStallSignal(int, siginfo_t*, void*) {
         } else {
             s.depth = 0;
         }
-        s.seq.fetch_add(1, std::memory_order_release);
+        s.done.store(token, std::memory_order_release);
     }
     errno = saved;
 }
@@ -584,15 +585,22 @@ void StallMonitor::report(Carrier* c, uint64_t ranNs) noexcept {
         return;
     }
     Carrier::StallSample& s = c->stallSample();
-    const uint32_t seq = s.seq.load(std::memory_order_acquire);
+    uint32_t token = ++s.nextToken;
+    if (token == 0) { token = ++s.nextToken; }
+    s.requested.store(token, std::memory_order_release);
     std::string where;
     bool sampled = false;
     if (::pthread_kill(c->threadHandle(), stallSignal()) == 0) {
-        for (int waited = 0; waited < 1000 && s.seq.load(std::memory_order_acquire) == seq; ++waited) {
+        for (int waited = 0; waited < 1000 && s.done.load(std::memory_order_acquire) != token; ++waited) {
             std::this_thread::sleep_for(std::chrono::microseconds(100));
         }
-        sampled = s.seq.load(std::memory_order_acquire) != seq;
     }
+    uint32_t pending = token;
+    if (!s.requested.compare_exchange_strong(pending, 0, std::memory_order_acq_rel)) {
+        // The handler took the request: it is writing the sample now, and done follows at once.
+        while (s.done.load(std::memory_order_acquire) != token) { std::this_thread::yield(); }
+    }
+    sampled = s.done.load(std::memory_order_acquire) == token;
     std::string trace;
     if (sampled && s.fiberId != 0) {
         // The frames below the signal frame (all of them, if the unwinder could not tell which it was).

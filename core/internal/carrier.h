@@ -202,7 +202,13 @@ public:
     [[nodiscard]] bool exited() const noexcept { return exited_.load(std::memory_order_acquire); }
     /// What the stall signal's handler found on this carrier's thread (core/introspect.cpp).
     struct StallSample {
-        std::atomic<uint32_t> seq{0};    // bumped (release) once the fields below are written
+        // The monitor's request (a token, 0: none) and the handler's answer. The handler writes the
+        // fields below only after taking the request (exchange to 0), and then stores the token in
+        // `done` (release); a monitor that gives up withdraws its request first (CAS), so a signal that
+        // comes late writes nothing while the monitor reads a later sample.
+        std::atomic<uint32_t> requested{0};
+        std::atomic<uint32_t> done{0};
+        uint32_t nextToken = 0;          // the monitor's
         uint64_t fiberId = 0;            // 0: no fiber was running when the signal came
         uint64_t fibersRun = 0;          // Stats::fibersRun then: whether it is still the same run
         char name[32] = {};
