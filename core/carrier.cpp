@@ -472,7 +472,6 @@ void Carrier::finishFiber(Fiber* fiber) noexcept {
 
 void Carrier::maintenance(bool beforePark) noexcept {
     sinceMaintenance_ = 0;
-    coarseNowNs_ = nowNs();
     if (!shutdownSeen_ && stopping()) { beginShutdown(); }
     inMaintenance_ = true;
     drainInbox();
@@ -485,6 +484,7 @@ void Carrier::maintenance(bool beforePark) noexcept {
     } else {
         driver_->poll(true);
     }
+    coarseNowNs_ = nowNs();  // one clock read per maintenance: the timers' and the suspensions' clock
     if (!timers_.empty()) { expireTimers(); }
     if (pollers_ != nullptr) {
         bool mayPark = true;
@@ -574,7 +574,7 @@ void Carrier::fireTimer(TimerEntry* entry, int32_t res) noexcept {
 }
 
 void Carrier::expireTimers() noexcept {
-    const uint64_t now = nowNs();
+    const uint64_t now = coarseNowNs_;  // maintenance read the clock just before
     while (HeapNode* n = timers_.top()) {
         if (n->deadline > now) { break; }
         timers_.pop();

@@ -411,16 +411,21 @@ FiberListing RuntimeImpl::listFibers(bool backtraces, nanoseconds patience) cons
 Result<void> RuntimeImpl::joinFor(nanoseconds limit) noexcept {
     checkJoinable("Runtime::joinFor()");
     if (joined_) { return {}; }
-    const auto deadline = std::chrono::steady_clock::now() + clampTimeout(limit);
-    while (!carriersExited()) {
-        if (std::chrono::steady_clock::now() >= deadline) {
-            reportAlive(limit);
-            return Error{ETIMEDOUT};
-        }
-        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (!waitCarriersExited(limit)) {
+        reportAlive(limit);
+        return Error{ETIMEDOUT};
     }
     join();
     return {};
+}
+
+bool RuntimeImpl::waitCarriersExited(nanoseconds limit) const noexcept {
+    const auto deadline = std::chrono::steady_clock::now() + clampTimeout(limit);
+    while (!carriersExited()) {
+        if (std::chrono::steady_clock::now() >= deadline) { return false; }
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return true;
 }
 
 void RuntimeImpl::reportAlive(nanoseconds waited) const noexcept {

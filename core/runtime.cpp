@@ -393,11 +393,7 @@ void RuntimeImpl::join() noexcept {
     checkJoinable("Runtime::join()");
     if (options_.shutdownReportMs != 0) {
         const auto report = std::chrono::milliseconds(options_.shutdownReportMs);
-        const auto deadline = std::chrono::steady_clock::now() + report;
-        while (!carriersExited() && std::chrono::steady_clock::now() < deadline) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-        }
-        if (!carriersExited()) { reportAlive(report); }
+        if (!waitCarriersExited(report)) { reportAlive(report); }
     }
     if (stallMonitor_) { stallMonitor_->stop(); }  // before the threads it signals are joined
     for (auto& c : carriers_) { c->joinThread(); }

@@ -116,6 +116,8 @@ private:
     // join()'s checked preconditions: not on one of its carriers, and after shutdown().
     void checkJoinable(const char* what) const noexcept;
     [[nodiscard]] bool carriersExited() const noexcept;
+    // Polls carriersExited() every millisecond for at most `limit`; whether they all exited.
+    [[nodiscard]] bool waitCarriersExited(std::chrono::nanoseconds limit) const noexcept;
     // Logs the fibers still alive (join() after shutdownReportMs, joinFor at its limit).
     void reportAlive(std::chrono::nanoseconds waited) const noexcept;
     // Adds this runtime to (or removes it from) those SIGUSR1 lists.

@@ -24,6 +24,7 @@
 #include "core/io.h"
 #include "core/offload.h"
 #include "core/runtime.h"
+#include "testing/scoped_env.h"
 #include "tests/core/with_runtime.h"
 
 namespace spindle {
@@ -194,13 +195,7 @@ TEST(IntrospectShutdown, JoinForNamesTheFibersThatKeepItWaiting) {
         mutex.unlock();
     }, SpawnOptions{.name = "stuck-locker"});
     ASSERT_TRUE(h);
-    for (;;) {
-        const FiberInfo* f = nullptr;
-        const FiberListing l = rt->fibers();
-        f = byName(l, "stuck-locker");
-        if (f != nullptr && f->state == "suspended") { break; }
-        std::this_thread::sleep_for(1ms);
-    }
+    (void)listingOnceSuspended(*rt, {"stuck-locker"});
     rt->shutdown();
     testing::internal::CaptureStderr();
     const auto r = rt->joinFor(100ms);
@@ -332,6 +327,40 @@ TEST(StallDetector, AThresholdOutOfRangeIsRefused) {
     EXPECT_NE(logged.find("stallThresholdMs 60001 (0..60000)"), std::string::npos) << logged;
 }
 
+TEST(StallDetector, ABadSpindleStallMsIsRefusedAndAGoodOneWins) {
+    {
+        testing_support::ScopedEnv env("SPINDLE_STALL_MS", "ten");
+        testing::internal::CaptureStderr();
+        auto rt = Runtime::start(testing_support::withCarriers(1));
+        const std::string logged = testing::internal::GetCapturedStderr();
+        EXPECT_EQ(rt.errorCode(), EINVAL);
+        EXPECT_NE(logged.find("invalid SPINDLE_STALL_MS 'ten'"), std::string::npos) << logged;
+    }
+    {
+        testing_support::ScopedEnv env("SPINDLE_STALL_MS", "0");  // off, whatever the options say
+        RuntimeOptions o;
+        o.carriers = 1;
+        o.stallThresholdMs = 1;
+        auto rt = Runtime::start(o);
+        ASSERT_TRUE(rt);
+        testing::internal::CaptureStderr();
+        rt->spawn([] { spinWithoutYielding(30ms); }).value().join();
+        const std::string logged = testing::internal::GetCapturedStderr();
+        EXPECT_EQ(logged.find("stall: "), std::string::npos) << logged;
+    }
+}
+
+TEST(IntrospectShutdown, AReportDelayOutOfRangeIsRefused) {
+    RuntimeOptions o;
+    o.carriers = 1;
+    o.shutdownReportMs = 3'600'001;
+    testing::internal::CaptureStderr();
+    auto rt = Runtime::start(o);
+    const std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(rt.errorCode(), EINVAL);
+    EXPECT_NE(logged.find("shutdownReportMs 3600001 (0..3600000)"), std::string::npos) << logged;
+}
+
 // ---- SIGUSR1 ---------------------------------------------------------------------------------------------------
 
 TEST(FiberListOnSignal, Sigusr1PrintsTheListingToStderr) {
@@ -343,12 +372,7 @@ TEST(FiberListOnSignal, Sigusr1PrintsTheListingToStderr) {
     FiberEvent release;
     auto h = rt->spawn([&] { release.wait(); }, SpawnOptions{.name = "signal-listed"});
     ASSERT_TRUE(h);
-    while (true) {
-        const FiberListing l = rt->fibers();
-        const FiberInfo* f = byName(l, "signal-listed");
-        if (f != nullptr && f->state == "suspended") { break; }
-        std::this_thread::sleep_for(1ms);
-    }
+    (void)listingOnceSuspended(*rt, {"signal-listed"});
     testing::internal::CaptureStderr();
     ASSERT_EQ(::kill(::getpid(), SIGUSR1), 0);
     std::this_thread::sleep_for(500ms);  // the listing thread writes it; it takes a few ms
