@@ -13,6 +13,7 @@
 #include "core/offload.h"
 #include "core/internal/carrier.h"
 #include "core/driver/backend.h"
+#include "core/driver/buffer_group.h"
 #include "core/driver/epoll_driver.h"
 #include "core/driver/uring_driver.h"
 #include "core/internal/io_submit.h"
@@ -112,7 +113,7 @@ OpResult submitOp(const op::Op& o, Deadline deadline) noexcept {
 
 Result<unsigned> armMultishot(const op::Op& o, MultishotCompletion* completion) noexcept {
     detail::Carrier* c = detail::Carrier::current();
-    if (c == nullptr || c->running() == nullptr) { return Error{EPERM}; }
+    if (c == nullptr) { return Error{EPERM}; }
     if (c->stopping()) { return Error{ECANCELED}; }
     completion->opStorage = o;
     completion->op = &completion->opStorage;
@@ -198,6 +199,11 @@ uring::Ring* currentRing() noexcept {
 Result<unsigned> registerBufferGroupHere(uint16_t id, detail::BufferGroup* group) noexcept {
     detail::Carrier* c = detail::Carrier::current();
     if (c == nullptr) { return Error{EPERM}; }
+    try {
+        group->bindOwner(c);  // its returns from other threads now come to this carrier's loop
+    } catch (...) {
+        return Error{ENOMEM};
+    }
     if (auto r = c->driver().registerBufferGroup(id, group); !r) { return Error{r.errorCode()}; }
     return c->index();
 }

@@ -52,11 +52,12 @@ struct MultishotCompletion : op::IoRequest {
     std::atomic<bool> cancelQueued{false};
 };
 
-/// Starts a multishot operation (op::acceptMultishot, op::recvMultishot) on the calling fiber's
-/// carrier; its completions call `completion->fn` there, and runtime shutdown cancels it like any
-/// operation in flight (a last completion with -ECANCELED). Returns the index of the carrier that
-/// holds it.
-/// Errors: EPERM off-fiber; ECANCELED once shutdown has begun (nothing was queued); the errno of a
+/// Starts a multishot operation (op::acceptMultishot, op::recvMultishot) on the carrier whose thread
+/// calls (from one of its fibers, or from a function it runs for Runtime::runOnCarrier); its
+/// completions call `completion->fn` there, and runtime shutdown cancels it like any operation in
+/// flight (a last completion with -ECANCELED). Returns the index of the carrier that holds it. A
+/// driver may deliver completions before this returns: have the state `fn` reads ready first.
+/// Errors: EPERM off-carrier (a plain thread); ECANCELED once shutdown has begun (nothing was queued); the errno of a
 /// driver that refused it at once (EINVAL for an op it cannot run multishot; ENOBUFS on epoll for a
 /// buffer group not registered there).
 [[nodiscard]] Result<unsigned> armMultishot(const op::Op& op, MultishotCompletion* completion) noexcept;
@@ -107,7 +108,9 @@ void settleMultishot(MultishotCompletion* completion) noexcept;
 /// For a pool of receive buffers on a driver that picks them itself (the epoll backend, where
 /// currentRing() is null): registers `group` as buffer group `id` with the driver of the carrier
 /// whose thread calls, for op::recvSelect and op::recvMultishot there. Returns that carrier's index.
-/// Unregister on the same carrier (Runtime::runOnCarrier) before `group` goes.
+/// That carrier becomes the group's owner (BufferGroup::bindOwner): buffers given back elsewhere are
+/// drained in its loop. Unregister on the same carrier (Runtime::runOnCarrier) and settle() the group
+/// before it goes.
 /// Errors: EPERM off-carrier; ENOTSUP on io_uring (register a provided-buffer ring with
 /// currentRing() instead); EEXIST when `id` is taken there; ENOMEM.
 [[nodiscard]] Result<unsigned> registerBufferGroupHere(uint16_t id, detail::BufferGroup* group) noexcept;

@@ -12,6 +12,8 @@
 #include "base/log.h"
 #include "core/driver/buffer_group.h"
 #include "core/fiber.h"
+#include "core/internal/carrier.h"
+#include "core/internal/owner_returns.h"
 #include "core/ring_ops.h"
 #include "core/runtime.h"
 #include "net/internal/ops.h"
@@ -23,7 +25,9 @@ namespace detail {
 /// One carrier's registered buffers of a pool: `count` buffers of `size` bytes behind an
 /// io_uring_buf_ring (the kernel takes buffers from the head; we add them back at the tail), or, on
 /// the epoll backend, behind a BufferGroup registered with the carrier's driver (`group`).
-/// Thread-safety: `lock` serialises returns (from any thread); the kernel never writes the tail.
+/// Thread-safety: only the owner carrier's thread writes the tail (share-nothing: no lock on the
+/// data path); a buffer given back on another thread goes through `returns`, which the owner drains
+/// in its loop. The kernel never writes the tail.
 struct PbufRing {
     std::unique_ptr<spindle::detail::BufferGroup> group;  // the epoll backend's, or null
     io_uring_buf_ring* ring = nullptr;
@@ -34,17 +38,31 @@ struct PbufRing {
     unsigned count = 0;
     uint16_t bgid = 0;
     unsigned carrier = 0;
-    spindle::detail::SpinLock lock;  // serialises returns to `ring`
+    spindle::detail::OwnerReturns returns;  // io_uring: buffers given back off the owner's thread
 
     void giveBack(uint16_t bid) noexcept {
         if (group) {
             group->giveBack(bid);
-            return;
+        } else if (returns.onOwner()) {
+            addHere(bid);
+        } else {
+            returns.push(bid);
         }
-        std::lock_guard<spindle::detail::SpinLock> g(lock);
+    }
+    // Owner's thread: the buffer goes back at the ring's tail, where the kernel picks it up.
+    void addHere(uint16_t bid) noexcept {
         io_uring_buf_ring_add(ring, buffers + static_cast<size_t>(bid) * size, static_cast<unsigned>(size), bid,
                               io_uring_buf_ring_mask(count), 0);
         io_uring_buf_ring_advance(ring, 1);
+    }
+    static void onReturn(void* self, uint16_t bid) noexcept { static_cast<PbufRing*>(self)->addHere(bid); }
+    // Before the memory goes: no drain of `returns` queued or running on the owner.
+    void settle() const noexcept {
+        if (group) {
+            group->settle();
+        } else {
+            returns.settle();
+        }
     }
 };
 
@@ -60,12 +78,16 @@ void unmapRing(detail::PbufRing* r) noexcept {
 
 }  // namespace
 
+// The pool's registrations, one slot per carrier index, each written only by that carrier's thread:
+// a receive finds its carrier's ring with one load and takes no lock (share-nothing per carrier).
 struct ProvidedBufferPool::Impl {
+    struct Slot {
+        std::atomic<detail::PbufRing*> ring{nullptr};  // published once registered (release)
+        bool failed = false;                           // registration refused there (owner's thread only)
+    };
     uint16_t bgid = 0;
-    std::mutex lock;                                   // guards rings, failed, runtime
-    std::vector<std::unique_ptr<detail::PbufRing>> rings;  // by carrier index; null: not registered there
-    std::vector<bool> failed;                          // registration refused on that carrier
-    spindle::detail::RuntimeImpl* runtime = nullptr;   // whose carriers hold the registrations
+    std::unique_ptr<Slot[]> slots{new Slot[kMaxCarriers]};  // by carrier index
+    std::atomic<spindle::detail::RuntimeImpl*> runtime{nullptr};  // whose carriers hold the registrations
     std::atomic<uint64_t> provided{0};
     std::atomic<uint64_t> fallback{0};
     std::atomic<uint64_t> exhausted{0};
@@ -125,9 +147,10 @@ Result<std::unique_ptr<ProvidedBufferPool>> ProvidedBufferPool::create(const Pro
 
 ProvidedBufferPool::~ProvidedBufferPool() {
     // Each registration is dropped by its own carrier's thread (SINGLE_ISSUER).
-    for (auto& r : impl_->rings) {
-        if (!r) { continue; }
-        detail::PbufRing* ring = r.get();
+    spindle::detail::RuntimeImpl* rt = impl_->runtime.load(std::memory_order_acquire);
+    for (unsigned i = 0; i < kMaxCarriers; ++i) {
+        detail::PbufRing* ring = impl_->slots[i].ring.load(std::memory_order_acquire);
+        if (ring == nullptr) { continue; }
         auto drop = [ring] {
             if (ring->group) {
                 (void)unregisterBufferGroupHere(ring->bgid);
@@ -135,49 +158,49 @@ ProvidedBufferPool::~ProvidedBufferPool() {
                 (void)here->unregisterBufRing(ring->bgid);
             }
         };
-        if (impl_->runtime != nullptr) {
+        if (rt != nullptr) {
             // ECANCELED: the runtime is shutting down, and the ring goes with its carrier.
-            (void)spindle::detail::runOnCarrier(impl_->runtime, ring->carrier,
+            (void)spindle::detail::runOnCarrier(rt, ring->carrier,
                                                 [](void* ctx) noexcept { (*static_cast<decltype(drop)*>(ctx))(); },
                                                 &drop);
         }
+        ring->settle();  // a drain of returns from other threads is over before the memory goes
         unmapRing(ring);
+        delete ring;
     }
 }
 
 detail::PbufRing* ProvidedBufferPool::ringHere() noexcept {
     // Off-fiber there is no carrier to register with, and a plain receive is what happens anyway.
     if (!this_fiber::inFiber()) { return nullptr; }
-    uring::Ring* ring = currentRing();  // null on the epoll backend: a BufferGroup with its driver
     const auto idx = static_cast<size_t>(this_fiber::carrierIndex());
     Impl& im = *impl_;
-    std::lock_guard<std::mutex> g(im.lock);
-    try {
-        if (im.rings.size() <= idx) {
-            im.rings.resize(idx + 1);
-            im.failed.resize(idx + 1, false);
-        }
-    } catch (...) {
-        return nullptr;
-    }
-    if (im.rings[idx]) { return im.rings[idx].get(); }
-    if (im.failed[idx]) { return nullptr; }
+    Impl::Slot& slot = im.slots[idx];
+    // Only this carrier's thread writes its slot, and nothing below parks: no lock.
+    if (detail::PbufRing* r = slot.ring.load(std::memory_order_relaxed)) { return r; }
+    if (slot.failed) { return nullptr; }
+    return registerHere(idx);
+}
+
+detail::PbufRing* ProvidedBufferPool::registerHere(size_t idx) noexcept {
+    Impl& im = *impl_;
+    Impl::Slot& slot = im.slots[idx];
+    uring::Ring* ring = currentRing();  // null on the epoll backend: a BufferGroup with its driver
     auto fail = [&](int e, detail::PbufRing* r) -> detail::PbufRing* {
-        im.failed[idx] = true;
+        slot.failed = true;
         int expected = 0;
         if (im.registerError.compare_exchange_strong(expected, e)) {
             log::info("provided buffers: no buffer ring on carrier {} ({}); receives fall back to plain buffers", idx,
                       std::strerror(e));
         }
-        if (r != nullptr) { unmapRing(r); }
+        if (r != nullptr) {
+            unmapRing(r);
+            delete r;
+        }
         return nullptr;
     };
-    std::unique_ptr<detail::PbufRing> r;
-    try {
-        r = std::make_unique<detail::PbufRing>();
-    } catch (...) {
-        return fail(ENOMEM, nullptr);
-    }
+    auto* r = new (std::nothrow) detail::PbufRing;
+    if (r == nullptr) { return fail(ENOMEM, nullptr); }
     r->count = options_.count;
     r->size = options_.size;
     r->bgid = im.bgid;
@@ -185,37 +208,40 @@ detail::PbufRing* ProvidedBufferPool::ringHere() noexcept {
     const size_t page = static_cast<size_t>(::sysconf(_SC_PAGESIZE));
     r->bufferBytes = (r->size * r->count + page - 1) / page * page;
     void* bufMem = ::mmap(nullptr, r->bufferBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (bufMem == MAP_FAILED) { return fail(errno, r.get()); }
+    if (bufMem == MAP_FAILED) { return fail(errno, r); }
     r->buffers = static_cast<char*>(bufMem);
     if (ring == nullptr) {
         // The epoll backend: the driver picks buffers from a group of ours when a socket has data.
         try {
             r->group = std::make_unique<spindle::detail::BufferGroup>(r->buffers, r->size, r->count);
         } catch (...) {
-            return fail(ENOMEM, r.get());
+            return fail(ENOMEM, r);
         }
-        if (auto reg = registerBufferGroupHere(r->bgid, r->group.get()); !reg) {
-            return fail(reg.errorCode(), r.get());
+        if (auto reg = registerBufferGroupHere(r->bgid, r->group.get()); !reg) { return fail(reg.errorCode(), r); }
+    } else {
+        try {
+            r->returns.init(r->count, spindle::detail::Carrier::current(), &detail::PbufRing::onReturn, r);
+        } catch (...) {
+            return fail(ENOMEM, r);
         }
-        if (im.runtime == nullptr) { im.runtime = spindle::detail::currentRuntime(); }
-        im.rings[idx] = std::move(r);
-        return im.rings[idx].get();
+        r->ringBytes = (sizeof(io_uring_buf) * r->count + page - 1) / page * page;
+        void* ringMem = ::mmap(nullptr, r->ringBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (ringMem == MAP_FAILED) { return fail(errno, r); }
+        r->ring = static_cast<io_uring_buf_ring*>(ringMem);
+        io_uring_buf_ring_init(r->ring);
+        if (auto reg = ring->registerBufRing(r->ring, r->count, r->bgid); !reg) { return fail(reg.errorCode(), r); }
+        const int mask = io_uring_buf_ring_mask(r->count);
+        for (unsigned i = 0; i < r->count; ++i) {
+            io_uring_buf_ring_add(r->ring, r->buffers + static_cast<size_t>(i) * r->size,
+                                  static_cast<unsigned>(r->size), static_cast<unsigned short>(i), mask,
+                                  static_cast<int>(i));
+        }
+        io_uring_buf_ring_advance(r->ring, static_cast<int>(r->count));
     }
-    r->ringBytes = (sizeof(io_uring_buf) * r->count + page - 1) / page * page;
-    void* ringMem = ::mmap(nullptr, r->ringBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (ringMem == MAP_FAILED) { return fail(errno, r.get()); }
-    r->ring = static_cast<io_uring_buf_ring*>(ringMem);
-    io_uring_buf_ring_init(r->ring);
-    if (auto reg = ring->registerBufRing(r->ring, r->count, r->bgid); !reg) { return fail(reg.errorCode(), r.get()); }
-    const int mask = io_uring_buf_ring_mask(r->count);
-    for (unsigned i = 0; i < r->count; ++i) {
-        io_uring_buf_ring_add(r->ring, r->buffers + static_cast<size_t>(i) * r->size, static_cast<unsigned>(r->size),
-                              static_cast<unsigned short>(i), mask, static_cast<int>(i));
-    }
-    io_uring_buf_ring_advance(r->ring, static_cast<int>(r->count));
-    if (im.runtime == nullptr) { im.runtime = spindle::detail::currentRuntime(); }
-    im.rings[idx] = std::move(r);
-    return im.rings[idx].get();
+    spindle::detail::RuntimeImpl* expected = nullptr;
+    (void)im.runtime.compare_exchange_strong(expected, spindle::detail::currentRuntime(), std::memory_order_acq_rel);
+    slot.ring.store(r, std::memory_order_release);
+    return r;
 }
 
 Result<ProvidedBuffer> ProvidedBufferPool::recv(int fd, Deadline deadline) noexcept {
@@ -259,8 +285,9 @@ ProvidedBufferStats ProvidedBufferPool::stats() const noexcept {
     s.fallbackRecvs = impl_->fallback.load(std::memory_order_relaxed);
     s.exhausted = impl_->exhausted.load(std::memory_order_relaxed);
     s.registerError = impl_->registerError.load(std::memory_order_relaxed);
-    std::lock_guard<std::mutex> g(impl_->lock);
-    for (const auto& r : impl_->rings) { s.carriersRegistered += r ? 1 : 0; }
+    for (unsigned i = 0; i < kMaxCarriers; ++i) {
+        s.carriersRegistered += impl_->slots[i].ring.load(std::memory_order_acquire) != nullptr ? 1 : 0;
+    }
     return s;
 }
 

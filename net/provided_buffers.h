@@ -8,8 +8,9 @@
 /// the carrier's epoll driver, which picks one when the socket has data: the same semantics, the
 /// same counters. recv() posts a receive with IOSQE_BUFFER_SELECT; the CQE names the buffer
 /// the kernel filled, which the caller holds as a ProvidedBuffer lease until it drops it; the buffer
-/// then goes back to the ring of the carrier it came from (from any thread: returns are serialised
-/// per carrier by a spinlock, the kernel only ever reads the ring's tail).
+/// then goes back to the ring of the carrier it came from. Share-nothing: only that carrier's thread
+/// writes its ring (a receive finds it with one load; no lock anywhere on the data path); a buffer
+/// released on another thread is queued without a lock and put back by that carrier in its loop.
 /// Fallback: where registration fails (an older kernel: EINVAL; a memlock limit: ENOMEM), off-fiber,
 /// and when a carrier's ring has run out of buffers (ENOBUFS), recv() receives into a buffer from
 /// the heap instead, and counts it (stats()). The caller sees the same ProvidedBuffer either way.
@@ -21,7 +22,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <vector>
 
 #include "base/result.h"
@@ -103,6 +103,7 @@ private:
     friend class MultishotReceiver;
     explicit ProvidedBufferPool(const ProvidedBufferOptions& options);
     detail::PbufRing* ringHere() noexcept;
+    detail::PbufRing* registerHere(size_t carrier) noexcept;
     ProvidedBufferOptions options_;
     std::unique_ptr<Impl> impl_;
 };

@@ -9,11 +9,14 @@
 #include <chrono>
 #include <climits>
 #include <deque>
-#include <mutex>
+#include <type_traits>
 
 #include "base/log.h"
 #include "core/fiber.h"
 #include "core/fiber_future.h"
+#include "core/runtime.h"
+#include "core/internal/carrier.h"
+#include "core/internal/sync_support.h"
 #include "core/io.h"
 #include "net/internal/ops.h"
 
@@ -21,39 +24,70 @@ namespace spindle::net {
 
 // ---- TcpListener ---------------------------------------------------------------------------------
 
-/// The listener's state, shared with its multishot accept's completion (which runs on the carrier
-/// whose ring holds the operation) and with accept() callers on any carrier or thread.
-/// Invariant: `armed` is true from armMultishot() until the CQE without F_MORE, and only then may
-/// the state be destroyed; close() has the owning carrier cancel the operation and waits for `ended`.
+namespace {
+
+// What an accept() caller parked on the listener receives: a connection (its descriptor, >= 0), or
+// one of these.
+constexpr int32_t kRetry = -EAGAIN;   // the multishot ended (or the caller was withdrawn): look again
+constexpr int32_t kClosed = -EBADF;   // close() ran
+
+// An accept() caller waiting for the next connection, on its own stack.
+struct AcceptWaiter {
+    FiberFuture future;
+    AcceptWaiter* next = nullptr;
+    AcceptWaiter* prev = nullptr;
+    bool linked = false;  // in State::waiters (home's thread only)
+};
+
+}  // namespace
+
+/// The listener's state, shared with its multishot accept's completion and with accept() callers on
+/// any carrier.
+/// Share-nothing: `home` is the carrier that holds the multishot accept, chosen once by the first fiber
+/// that accepts, and everything below "home's thread only" is touched on that carrier's thread alone:
+/// by the completion handler, by accept() callers running there, and by steps that callers elsewhere
+/// have run there (Runtime::runOnCarrier). There is no lock, so no thread, preempted or not, can hold
+/// the carrier up in the middle of a completion.
+/// Invariant: `armed` is true from the arm until the CQE without F_MORE, and only then may the state
+/// be destroyed; close() has home cancel the operation and waits for `ended`.
 struct TcpListener::State : MultishotCompletion {
     int fd = -1;
     ListenOptions options;
     SocketAddress local;
 
-    std::mutex lock;             // guards everything below; held only briefly, never across a wait
-    std::deque<int> ready;       // accepted descriptors not yet taken by accept()
+    std::atomic<spindle::detail::Carrier*> home{nullptr};  // set once (CAS from null)
+    std::atomic<bool> closing{false};
+    std::atomic<bool> multishotWorks{true};  // false after the kernel refused it (EINVAL on the first arm)
+    FiberFuture ended;           // set while no operation is armed; the last CQE sets it (close() waits)
+
+    // --- home's thread only ---
+    std::deque<int> ready;       // accepted descriptors that no caller was waiting for
     int error = 0;               // why the last multishot ended, for the next accept() to act on
     bool armed = false;
-    bool closing = false;
-    std::atomic<bool> multishotWorks{true};  // false after the kernel refused it (EINVAL on the first arm)
     bool everDelivered = false;  // the current multishot produced a connection (so EINVAL is not "unsupported")
-    FiberFuture* waiter = nullptr;  // an accept() parked for the next connection
-    FiberFuture ended;           // set by the CQE that ends the multishot (awaited by close())
+    spindle::detail::IntrusiveFifo<AcceptWaiter> waiters;  // callers parked for a connection, oldest first
 
     std::atomic<uint64_t> accepted{0};
     std::atomic<uint64_t> arms{0};
     std::atomic<uint64_t> backoffs{0};
     std::atomic<bool> loggedBackoff{false};  // the current run of resource errors was logged
 
-    State() noexcept { fn = &State::onCqe; }
+    State() noexcept {
+        fn = &State::onCqe;
+        ended.set(0);
+    }
 
+    // Home's thread: a connection goes to the oldest waiter, else to the queue; the end of the
+    // operation sends every waiter back to look again (one of them re-arms or takes the error).
     static void onCqe(MultishotCompletion* self, int32_t res, uint32_t flags) noexcept {
         auto* s = static_cast<State*>(self);
-        std::lock_guard<std::mutex> g(s->lock);
         if (res >= 0) {
             s->everDelivered = true;
-            if (s->closing) {
+            if (s->closing.load(std::memory_order_acquire)) {
                 ::close(res);
+            } else if (AcceptWaiter* w = s->waiters.popFront()) {
+                w->linked = false;
+                w->future.set(res);
             } else {
                 try {
                     s->ready.push_back(res);
@@ -65,9 +99,66 @@ struct TcpListener::State : MultishotCompletion {
         if ((flags & op::kMore) == 0) {
             s->armed = false;
             if (res < 0) { s->error = -res; }
+            s->wakeAll(kRetry);
             s->ended.set(res);
         }
-        if (FiberFuture* w = std::exchange(s->waiter, nullptr)) { w->set(0); }
+    }
+
+    void wakeAll(int32_t why) noexcept {
+        while (AcceptWaiter* w = waiters.popFront()) {
+            w->linked = false;
+            w->future.set(why);
+        }
+    }
+
+    // Runs fn() on home's thread: at once when the caller is there, else through its inbox (parking
+    // the caller). Errors: ECANCELED when home's runtime is shutting down and the caller is not one of
+    // its fibers.
+    template <class F>
+    Result<void> onHome(spindle::detail::Carrier* h, F&& step) noexcept {
+        if (spindle::detail::Carrier::current() == h) {
+            step();
+            return {};
+        }
+        auto call = [](void* ctx) noexcept { (*static_cast<std::remove_reference_t<F>*>(ctx))(); };
+        return spindle::detail::runOnCarrier(h->runtime(), h->index(), call, static_cast<void*>(std::addressof(step)));
+    }
+
+    // One look at the listener, on home's thread: a queued connection (>= 0), a reason to stop or back
+    // off (-errno, kRetry after the kernel refused multishot), or the caller parked in `waiters` (1).
+    int32_t takeOrWait(AcceptWaiter* w) noexcept {
+        for (;;) {
+            if (closing.load(std::memory_order_acquire)) { return kClosed; }
+            if (!ready.empty()) {
+                const int conn = ready.front();
+                ready.pop_front();
+                return conn;
+            }
+            if (error != 0) {
+                const int e = std::exchange(error, 0);
+                if (e == EINVAL && !everDelivered) {
+                    multishotWorks.store(false, std::memory_order_relaxed);  // a kernel before 5.19
+                    return kRetry;
+                }
+                return -e;
+            }
+            if (armed) {
+                w->linked = true;
+                waiters.pushBack(w);
+                return 1;
+            }
+            armed = true;
+            everDelivered = false;
+            ended.reset();
+            // Last, with the state consistent: a driver may deliver a completion before this returns.
+            auto r = armMultishot(op::acceptMultishot(fd, SOCK_CLOEXEC), this);
+            if (!r) {
+                armed = false;
+                ended.set(-r.errorCode());
+                return -r.errorCode();
+            }
+            arms.fetch_add(1, std::memory_order_relaxed);
+        }
     }
 };
 
@@ -148,6 +239,7 @@ Result<TcpStream> TcpListener::accept(SocketAddress* peer, Deadline deadline) no
     State& s = *state_;
     uint64_t backoff = 0;
     auto handed = [&](int fd) -> Result<TcpStream> {
+        s.loggedBackoff.store(false, std::memory_order_relaxed);
         s.accepted.fetch_add(1, std::memory_order_relaxed);
         if (peer != nullptr) {
             *peer = SocketAddress{};
@@ -168,87 +260,68 @@ Result<TcpStream> TcpListener::accept(SocketAddress* peer, Deadline deadline) no
     const bool multishot = s.options.multishot && this_fiber::inFiber();
     while (true) {
         if (!multishot || !s.multishotWorks.load(std::memory_order_relaxed)) {
-            {
-                std::lock_guard<std::mutex> g(s.lock);
-                if (s.closing) { return Error{EBADF}; }
-            }
+            if (s.closing.load(std::memory_order_acquire)) { return Error{EBADF}; }
             auto fd = detail::accept(s.fd, nullptr, nullptr, deadline);
-            if (fd) {
-                s.loggedBackoff.store(false, std::memory_order_relaxed);
-                return handed(*fd);
-            }
+            if (fd) { return handed(*fd); }
             if (!isResourceError(fd.errorCode())) { return Error{fd.errorCode()}; }
             if (auto r = backOff(fd.errorCode()); !r) { return Error{r.errorCode()}; }
             continue;
         }
-        FiberFuture wake;
-        bool arm = false;
-        int resourceError = 0;
-        {
-            std::lock_guard<std::mutex> g(s.lock);
-            if (s.closing) { return Error{EBADF}; }
-            if (!s.ready.empty()) {
-                const int fd = s.ready.front();
-                s.ready.pop_front();
-                s.loggedBackoff.store(false, std::memory_order_relaxed);
-                return handed(fd);
-            }
-            if (s.error != 0) {
-                const int e = std::exchange(s.error, 0);
-                if (e == EINVAL && !s.everDelivered) {
-                    s.multishotWorks.store(false, std::memory_order_relaxed);  // a kernel before 5.19: one-shot accepts from now on
-                    continue;
-                }
-                if (!isResourceError(e)) { return Error{e}; }
-                resourceError = e;  // backed off below, outside the lock
-            } else if (!s.armed) {
-                s.armed = true;
-                s.everDelivered = false;
-                s.ended.reset();
-                arm = true;
+        // The first fiber to accept makes its carrier home (close() reads home after raising `closing`,
+        // and this reads `closing` after setting home: one of the two sees the other).
+        spindle::detail::Carrier* home = s.home.load(std::memory_order_acquire);
+        if (home == nullptr) {
+            spindle::detail::Carrier* here = spindle::detail::Carrier::current();
+            if (!s.home.compare_exchange_strong(home, here, std::memory_order_seq_cst)) { continue; }
+            home = here;
+        }
+        if (s.closing.load(std::memory_order_seq_cst)) { return Error{EBADF}; }
+        AcceptWaiter w;
+        int32_t got = 0;
+        if (auto r = s.onHome(home, [&] { got = s.takeOrWait(&w); }); !r) { return Error{r.errorCode()}; }
+        if (got == 1) {
+            // Parked until the completion hands over a connection, the multishot ends, the deadline,
+            // or a cancel.
+            int32_t res = 0;
+            if (deadline.isSet()) {
+                timespec now{};
+                ::clock_gettime(CLOCK_MONOTONIC, &now);
+                const uint64_t nowNs =
+                    static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
+                const uint64_t left = deadline.ns() > nowNs ? deadline.ns() - nowNs : 0;
+                res = FiberFuture::waitWithTimeout(&w.future, std::chrono::nanoseconds(left));
             } else {
-                s.waiter = &wake;
+                res = FiberFuture::waitWithTimeout(&w.future, std::chrono::hours(24));
             }
-        }
-        if (resourceError != 0) {
-            if (auto r = backOff(resourceError); !r) { return Error{r.errorCode()}; }
-            continue;
-        }
-        if (arm) {
-            auto r = armMultishot(op::acceptMultishot(s.fd, SOCK_CLOEXEC), &s);
-            if (!r) {
-                std::lock_guard<std::mutex> g(s.lock);
-                s.armed = false;
-                s.ended.set(-r.errorCode());
-                return Error{r.errorCode()};
-            }
-            s.arms.fetch_add(1, std::memory_order_relaxed);
-            continue;
-        }
-        // Parked until the completion hands over a connection or an error, the deadline, or a cancel.
-        int32_t w = 0;
-        if (deadline.isSet()) {
-            timespec now{};
-            ::clock_gettime(CLOCK_MONOTONIC, &now);
-            const uint64_t nowNs = static_cast<uint64_t>(now.tv_sec) * 1000000000u + static_cast<uint64_t>(now.tv_nsec);
-            const uint64_t left = deadline.ns() > nowNs ? deadline.ns() - nowNs : 0;
-            w = FiberFuture::waitWithTimeout(&wake, std::chrono::nanoseconds(left));
-        } else {
-            w = FiberFuture::waitWithTimeout(&wake, std::chrono::hours(24));
-        }
-        if (w == -ETIMEDOUT || w == -ECANCELED) {
-            bool stillMine = false;
-            {
-                std::lock_guard<std::mutex> g(s.lock);
-                if (s.waiter == &wake) {
-                    s.waiter = nullptr;
-                    stillMine = true;
+            if (res == -ETIMEDOUT || res == -ECANCELED) {
+                bool withdrawn = false;
+                const auto r = s.onHome(home, [&] {
+                    if (w.linked) {
+                        s.waiters.unlink(&w);
+                        w.linked = false;
+                        withdrawn = true;
+                    }
+                });
+                if (!withdrawn) {
+                    // Home handed it something first (or cannot be reached, being shut down: then the
+                    // operation's last completion wakes every waiter). What it handed counts.
+                    if (!r) { return Error{r.errorCode()}; }
+                    const int32_t handedRes = w.future.wait();
+                    if (handedRes >= 0) { return handed(handedRes); }
+                    if (handedRes == kClosed) { return Error{EBADF}; }
                 }
+                if (res == -ECANCELED) { return Error{ECANCELED}; }
+                if (deadline.isSet()) { return Error{ETIMEDOUT}; }
+                continue;  // the 24-hour wait of an accept without a deadline ran out: wait again
             }
-            if (!stillMine) { (void)wake.wait(); }  // the completion claimed it: its set() is done
-            if (w == -ECANCELED) { return Error{ECANCELED}; }
-            if (deadline.isSet()) { return Error{ETIMEDOUT}; }
+            got = res;
+            if (got == kRetry) { continue; }
         }
+        if (got >= 0) { return handed(got); }
+        if (got == kRetry) { continue; }
+        const int e = -got;
+        if (!isResourceError(e)) { return Error{e}; }
+        if (auto r = backOff(e); !r) { return Error{r.errorCode()}; }
     }
 }
 
@@ -271,27 +344,24 @@ ListenerStats TcpListener::stats() const noexcept {
 void TcpListener::close() noexcept {
     if (!state_) { return; }
     State& s = *state_;
-    bool armed = false;
-    {
-        std::lock_guard<std::mutex> g(s.lock);
-        if (s.closing) { return; }
-        s.closing = true;
-        armed = s.armed;
-        if (FiberFuture* w = std::exchange(s.waiter, nullptr)) { w->set(0); }
-    }
-    if (armed) {
-        // The carrier holding the multishot cancels it; its last CQE sets `ended`. Without the message
-        // (ENOMEM), shutdown(2) ends a TCP listener's pending accept with EINVAL all the same.
-        if (!cancelMultishot(&s)) { (void)::shutdown(s.fd, SHUT_RD); }
+    if (s.closing.exchange(true, std::memory_order_seq_cst)) { return; }
+    if (spindle::detail::Carrier* home = s.home.load(std::memory_order_seq_cst)) {
+        // Home wakes the waiters and cancels its operation; the operation's last CQE sets `ended`. Where
+        // home cannot be reached (its runtime is shutting down and this is no fiber of it), shutdown(2)
+        // ends a TCP listener's pending accept with EINVAL all the same, and the shutdown ends the rest.
+        bool armed = false;
+        auto r = s.onHome(home, [&] {
+            s.wakeAll(kClosed);
+            armed = s.armed;
+            if (armed) { (void)cancelMultishot(&s); }
+        });
+        if (!r) { (void)::shutdown(s.fd, SHUT_RD); }
         (void)s.ended.wait();
-        settleMultishot(&s);
+        if (armed || !r) { settleMultishot(&s); }
     }
-    std::deque<int> left;
-    {
-        std::lock_guard<std::mutex> g(s.lock);
-        left.swap(s.ready);
-    }
-    for (int fd : left) { ::close(fd); }
+    // No completion is left to come and every step on home now sees `closing`: the queue is ours.
+    for (int fd : s.ready) { ::close(fd); }
+    s.ready.clear();
     ::close(s.fd);
     s.fd = -1;
 }

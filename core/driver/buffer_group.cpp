@@ -9,10 +9,12 @@ BufferGroup::BufferGroup(char* base, size_t size, unsigned count)
     SPINDLE_CHECK_MSG(count >= 1 && count <= 65536, "a buffer group holds 1 to 65536 buffers");
     // Taken from the top: buffer 0 goes out first.
     for (unsigned i = 0; i < count; ++i) { free_[i] = static_cast<uint16_t>(count - 1 - i); }
+    returns_.init(count, nullptr, &BufferGroup::onReturn, this);
 }
 
-void BufferGroup::giveBack(uint16_t bid) noexcept {
-    std::lock_guard<SpinLock> g(lock_);
+void BufferGroup::bindOwner(Carrier* owner) { returns_.init(count_, owner, &BufferGroup::onReturn, this); }
+
+void BufferGroup::freeHere(uint16_t bid) noexcept {
     SPINDLE_CHECK_MSG(bid < count_ && out_[bid] != 0, "a buffer given back to its group that is not out");
     out_[bid] = 0;
     free_[freeCount_++] = bid;

@@ -1,6 +1,6 @@
 // Unit tests of the epoll driver's receive-buffer group (core/driver/buffer_group.h): every buffer
-// once, most recently returned first, -1 when all are out, returns from another thread, and a buffer
-// given back that is not out caught. Then the registration with a carrier's driver and the ops the
+// once, most recently returned first, -1 when all are out, returns from another thread (queued without a
+// lock, drained by the owner), and a buffer given back that is not out caught. Then the registration with a carrier's driver and the ops the
 // epoll driver refuses, on a runtime of each backend.
 
 #include "core/driver/buffer_group.h"
@@ -78,10 +78,32 @@ TEST(BufferGroupDeathTest, ABufferGivenBackThatIsNotOutIsCaught) {
     const int b = g.take();
     ASSERT_GE(b, 0);
     g.giveBack(static_cast<uint16_t>(a));
-    // Twice, while another buffer is still out (so the group is not full): caught all the same.
-    EXPECT_DEATH(g.giveBack(static_cast<uint16_t>(a)), "not out");
-    EXPECT_DEATH(g.giveBack(3), "not out");  // never taken
-    EXPECT_DEATH(g.giveBack(4), "not out");  // not one of the group's
+    (void)g.available();  // the return is drained: `a` is free
+    // Twice, while another buffer is still out (so the group is not full): caught all the same, when
+    // the return reaches the free stack (at once on the owner; at the next drain elsewhere).
+    EXPECT_DEATH(
+        {
+            g.giveBack(static_cast<uint16_t>(a));
+            (void)g.available();
+        },
+        "not out");
+    EXPECT_DEATH(
+        {
+            g.giveBack(3);  // never taken
+            (void)g.available();
+        },
+        "not out");
+    EXPECT_DEATH(g.giveBack(4), "not out");  // not one of the group's: caught at once
+    // Given back twice before any drain: caught by the drain, never a loop.
+    const int c = g.take();
+    ASSERT_GE(c, 0);
+    EXPECT_DEATH(
+        {
+            g.giveBack(static_cast<uint16_t>(c));
+            g.giveBack(static_cast<uint16_t>(c));
+            (void)g.available();
+        },
+        "not out");
 }
 
 class BufferGroupRegistration : public testing_support::WithRuntime {};

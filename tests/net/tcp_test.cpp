@@ -333,6 +333,70 @@ TEST_F(Tcp, CloseEndsABlockedAcceptAndTheMultishotWithIt) {
     });
 }
 
+// Several fibers on both carriers park in accept() on one listener at once: each connection goes to one
+// of them and none is forgotten. (The listener once kept a single waiter, and a second accept() that
+// parked replaced the first, which then slept until its deadline with connections queued.) The
+// acceptors on the carrier that does not hold the multishot reach it through that carrier's inbox.
+TEST_F(Tcp, EveryParkedAcceptorOnEitherCarrierGetsAConnection) {
+    onFiber([] {
+        TcpListener l = listenLoopback();
+        constexpr int kAcceptors = 6;
+        std::atomic<int> ok{0};
+        std::atomic<int> started{0};
+        std::vector<FiberHandle<void>> acceptors;
+        for (int i = 0; i < kAcceptors; ++i) {
+            acceptors.push_back(spawn(
+                                    [&] {
+                                        started.fetch_add(1);
+                                        auto s = l.accept(3s);
+                                        EXPECT_TRUE(s) << s.error().message();
+                                        if (s) { ok.fetch_add(1); }
+                                    },
+                                    SpawnOptions{.carrier = i % 2})
+                                    .value());
+        }
+        while (started.load() < kAcceptors || l.stats().multishotArms == 0) { (void)this_fiber::sleep_for(1ms); }
+        (void)this_fiber::sleep_for(20ms);  // every acceptor parks
+        const auto begin = std::chrono::steady_clock::now();
+        std::vector<TcpStream> clients;
+        for (int i = 0; i < kAcceptors; ++i) {
+            auto c = TcpStream::connect(l.localAddress(), 5s);
+            ASSERT_TRUE(c) << c.error().message();
+            clients.push_back(std::move(*c));
+        }
+        for (auto& a : acceptors) { a.join(); }
+        EXPECT_EQ(ok.load(), kAcceptors);
+        EXPECT_EQ(l.stats().accepted, static_cast<uint64_t>(kAcceptors));
+        EXPECT_EQ(l.stats().multishotArms, 1u);
+        // Handed over as the connections came, not found after a deadline ran out.
+        EXPECT_LT(std::chrono::steady_clock::now() - begin, 2s);
+    });
+}
+
+// close() from a plain thread while acceptors on both carriers are parked: each returns EBADF, and the
+// multishot held by one carrier ends.
+TEST_F(Tcp, CloseFromAPlainThreadEndsAcceptorsOnEveryCarrier) {
+    TcpListener l = listenLoopback();
+    std::atomic<int> started{0};
+    std::vector<FiberHandle<int>> acceptors;
+    for (int i = 0; i < 4; ++i) {
+        acceptors.push_back(rt().spawn(
+                                    [&] {
+                                        started.fetch_add(1);
+                                        return l.accept(5s).errorCode();
+                                    },
+                                    SpawnOptions{.carrier = i % 2})
+                                .value());
+    }
+    while (started.load() < 4 || l.stats().multishotArms == 0) { std::this_thread::sleep_for(1ms); }
+    std::this_thread::sleep_for(20ms);
+    const auto begin = std::chrono::steady_clock::now();
+    l.close();
+    for (auto& a : acceptors) { EXPECT_EQ(a.join(), EBADF); }
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, 2s);
+    EXPECT_FALSE(l.isOpen());
+}
+
 TEST_F(Tcp, ConnectionsQueuedWhenTheListenerClosesAreClosedToo) {
     onFiber([] {
         TcpListener l = listenLoopback();
