@@ -283,6 +283,45 @@ TEST_F(MultishotRecv, AnExhaustedRingFallsBackToOneReceiveAndRearms) {
     EXPECT_GE(pool->stats().exhausted, 1u);
 }
 
+// Buffers released on a plain thread reach their carrier's ring again (queued without a lock, put back
+// by that carrier's loop, which alone writes the ring): with a ring of two, two receives hold both, a
+// thread releases them, and the next two receives on the carrier are served from the ring again.
+TEST_F(MultishotRecv, BuffersReleasedOnAPlainThreadGoBackToTheirCarriersRing) {
+    auto pool = makePool(2, 64);
+    std::optional<LoopbackPair> pair;
+    std::vector<ProvidedBuffer> held;
+    bool ring = false;
+    on(0, [&] {
+        ring = pool->ringAvailable();
+        pair.emplace(connectLoopbackPair());
+        for (const char* word : {"ab", "cd"}) {
+            ASSERT_TRUE(pair->client.writeAll(word, 2, 5s));
+            auto b = pool->recv(pair->server.fd(), 5s);
+            ASSERT_TRUE(b) << b.error().message();
+            EXPECT_EQ(std::string(b->data(), b->size()), word);
+            EXPECT_EQ(b->provided(), ring);
+            held.push_back(std::move(*b));
+        }
+    }).join();
+    if (!ring) {
+        on(0, [&] { pair.reset(); }).join();
+        GTEST_SKIP() << "no buffer ring here";
+    }
+    std::thread([&] { held.clear(); }).join();
+    const uint64_t exhaustedBefore = pool->stats().exhausted;
+    on(0, [&] {
+        for (const char* word : {"ef", "gh"}) {
+            ASSERT_TRUE(pair->client.writeAll(word, 2, 5s));
+            auto b = pool->recv(pair->server.fd(), 5s);
+            ASSERT_TRUE(b) << b.error().message();
+            EXPECT_EQ(std::string(b->data(), b->size()), word);
+            EXPECT_TRUE(b->provided()) << "the buffers released elsewhere did not come back";
+        }
+        pair.reset();
+    }).join();
+    EXPECT_EQ(pool->stats().exhausted, exhaustedBefore);
+}
+
 TEST_F(MultishotRecv, RuntimeShutdownEndsAWaitWithEcanceledAndTheReceiverStillCleansUp) {
     auto pool = makePool(16, 64);
     LoopbackPair pair;
