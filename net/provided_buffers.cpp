@@ -1,11 +1,12 @@
 #include "net/provided_buffers.h"
 
 #include <liburing.h>
+#include <sched.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
 #include <cerrno>
-#include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "base/inject.h"
@@ -309,12 +310,29 @@ MultishotReceiver::MultishotReceiver(ProvidedBufferPool& pool, int fd) noexcept 
 
 MultishotReceiver::~MultishotReceiver() {
     stop();
-    std::lock_guard<spindle::detail::SpinLock> g(lock_);
+    // Nothing is armed now: the state is ours.
     Entry e{};
-    while (popLocked(e)) { e.ring->giveBack(e.bid); }
+    while (popEntry(e)) { e.ring->giveBack(e.bid); }
 }
 
-bool MultishotReceiver::pushLocked(const Entry& e) noexcept {
+template <class F>
+void MultishotReceiver::onState(F&& step) noexcept {
+    spindle::detail::Carrier* h = holder_.load(std::memory_order_acquire);
+    if (h == nullptr || h == spindle::detail::Carrier::current()) {
+        step();  // no operation armed (the consumer's alone), or this thread holds it
+        return;
+    }
+    auto call = [](void* ctx) noexcept { (*static_cast<std::remove_reference_t<F>*>(ctx))(); };
+    if (spindle::detail::runOnCarrier(h->runtime(), h->index(), call, static_cast<void*>(std::addressof(step)))) {
+        return;
+    }
+    // The holder's runtime is shutting down and this is no fiber of it: the shutdown ends the
+    // operation; once its last CQE has been handled the state is the consumer's.
+    while (holder_.load(std::memory_order_acquire) != nullptr) { ::sched_yield(); }
+    step();
+}
+
+bool MultishotReceiver::pushEntry(const Entry& e) noexcept {
     if (count_ < kInline && !(spill_ && spillHead_ < spill_->size())) {
         inline_[(head_ + count_) % kInline] = e;
         ++count_;
@@ -329,7 +347,7 @@ bool MultishotReceiver::pushLocked(const Entry& e) noexcept {
     return true;
 }
 
-bool MultishotReceiver::popLocked(Entry& out) noexcept {
+bool MultishotReceiver::popEntry(Entry& out) noexcept {
     // Every entry inline is older than every spilled one: pushes go to the spill while it holds any.
     if (count_ > 0) {
         out = inline_[head_];
@@ -359,36 +377,34 @@ ProvidedBuffer MultishotReceiver::lease(const Entry& e) noexcept {
 }
 
 void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept {
+    // On the holder's thread, which alone touches the state while the operation is armed.
     MultishotReceiver* self = static_cast<Completion*>(c)->self;
     void (*notify)(void*) = nullptr;
     void* notifyArg = nullptr;
-    bool pause = false;
-    {
-        std::lock_guard<spindle::detail::SpinLock> g(self->lock_);
-        const bool waited = self->waiter_ != nullptr;  // a next() in progress takes the CQE
-        pause = self->handleCqeLocked(res, flags);
-        if (!waited && self->readyFn_ != nullptr) {
-            notify = self->readyFn_;
-            notifyArg = self->readyArg_;
-        }
+    if (self->waiter_ == nullptr && self->readyFn_ != nullptr) {  // a next() in progress takes the CQE
+        notify = self->readyFn_;
+        notifyArg = self->readyArg_;
     }
-    // Outside the lock: queueing the cancel's SQE may reap (a full SQ that the kernel answers with
-    // EBUSY), and a CQE of this operation would take the lock again. The operation is still armed
-    // (this CQE had F_MORE), so the receiver outlives this: stop() waits for its last CQE, which only
-    // this thread can handle.
-    if (pause && !cancelMultishot(&self->completion_)) { (void)::shutdown(self->fd_, SHUT_RD); }
+    const bool pause = self->handleCqe(res, flags);
+    if ((flags & op::kMore) == 0) {
+        self->ended_.set(res);
+        // The last touch: from here the consumer owns the state, and stop() may return and free it.
+        self->holder_.store(nullptr, std::memory_order_release);
+    } else if (pause && !cancelMultishot(&self->completion_)) {
+        (void)::shutdown(self->fd_, SHUT_RD);
+    }
     // Last: the callback may destroy the receiver (after the last CQE).
     if (notify != nullptr) { notify(notifyArg); }
 }
 
-bool MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
+bool MultishotReceiver::handleCqe(int32_t res, uint32_t flags) noexcept {
     if ((flags & op::kBufferPicked) != 0) {
         const Entry e{armedRing_, res, static_cast<uint16_t>(flags >> op::kBufferShift)};
         // Once bytes were lost, later ones are dropped too: next() hands out what came before the
         // loss, then the error, never a stream with a hole in it.
-        if (res > 0 && broken_ == 0 && pushLocked(e)) {
+        if (res > 0 && broken_ == 0 && pushEntry(e)) {
             delivered_ = true;
-            ++stats_.buffers;
+            stats_.buffers.fetch_add(1, std::memory_order_relaxed);
             pool_.impl_->provided.fetch_add(1, std::memory_order_relaxed);
         } else {
             e.ring->giveBack(e.bid);
@@ -408,85 +424,94 @@ bool MultishotReceiver::handleCqeLocked(int32_t res, uint32_t flags) noexcept {
         if (res == -ENOBUFS) { pool_.impl_->exhausted.fetch_add(1, std::memory_order_relaxed); }
     }
     if (FiberFuture* w = std::exchange(waiter_, nullptr)) { w->set(res); }
-    if ((flags & op::kMore) == 0) { ended_.set(res); }  // stop() frees us after taking the lock
     return pause;
 }
 
+MultishotReceiver::Look MultishotReceiver::look(FiberFuture* wake, Entry& e, int& error) noexcept {
+    if (popEntry(e)) { return Look::kTaken; }
+    if (broken_ != 0) {
+        error = broken_;
+        return Look::kError;
+    }
+    if (eof_) { return Look::kEof; }
+    if (!armed_) { return Look::kEnded; }
+    if (wake == nullptr) { return Look::kArmed; }
+    waiter_ = wake;
+    return Look::kWaiting;
+}
+
 bool MultishotReceiver::notifyWhenReady(void (*fn)(void*), void* arg) noexcept {
-    detail::PbufRing* ring = nullptr;
-    {
-        std::lock_guard<spindle::detail::SpinLock> g(lock_);
+    bool refused = false;
+    bool registered = false;
+    onState([&] {
         const bool queued = count_ > 0 || (spill_ && spillHead_ < spill_->size());
-        if (queued || broken_ != 0 || eof_ || waiter_ != nullptr) { return false; }
-        if (armed_) {
+        if (queued || broken_ != 0 || eof_ || waiter_ != nullptr) {
+            refused = true;
+        } else if (armed_) {
             readyFn_ = fn;
             readyArg_ = arg;
-            return true;
+            registered = true;
         }
-        // Ended: only a cancel (ours, or a pause) may be passed over silently; anything else is next()'s to report.
-        if ((endRes_ != 1 && endRes_ != -ECANCELED) || !multishot_ || !this_fiber::inFiber()) { return false; }
-    }
-    ring = pool_.ringHere();
+    });
+    if (refused) { return false; }
+    if (registered) { return true; }
+    // Ended, so the state is ours. Only a cancel (ours, or a pause) may be passed over silently;
+    // anything else is next()'s to report.
+    if ((endRes_ != 1 && endRes_ != -ECANCELED) || !multishot_ || !this_fiber::inFiber()) { return false; }
+    detail::PbufRing* ring = pool_.ringHere();
     if (ring == nullptr) { return false; }
-    {
-        std::lock_guard<spindle::detail::SpinLock> g(lock_);
-        endRes_ = 1;
-        beginArmLocked(ring);
-        readyFn_ = fn;
-        readyArg_ = arg;
-    }
+    endRes_ = 1;
+    readyFn_ = fn;
+    readyArg_ = arg;
     // Its CQEs come once this fiber has parked or ended: the registration is in place before.
     return submitArm(ring) == 0;
 }
 
-void MultishotReceiver::beginArmLocked(detail::PbufRing* ring) noexcept {
+int MultishotReceiver::submitArm(detail::PbufRing* ring) noexcept {
+    // The state of a new operation, consistent before its SQE (a driver may deliver a CQE at once);
+    // queued on this carrier, whose ring `ring` is.
     armed_ = true;
     pausing_ = false;
     delivered_ = false;
     armedRing_ = ring;
     ended_.reset();
-    ++stats_.arms;
-}
-
-int MultishotReceiver::submitArm(detail::PbufRing* ring) noexcept {
-    // Queued on this carrier, whose ring `ring` is.
+    stats_.arms.fetch_add(1, std::memory_order_relaxed);
+    holder_.store(spindle::detail::Carrier::current(), std::memory_order_release);
     auto r = armMultishot(op::recvMultishot(fd_, ring->bgid), &completion_);
     if (r) { return 0; }
-    std::lock_guard<spindle::detail::SpinLock> g(lock_);
+    // Refused: no CQE comes, and the state is still ours.
     armed_ = false;
-    ended_.set(-r.errorCode());
     readyFn_ = nullptr;
     readyArg_ = nullptr;
+    ended_.set(-r.errorCode());
+    holder_.store(nullptr, std::memory_order_release);
     return r.errorCode();
 }
 
 void MultishotReceiver::cancelNotify() noexcept {
-    std::lock_guard<spindle::detail::SpinLock> g(lock_);
-    readyFn_ = nullptr;
-    readyArg_ = nullptr;
+    onState([this] {
+        readyFn_ = nullptr;
+        readyArg_ = nullptr;
+    });
 }
 
-bool MultishotReceiver::armed() const noexcept {
-    std::lock_guard<spindle::detail::SpinLock> g(lock_);
-    return armed_;
-}
+bool MultishotReceiver::armed() const noexcept { return holder_.load(std::memory_order_acquire) != nullptr; }
 
 Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
     for (;;) {
         FiberFuture wake;
-        detail::PbufRing* armRing = nullptr;  // set when this turn arms a new operation
-        {
-            std::unique_lock<spindle::detail::SpinLock> g(lock_);
-            Entry e{};
-            if (popLocked(e)) {
-                g.unlock();
-                return lease(e);
-            }
-            if (broken_ != 0) { return Error{broken_}; }
-            if (eof_) { return ProvidedBuffer{}; }
-            if (armed_) {
-                waiter_ = &wake;
-            } else {
+        Entry e{};
+        int error = 0;
+        Look seen = Look::kEnded;
+        onState([&] { seen = look(&wake, e, error); });
+        switch (seen) {
+            case Look::kTaken: return lease(e);
+            case Look::kError: return Error{error};
+            case Look::kEof: return ProvidedBuffer{};
+            case Look::kWaiting: break;
+            case Look::kArmed: continue;  // not asked for with a waiter
+            case Look::kEnded: {
+                // No operation armed: the state is ours until this fiber arms one.
                 bool oneShot = !multishot_ || !this_fiber::inFiber();
                 const int32_t end = std::exchange(endRes_, 1);
                 if (end == 0) {
@@ -517,34 +542,26 @@ Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
                     }
                 }
                 if (ring == nullptr) {
-                    ++stats_.oneShot;
-                    g.unlock();
+                    stats_.oneShot.fetch_add(1, std::memory_order_relaxed);
                     auto b = pool_.recv(fd_, deadline);
-                    if (b && b->empty()) {
-                        std::lock_guard<spindle::detail::SpinLock> g2(lock_);
-                        eof_ = true;
-                    }
+                    if (b && b->empty()) { eof_ = true; }
                     return b;
                 }
-                beginArmLocked(ring);
-                armRing = ring;
+                // Its CQEs come after this fiber parks (or, from a driver that answers at once, are
+                // queued by the time this returns).
+                if (const int err = submitArm(ring); err != 0) { return Error{err}; }
+                continue;
             }
-        }
-        if (armRing != nullptr) {
-            // Its CQEs come after this fiber parks.
-            if (const int e = submitArm(armRing); e != 0) { return Error{e}; }
-            continue;
         }
         const int32_t w = waitMultishot(&wake, &completion_, deadline);
         if (w == -ETIMEDOUT || w == -ECANCELED) {
             bool mine = false;
-            {
-                std::lock_guard<spindle::detail::SpinLock> g(lock_);
+            onState([&] {
                 if (waiter_ == &wake) {
                     waiter_ = nullptr;
                     mine = true;
                 }
-            }
+            });
             if (mine) { return Error{-w}; }
             (void)wake.wait();  // the handler claimed it: what it queued is taken on the next turn
         }
@@ -552,20 +569,33 @@ Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
 }
 
 void MultishotReceiver::stop() noexcept {
-    {
-        std::lock_guard<spindle::detail::SpinLock> g(lock_);
-        if (!armed_) { return; }
-        pausing_ = true;
-    }
+    bool wasArmed = false;
+    onState([&] {
+        if (armed_) {
+            pausing_ = true;
+            wasArmed = true;
+        }
+    });
+    if (!wasArmed) { return; }
     if (!cancelMultishot(&completion_)) { (void)::shutdown(fd_, SHUT_RD); }
     (void)ended_.wait();
     settleMultishot(&completion_);
-    std::lock_guard<spindle::detail::SpinLock> g(lock_);  // the handler that set ended_ has let go of the receiver
+    // The handler of the last CQE lets go of the receiver with its last store.
+    while (holder_.load(std::memory_order_acquire) != nullptr) {
+        if (this_fiber::inFiber()) {
+            this_fiber::yield();
+        } else {
+            ::sched_yield();
+        }
+    }
 }
 
 MultishotReceiver::Stats MultishotReceiver::stats() const noexcept {
-    std::lock_guard<spindle::detail::SpinLock> g(lock_);
-    return stats_;
+    Stats s;
+    s.arms = stats_.arms.load(std::memory_order_relaxed);
+    s.buffers = stats_.buffers.load(std::memory_order_relaxed);
+    s.oneShot = stats_.oneShot.load(std::memory_order_relaxed);
+    return s;
 }
 
 }  // namespace spindle::net

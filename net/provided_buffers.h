@@ -27,8 +27,11 @@
 #include "base/result.h"
 #include "core/deadline.h"
 #include "core/fiber_future.h"
-#include "core/internal/sync_support.h"
 #include "core/ring_ops.h"
+
+namespace spindle::detail {
+class Carrier;
+}
 
 namespace spindle::net {
 
@@ -124,10 +127,13 @@ private:
 /// the kernel delivered stays queued for the next call. The one exception is ENOMEM, when a CQE's
 /// buffer could not be queued (the spill could not grow): from then on next() reports ENOMEM, after
 /// the bytes that came before it, and the stream is broken.
-/// Thread-safety: one consumer at a time (a fiber on any carrier, or a thread); the CQE handler runs
-/// on the carrier holding the operation, and a spinlock orders the two (held for a few loads and
-/// stores: a queue push or pop, a waiter handed its result; nothing under it parks). A pinned fiber on that carrier
-/// waits without a timer (see waitMultishot()).
+/// Thread-safety: one consumer at a time (a fiber on any carrier, or a thread). Share-nothing: while
+/// an operation is armed, its carrier (the holder) alone touches the receiver's queue and state: its
+/// CQE handler, a consumer running there, and a consumer elsewhere through a step it has the holder
+/// run (Runtime::runOnCarrier, which parks the consumer). With nothing armed the state is the
+/// consumer's. There is no lock, so no thread can hold the carrier up in the middle of a CQE. A
+/// pinned fiber on the holder waits without a timer (see waitMultishot()); a consumer that moved to
+/// another carrier pays a message round trip per look at the queue.
 /// Lifetime: the socket must stay open until stop() or the destructor, which cancel the operation
 /// and wait for its last CQE; buffers still queued then go back to their ring.
 class MultishotReceiver {
@@ -153,11 +159,11 @@ public:
     /// `fn` must not block; it may destroy the receiver once armed() is false (after the last CQE).
     /// Errors: none beyond the false return.
     [[nodiscard]] bool notifyWhenReady(void (*fn)(void* arg), void* arg) noexcept;
-    /// Ends a notifyWhenReady() registration; CQEs from now on queue for next(). Called on the carrier
-    /// holding the operation (inside `fn`, or from a fiber pinned there), it leaves no call of `fn`
-    /// running or to come. Called from anywhere else, a call of `fn` that the carrier has already begun
-    /// for a CQE may still be running or about to run once: keep `arg` alive until that call is over,
-    /// or cancel on the holding carrier. Errors: none.
+    /// Ends a notifyWhenReady() registration; CQEs from now on queue for next(). On the carrier holding
+    /// the operation (inside `fn`, or from a fiber there) it takes effect at once; from anywhere else it
+    /// has the holder do it and waits (parking a fiber, blocking a thread), so in either case no call of
+    /// `fn` is running or to come when it returns. Precondition: not called from a function running on
+    /// another carrier's thread outside a fiber (it would block that carrier). Errors: none.
     void cancelNotify() noexcept;
     /// Whether an operation is armed (its CQEs, the last one included, may still come).
     [[nodiscard]] bool armed() const noexcept;
@@ -179,22 +185,31 @@ private:
     struct Completion : MultishotCompletion {
         MultishotReceiver* self = nullptr;
     };
+    // What one look at the queue found (look()).
+    enum class Look : uint8_t { kTaken, kError, kEof, kWaiting, kArmed, kEnded };
     static void onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept;
-    // The work of onCqe, under lock_; true when the operation is to be paused (cancelled), which
-    // onCqe does once it has let go of the lock.
-    [[nodiscard]] bool handleCqeLocked(int32_t res, uint32_t flags) noexcept;
-    // Arming, shared by next() and notifyWhenReady(): the state of a new operation on `ring` (under
-    // lock_), then its SQE; a refused SQE undoes the state (and a registration) and returns the errno.
-    void beginArmLocked(detail::PbufRing* ring) noexcept;
+    // The work of onCqe on the state; true when the operation is to be paused (cancelled).
+    [[nodiscard]] bool handleCqe(int32_t res, uint32_t flags) noexcept;
+    // Where the state may be touched: a buffer queued, an error or end to report, the consumer's
+    // `wake` registered as the waiter of the armed operation (kWaiting; kArmed without one), or
+    // nothing armed (kEnded: the state is the consumer's).
+    [[nodiscard]] Look look(FiberFuture* wake, Entry& e, int& error) noexcept;
+    // Runs `step` where the state may be touched: here when nothing is armed or this thread holds
+    // the operation, else on the holder (parking the caller).
+    template <class F>
+    void onState(F&& step) noexcept;
+    // Arms the operation on this carrier, whose ring `ring` is; a refused SQE undoes the state (and a
+    // registration) and returns the errno.
     [[nodiscard]] int submitArm(detail::PbufRing* ring) noexcept;
-    [[nodiscard]] bool popLocked(Entry& out) noexcept;
-    [[nodiscard]] bool pushLocked(const Entry& e) noexcept;
+    [[nodiscard]] bool popEntry(Entry& out) noexcept;
+    [[nodiscard]] bool pushEntry(const Entry& e) noexcept;
     [[nodiscard]] ProvidedBuffer lease(const Entry& e) noexcept;
 
     ProvidedBufferPool& pool_;
     int fd_;
     Completion completion_;
-    mutable spindle::detail::SpinLock lock_;  // guards everything below
+    std::atomic<spindle::detail::Carrier*> holder_{nullptr};  // the carrier holding the operation, or null
+    // --- the holder's while an operation is armed, else the consumer's ---
     Entry inline_[kInline];
     unsigned head_ = 0;           // next to take, in inline_
     unsigned count_ = 0;          // queued in inline_
@@ -212,7 +227,11 @@ private:
     void (*readyFn_)(void*) = nullptr;  // notifyWhenReady()'s callback, while registered
     void* readyArg_ = nullptr;
     FiberFuture ended_;           // set by the last CQE of the armed operation
-    Stats stats_;
+    struct {
+        std::atomic<uint64_t> arms{0};
+        std::atomic<uint64_t> buffers{0};
+        std::atomic<uint64_t> oneShot{0};
+    } stats_;
 };
 
 }  // namespace spindle::net

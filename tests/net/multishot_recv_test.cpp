@@ -283,6 +283,43 @@ TEST_F(MultishotRecv, AnExhaustedRingFallsBackToOneReceiveAndRearms) {
     EXPECT_GE(pool->stats().exhausted, 1u);
 }
 
+// The consumer moves: the operation armed by a fiber on carrier 0 stays there, and fibers on carrier 1
+// and a plain thread keep taking bytes from it in order (each look at the queue runs on carrier 0,
+// which alone touches it); stop() from the plain thread ends it.
+TEST_F(MultishotRecv, AConsumerOnAnotherCarrierOrThreadTakesFromTheHoldersQueue) {
+    auto pool = makePool(16, 256);
+    std::optional<LoopbackPair> pair;
+    std::optional<MultishotReceiver> rx;
+    std::vector<char> got;
+    on(0, [&] {
+        pair.emplace(connectLoopbackPair());
+        rx.emplace(*pool, pair->server.fd());
+        ASSERT_TRUE(pair->client.writeAll("first.", 6, 5s));
+        receiveBytes(*rx, 6, got);
+    }).join();
+    const bool multishot = rx->armed();  // false where the kernel or the backend has no multishot receive
+    on(1, [&] {
+        ASSERT_TRUE(pair->client.writeAll("second.", 7, 5s));
+        receiveBytes(*rx, 13, got);
+        // A wait there: parked on carrier 1 while carrier 0 holds the operation.
+        auto late = spawn([&] { receiveBytes(*rx, 19, got); }, SpawnOptions{.carrier = 1}).value();
+        (void)this_fiber::sleep_for(10ms);
+        ASSERT_TRUE(pair->client.writeAll("third.", 6, 5s));
+        late.join();
+    }).join();
+    EXPECT_EQ(rx->armed(), multishot);
+    ASSERT_TRUE(pair->client.writeAll("last.", 5, 5s));  // from this plain thread, then taken here
+    receiveBytes(*rx, 24, got);
+    EXPECT_EQ(std::string(got.begin(), got.end()), "first.second.third.last.");
+    rx->stop();
+    EXPECT_FALSE(rx->armed());
+    if (multishot) { EXPECT_EQ(rx->stats().arms, 1u); }
+    on(0, [&] {
+        rx.reset();
+        pair.reset();
+    }).join();
+}
+
 // Buffers released on a plain thread reach their carrier's ring again (queued without a lock, put back
 // by that carrier's loop, which alone writes the ring): with a ring of two, two receives hold both, a
 // thread releases them, and the next two receives on the carrier are served from the ring again.
