@@ -108,6 +108,14 @@ protected:
         if (running(b_)) { on(0, [&] { EXPECT_TRUE(b_->stop()); }).join(); }
         a_.reset();
         b_.reset();
+        // Frames still on the wire (a late ARP answer to a retried request, on a loaded machine) are
+        // in the rings between the ports, not leaked: give them back before counting.
+        for (auto* rings : {&aToB_, &bToA_}) {
+            for (rte_ring* r : *rings) {
+                void* m = nullptr;
+                while (rte_ring_dequeue(r, &m) == 0) { rte_pktmbuf_free(static_cast<rte_mbuf*>(m)); }
+            }
+        }
         if (portA_.isOpen()) {
             const unsigned total = 4095;
             EXPECT_EQ(rte_mempool_avail_count(portA_.pool()), total) << "mbufs of A leaked";
@@ -186,9 +194,13 @@ TEST_F(DpdkStack, TheFirstSendResolvesThePeerAndDatagramsGoBothWays) {
     server.join();
     const InterfaceStats sa = a_->stats();
     const InterfaceStats sb = b_->stats();
-    EXPECT_EQ(sa.arpRequestsSent, 1u);  // one request, then the cache
+    // One request, then the cache; the fixture's 20 ms between requests may pass on a loaded machine
+    // before the answer, so a retry or two while resolving is allowed, but nothing after.
+    EXPECT_GE(sa.arpRequestsSent, 1u);
+    EXPECT_LE(sa.arpRequestsSent, InterfaceOptions{}.arpAttempts);
     EXPECT_EQ(sa.arpResolved, 1u);
-    EXPECT_EQ(sb.arpRequestsAnswered, 1u);
+    EXPECT_GE(sb.arpRequestsAnswered, 1u);
+    EXPECT_LE(sb.arpRequestsAnswered, sa.arpRequestsSent);
     EXPECT_EQ(sb.arpRequestsSent, 0u);  // B learned A from A's request
     EXPECT_EQ(sa.udpSent, static_cast<uint64_t>(kRounds));
     EXPECT_EQ(sb.udpReceived, static_cast<uint64_t>(kRounds));
@@ -306,6 +318,20 @@ TEST_F(DpdkStack, AGratuitousAnnouncementMovesAKnownPeer) {
     });
     auto c = on(0, [&] { return UdpSocket::bind(*a_, 0).value(); }).join();
     on(0, [&] { ASSERT_TRUE(c.sendTo("one", 3, Endpoint{bAddr.ip, 7})); }).join();
+    // Let A's resolution of B settle first: on a loaded machine the fixture's 20 ms between requests
+    // can pass before B's answer, and the answer to a retried request, arriving after the
+    // announcement, would rightly move B back. Settled: every request answered, nothing on the wire,
+    // and A's carrier past the poll that took the last frame.
+    EXPECT_EQ(waitFor(
+                  [&] {
+                      return b_->stats().arpRequestsAnswered == a_->stats().arpRequestsSent &&
+                                     rte_ring_count(aToB_[0]) == 0 && rte_ring_count(bToA_[0]) == 0
+                                 ? 1
+                                 : 0;
+                  },
+                  1),
+              1u);
+    on(0, [] {}).join();
     const uint64_t before = b_->stats().drops[static_cast<size_t>(DropReason::kNotForUs)];
     // B's address announced with another MAC.
     InterfaceAddress moved = bAddr;
@@ -451,7 +477,15 @@ TEST_F(DpdkStack, SocketErrorsDeadlinesCancelAndClose) {
     waiter.join();
     // close() with a receiver parked: it wakes with ECANCELED, and the socket is gone.
     auto waiter2 = on(0, [&] { EXPECT_EQ(s->recvFrom(buf, sizeof(buf), nullptr).errorCode(), ECANCELED); });
-    std::this_thread::sleep_for(5ms);
+    // Parked for sure (a close() before the receive would rightly answer EBADF instead).
+    const auto parkedBy = std::chrono::steady_clock::now() + 10s;
+    auto suspended = [&] {
+        for (const FiberInfo& f : rt().fibers().fibers) {
+            if (f.state == "suspended") { return true; }
+        }
+        return false;
+    };
+    while (!suspended() && std::chrono::steady_clock::now() < parkedBy) { std::this_thread::sleep_for(1ms); }
     EXPECT_TRUE(s->close());
     waiter2.join();
     EXPECT_EQ(s->close().errorCode(), EBADF);
