@@ -353,6 +353,9 @@ void MetricsEndpoint::acceptLoop(TcpListener& listener) noexcept {
                 } catch (const std::exception& e) {  // std::bad_alloc building a page, or a collector's
                     counters_.errors.fetch_add(1, std::memory_order_relaxed);
                     log::warn("metrics endpoint: connection dropped: {}", e.what());
+                } catch (...) {  // a collector's, of any type: the acceptor's join must not rethrow it
+                    counters_.errors.fetch_add(1, std::memory_order_relaxed);
+                    log::warn("metrics endpoint: connection dropped: an exception from the collector");
                 }
             },
             SpawnOptions{.name = "metrics-conn", .carrier = static_cast<int>(options_.carrier), .pinned = true});

@@ -11,11 +11,13 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <map>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -348,6 +350,23 @@ TEST_F(MetricsEndpointTest, ARefusedPageIs500) {
     const Response r = c.read();
     EXPECT_EQ(r.status, 500);
     EXPECT_NE(r.body.find("spindle_fibers_live"), std::string::npos) << r.body;
+}
+
+TEST_F(MetricsEndpointTest, ACollectorThatThrowsCostsOnlyItsConnection) {
+    std::atomic<bool> fail{true};
+    ASSERT_NO_FATAL_FAILURE(start({}, [&fail](metrics::Writer&) {
+        if (fail.load()) { throw std::runtime_error("collector failed"); }
+    }));
+    {
+        Client c(port_);
+        ASSERT_TRUE(c.send(kGet));
+        EXPECT_EQ(c.read().status, 0);  // no response: the connection is dropped
+    }
+    EXPECT_EQ(endpoint_->stats().errors, 1u);
+    fail = false;
+    Client c(port_);  // the endpoint serves on
+    ASSERT_TRUE(c.send(kGet));
+    EXPECT_EQ(c.read().status, 200);
 }
 
 TEST_F(MetricsEndpointTest, ATakenPortIsEaddrinuse) {
