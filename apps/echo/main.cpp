@@ -2,7 +2,8 @@
 // any other echo server). The logic lives in apps/echo/echo.{h,cpp}; this file parses flags.
 //
 //   spindle-echo [server] [--address 0.0.0.0] [--port 7000] [--carriers N] [--reuse-port|--single-listener]
-//                         [--poll-mode block|spin|hybrid] [--backend auto|io_uring|epoll] ...
+//                         [--poll-mode block|spin|hybrid] [--backend auto|io_uring|epoll]
+//                         [--metrics-port N [--metrics-address ADDR]] ...
 //   spindle-echo client --address 127.0.0.1 --port 7000 --connections N --duration S --size BYTES
 //                       --warmup S [--carriers N] [--backend auto|io_uring|epoll] [--json] ...
 //   spindle-echo server --udp [--dpdk --dpdk-port VDEV --ip ADDR/PREFIX [--eal "ARGS"]] --port P
@@ -40,7 +41,9 @@
 
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
+#include "apps/common/metrics_flag.h"
 #include "apps/echo/echo.h"
+#include "apps/echo/echo_metrics.h"
 #include "apps/echo/udp_echo.h"
 #include "core/io.h"
 #include "core/runtime.h"
@@ -319,7 +322,8 @@ struct DpdkPath {
 
 #endif
 
-int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, spindle::echo::ServerOptions options) {
+int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, spindle::echo::ServerOptions options,
+              const spindle::apps::MetricsFlags& metricsFlags) {
     auto address = parseAddress(host, port);
     if (!address) { return kExitUsage; }
     // Before the carriers start, so that every thread inherits the mask and the signalfd is their only way in.
@@ -344,7 +348,18 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
                  (*server)->localAddress().toString().c_str(), (*server)->listenerCount(),
                  (*server)->listenerCount() == 1 ? "" : "s", rt->carrierCount(), rt->carrierCount() == 1 ? "" : "s",
                  spindle::toString(rt->backend()), rtFlags.pollMode.c_str());
+    spindle::echo::EchoServer* s = server->get();
+    auto metrics = spindle::apps::startMetrics(
+        *rt, metricsFlags, host, [s](spindle::metrics::Writer& w) { spindle::echo::writeServerMetrics(w, s->stats()); },
+        "spindle-echo");
+    if (metrics.exitStatus != 0) {
+        server->reset();
+        rt->shutdown();
+        rt->join();
+        return metrics.exitStatus;
+    }
     const int signo = waitForStopSignal(*rt, sfd);
+    metrics.endpoint.reset();  // before the server its collector reads
     (*server)->stop();
     const spindle::echo::ServerStats stats = (*server)->stats();
     // What the driver did, for syscalls per message: enters are io_uring_enter calls, or epoll_wait
@@ -682,6 +697,8 @@ int main(int argc, char** argv) {
 #if defined(SPINDLE_HAVE_DPDK)
     serverDpdk.addTo(*server);
 #endif
+    spindle::apps::MetricsFlags metricsFlags;
+    metricsFlags.addTo(*server);
 
     CLI::App* client = app.add_subcommand("client", "ping-pong load: send, read the echo back, check it, time it");
     RuntimeFlags clientRt;
@@ -752,6 +769,10 @@ int main(int argc, char** argv) {
         udpFlags.duration = duration;
         return runUdpClient(clientRt, clientHost, clientPort, udpFlags, clientDpdk);
     }
+    if (server->parsed() && serverUdp && metricsFlags.on()) {
+        std::fprintf(stderr, "spindle-echo: --metrics-port: served by the TCP echo server only, not with --udp\n");
+        return kExitUsage;
+    }
     if (server->parsed() && serverUdp) { return runUdpServer(serverRt, serverHost, serverPort, serverDpdk); }
     if (serverDpdk.on || clientDpdk.on) {
         std::fprintf(stderr, "spindle-echo: --dpdk goes with --udp\n");
@@ -766,5 +787,5 @@ int main(int argc, char** argv) {
     serverOptions.bufferSize = bufferSize;
     serverOptions.inlineSend = inlineSend;
     serverOptions.multishotRecv = !noMultishotRecv;
-    return runServer(serverRt, serverHost, serverPort, serverOptions);
+    return runServer(serverRt, serverHost, serverPort, serverOptions, metricsFlags);
 }

@@ -3,7 +3,8 @@
 // With no flags it serves "Hello, World!" on 0.0.0.0:8080 with one carrier per core, on io_uring
 // (or epoll where io_uring cannot be used; --backend picks one); --root DIR serves files from DIR
 // too. SIGINT or SIGTERM begins a graceful shutdown: no new connections, requests in flight
-// finish, idle connections close, and the process exits 0 within the drain time.
+// finish, idle connections close, and the process exits 0 within the drain time. --metrics-port N
+// serves Prometheus metrics (the runtime's and the server's counters) at /metrics on port N.
 //
 // Exit status: 0 after a graceful shutdown; 1 when the server cannot start; 2 for a bad flag.
 
@@ -20,6 +21,8 @@
 
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
+#include "apps/common/metrics_flag.h"
+#include "apps/httpd/httpd_metrics.h"
 #include "apps/httpd/server.h"
 #include "core/io.h"
 #include "core/runtime.h"
@@ -96,6 +99,8 @@ int main(int argc, char** argv) {
         ->check(spindle::apps::realRange(0.0, 86400.0))->capture_default_str();
     app.add_flag("--no-multishot-recv", noMultishotRecv,
                  "with provided buffers: one receive per read instead of one multishot receive per connection");
+    spindle::apps::MetricsFlags metricsFlags;
+    metricsFlags.addTo(app);
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));
@@ -161,6 +166,15 @@ int main(int argc, char** argv) {
                              s->localAddress().toString(), rt->carrierCount(), spindle::toString(rt->backend()),
                              root.empty() ? std::string() : ", root " + root)
                      .c_str());
+    auto metrics = spindle::apps::startMetrics(
+        *rt, metricsFlags, address,
+        [s](spindle::metrics::Writer& w) { spindle::httpd::writeServerMetrics(w, s->stats()); }, "spindle-httpd");
+    if (metrics.exitStatus != 0) {
+        server->reset();
+        rt->shutdown();
+        rt->join();
+        return metrics.exitStatus;
+    }
 
     // The signal watcher: one poll on the signalfd through the backend.
     auto watcher = rt->spawn(
@@ -182,6 +196,7 @@ int main(int argc, char** argv) {
         s->stop();
     }
     s->wait();
+    metrics.endpoint.reset();  // before the server its collector reads
     const spindle::httpd::ServerStats st = s->stats();
     server->reset();
     if (watcher) { watcher->join(); }
