@@ -72,6 +72,7 @@ const char* opName(op::Code code) noexcept {
         case op::Code::kUnlinkat: return "unlinkat";
         case op::Code::kRenameat: return "renameat";
         case op::Code::kMkdirat: return "mkdirat";
+        case op::Code::kOpenat2: return "openat2";
         case op::Code::kPoll: return "poll";
         case op::Code::kSplice: return "splice";
         case op::Code::kTee: return "tee";

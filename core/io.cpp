@@ -1,5 +1,6 @@
 #include "core/io.h"
 
+#include <linux/openat2.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -254,6 +255,15 @@ Result<void> fdatasync(int fd, Deadline deadline) noexcept {
 Result<int> openat(int dirfd, const char* path, int flags, mode_t mode, Deadline deadline) noexcept {
     if (path == nullptr) { return Error{EFAULT}; }
     const int32_t res = detail::submitAndWait(op::openat(dirfd, path, flags | O_CLOEXEC, mode), deadline);
+    if (res < 0) { return Error{-res}; }
+    return static_cast<int>(res);
+}
+
+Result<int> openat2(int dirfd, const char* path, uint64_t flags, mode_t mode, uint64_t resolve, Deadline deadline) noexcept {
+    if (path == nullptr) { return Error{EFAULT}; }
+    // Read by the kernel when the operation starts; the call returns only after its completion.
+    open_how how{.flags = flags | O_CLOEXEC, .mode = mode, .resolve = resolve};
+    const int32_t res = detail::submitAndWait(op::openat2(dirfd, path, &how), deadline);
     if (res < 0) { return Error{-res}; }
     return static_cast<int>(res);
 }

@@ -53,6 +53,14 @@ Result<int> openat(int dirfd, const char* path, int flags, mode_t mode = 0, Dead
 inline Result<int> open(const char* path, int flags, mode_t mode = 0, Deadline deadline = {}) noexcept {
     return openat(AT_FDCWD, path, flags, mode, deadline);
 }
+/// openat2(2): openat() with `resolve` (RESOLVE_BENEATH, RESOLVE_NO_SYMLINKS, ... from
+/// <linux/openat2.h>) restricting how `path` is looked up; O_CLOEXEC is added to `flags`. Kernel 5.6
+/// (both the system call and the ring's operation).
+/// Errors: the kernel's, among them EXDEV for a path (or a symbolic link in it) that leads out of
+/// `dirfd` under RESOLVE_BENEATH, ELOOP for a symbolic link under RESOLVE_NO_SYMLINKS, EINVAL for an
+/// unknown flag or resolve bit (and from a ring that lacks the operation), ENOSYS for a kernel without
+/// openat2(2) on the epoll backend; EFAULT for a null path.
+Result<int> openat2(int dirfd, const char* path, uint64_t flags, mode_t mode, uint64_t resolve, Deadline deadline = {}) noexcept;
 Result<void> close(int fd, Deadline deadline = {}) noexcept;
 Result<void> statx(int dirfd, const char* path, int flags, unsigned mask, struct statx* out, Deadline deadline = {}) noexcept;
 /// fallocate(2): allocates, or with `mode` punches or zeroes, [offset, offset + len). Kernel 5.6.

@@ -1,6 +1,7 @@
 #include "core/driver/epoll_driver.h"
 
 #include <fcntl.h>
+#include <linux/openat2.h>
 #include <poll.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
@@ -52,6 +53,7 @@ bool isPathOp(op::Code c) noexcept {
     switch (c) {
         case op::Code::kFsync:
         case op::Code::kOpenat:
+        case op::Code::kOpenat2:
         case op::Code::kStatx:
         case op::Code::kFallocate:
         case op::Code::kUnlinkat:
@@ -122,6 +124,8 @@ int32_t attempt(const op::Op& o, bool nonblock) noexcept {
         case Code::kOpenat:
             return fromSys(::openat(o.fd, static_cast<const char*>(o.addr), static_cast<int>(o.opFlags),
                                     static_cast<mode_t>(o.len)));
+        case Code::kOpenat2:
+            return fromSys(::syscall(SYS_openat2, o.fd, static_cast<const char*>(o.addr), o.addr2, sizeof(open_how)));
         case Code::kClose:
             return fromSys(::close(o.fd));
         case Code::kStatx:

@@ -45,6 +45,7 @@ enum class Code : uint8_t {
     kShutdown,   // opFlags: SHUT_RD, SHUT_WR or SHUT_RDWR
     kAcceptMultishot,  // one completion per accepted connection, with kMore while it stays armed
     kRecvMultishot,    // one completion per received buffer (needs kBufferSelect), with kMore
+    kOpenat2,    // addr: the path, addr2: a struct open_how (flags, mode, resolve)
 };
 
 /// Op::flags.
@@ -104,6 +105,10 @@ inline Op fsync(int fd, bool datasync) noexcept {
 inline Op openat(int dirfd, const char* path, int flags, mode_t mode) noexcept {
     return Op{.code = Code::kOpenat, .fd = dirfd, .len = mode, .opFlags = static_cast<uint32_t>(flags),
               .addr = const_cast<char*>(path)};
+}
+/// `how` (a struct open_how) must stay valid until the operation completes.
+inline Op openat2(int dirfd, const char* path, void* how) noexcept {
+    return Op{.code = Code::kOpenat2, .fd = dirfd, .addr = const_cast<char*>(path), .addr2 = how};
 }
 inline Op close(int fd) noexcept { return Op{.code = Code::kClose, .fd = fd}; }
 inline Op statx(int dirfd, const char* path, int flags, unsigned mask, struct statx* out) noexcept {

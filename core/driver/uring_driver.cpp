@@ -47,6 +47,9 @@ void UringDriver::prepare(io_uring_sqe* sqe, const op::Op& o) noexcept {
         case Code::kOpenat:
             io_uring_prep_openat(sqe, o.fd, static_cast<const char*>(o.addr), static_cast<int>(o.opFlags), o.len);
             break;
+        case Code::kOpenat2:
+            io_uring_prep_openat2(sqe, o.fd, static_cast<const char*>(o.addr), static_cast<open_how*>(o.addr2));
+            break;
         case Code::kClose:
             io_uring_prep_close(sqe, o.fd);
             break;

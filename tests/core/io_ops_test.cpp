@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <liburing.h>  // SPLICE_F_FD_IN_FIXED
+#include <linux/openat2.h>
 #include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -160,6 +161,40 @@ TEST_F(IoOpsTest, FallocateErrorsComeBackAsErrno) {
     EXPECT_EQ(e[4], ESPIPE) << "a pipe";
     ::close(ro);
     ::close(rw);
+}
+
+// ---- openat2 -------------------------------------------------------------------------------------------------
+
+// RESOLVE_BENEATH refuses a path (or a link) that leaves the directory; RESOLVE_NO_SYMLINKS refuses any link.
+TEST_F(IoOpsTest, Openat2ResolvesBeneathAndRefusesLinksAsAsked) {
+    touch("file");
+    ASSERT_EQ(::symlink("file", path("inside").c_str()), 0);
+    ASSERT_EQ(::symlink("/etc/hostname", path("outside").c_str()), 0);
+    const auto r = onFiber([&] {
+        std::array<int, 7> e{};
+        auto open = [&](const char* p, uint64_t resolve) {
+            Result<int> fd = spindle::openat2(dirfd_, p, O_RDONLY, 0, resolve);
+            if (!fd) { return fd.errorCode(); }
+            ::close(*fd);
+            return 0;
+        };
+        e[0] = open("file", RESOLVE_BENEATH);
+        e[1] = open("inside", RESOLVE_BENEATH);
+        e[2] = open("outside", RESOLVE_BENEATH);
+        e[3] = open("../x", RESOLVE_BENEATH);
+        e[4] = open("inside", RESOLVE_NO_SYMLINKS);
+        e[5] = spindle::openat2(dirfd_, nullptr, O_RDONLY, 0, 0).errorCode();
+        e[6] = open("file", ~uint64_t{0});
+        return e;
+    });
+    if (r[0] == ENOSYS || r[0] == EINVAL) { GTEST_SKIP() << "openat2: " << std::strerror(r[0]); }
+    EXPECT_EQ(r[0], 0) << std::strerror(r[0]);
+    EXPECT_EQ(r[1], 0) << "a link that stays inside: " << std::strerror(r[1]);
+    EXPECT_EQ(r[2], EXDEV) << "a link out of the directory";
+    EXPECT_EQ(r[3], EXDEV) << "a .. out of the directory";
+    EXPECT_EQ(r[4], ELOOP) << "any link under RESOLVE_NO_SYMLINKS";
+    EXPECT_EQ(r[5], EFAULT) << "a null path";
+    EXPECT_EQ(r[6], EINVAL) << "unknown resolve bits";
 }
 
 // ---- mkdirat -------------------------------------------------------------------------------------------------
