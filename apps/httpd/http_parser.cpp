@@ -281,6 +281,7 @@ std::string_view reasonPhrase(int status) noexcept {
         case 100: return "Continue";
         case 200: return "OK";
         case 204: return "No Content";
+        case 206: return "Partial Content";
         case 301: return "Moved Permanently";
         case 304: return "Not Modified";
         case 400: return "Bad Request";
@@ -289,8 +290,10 @@ std::string_view reasonPhrase(int status) noexcept {
         case 405: return "Method Not Allowed";
         case 408: return "Request Timeout";
         case 411: return "Length Required";
+        case 412: return "Precondition Failed";
         case 413: return "Content Too Large";
         case 414: return "URI Too Long";
+        case 416: return "Range Not Satisfiable";
         case 431: return "Request Header Fields Too Large";
         case 500: return "Internal Server Error";
         case 501: return "Not Implemented";

@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 
+#include "apps/httpd/file_response.h"
 #include "apps/httpd/http_parser.h"
 #include "apps/httpd/static_path.h"
 
@@ -77,6 +78,30 @@ inline std::string checkParserInvariants(std::string_view input, const ParserLim
         if (resolved == ".." || resolved.starts_with("../") || resolved.find("/../") != std::string_view::npos ||
             resolved.ends_with("/..")) {
             return "resolved path escapes the root";
+        }
+    }
+    // The file response's decision, for files of a few sizes: a status it may answer, bytes inside the file.
+    const ETag tag = makeETag(1000, 1'700'000'000);
+    for (const uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{1000}, UINT64_MAX}) {
+        const FileState file{.size = size, .mtime = 1'700'000'000, .etag = tag.view(), .now = 1'800'000'000};
+        const FilePlan plan = planFileResponse(req, file);
+        switch (plan.status) {
+            case 200:
+                if (plan.offset != 0 || plan.length != size) { return "200 without the whole file"; }
+                break;
+            case 206:
+                if (plan.length == 0 || plan.offset >= size || plan.length > size - plan.offset) { return "206 outside the file"; }
+                break;
+            case 304: case 412: case 416: break;
+            default: return "file response with unexpected status " + std::to_string(plan.status);
+        }
+    }
+    // Dates: whatever parses formats back to an IMF-fixdate that parses to the same second.
+    for (const std::string_view name : {"If-Modified-Since", "If-Unmodified-Since", "If-Range", "Date"}) {
+        if (const auto t = parseHttpDate(req.header(name)); t && *t >= 0 && *t <= 253402300799) {
+            std::array<char, kHttpDateLength> text{};
+            formatHttpDate(*t, text.data());
+            if (parseHttpDate(std::string_view(text.data(), text.size())) != t) { return "a date does not round-trip"; }
         }
     }
     return {};
