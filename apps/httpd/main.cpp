@@ -101,6 +101,15 @@ int main(int argc, char** argv) {
                  "with provided buffers: one receive per read instead of one multishot receive per connection");
     spindle::apps::MetricsFlags metricsFlags;
     metricsFlags.addTo(app);
+    std::string symlinks = "beneath";
+    bool noSymlinks = false;
+    std::string mimeTypes = "/etc/mime.types";
+    app.add_option("--symlinks", symlinks,
+                   "symbolic links under --root: beneath (followed while they stay under it), none, or follow")
+        ->check(CLI::IsMember({"beneath", "none", "follow"}))->capture_default_str();
+    app.add_flag("--no-symlinks", noSymlinks, "refuse every symbolic link under --root (--symlinks none)");
+    app.add_option("--mime-types", mimeTypes, "Content-Type by extension (\"\" or missing: the built-in table)")
+        ->capture_default_str();
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));
@@ -142,6 +151,10 @@ int main(int argc, char** argv) {
     spindle::httpd::ServerOptions so;
     so.address = *listen;
     so.root = root;
+    so.symlinks = noSymlinks || symlinks == "none" ? spindle::httpd::SymlinkPolicy::kNone
+                  : symlinks == "follow"           ? spindle::httpd::SymlinkPolicy::kFollow
+                                                   : spindle::httpd::SymlinkPolicy::kBeneath;
+    so.mimeTypes = mimeTypes;
     so.limits = spindle::httpd::ParserLimits{.maxHeaderBytes = maxHeaderBytes, .maxHeaders = maxHeaders, .maxBodyBytes = maxBodyBytes};
     so.headerTimeout = millis(headerTimeout);
     so.idleTimeout = millis(idleTimeout);

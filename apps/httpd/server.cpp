@@ -9,13 +9,17 @@
 #include <array>
 #include <cerrno>
 #include <condition_variable>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <initializer_list>
 #include <mutex>
 #include <string_view>
 #include <utility>
 #include <vector>
 
+#include "apps/httpd/file_response.h"
+#include "apps/httpd/mime_types.h"
 #include "apps/httpd/static_path.h"
 #include "base/log.h"
 #include "core/deadline.h"
@@ -121,6 +125,15 @@ private:
 
 // A response head needs at most this much room: status line, fixed headers, a Content-Type, a length.
 constexpr size_t kMaxHeadBytes = 512;
+// putHead's contentLength for a response without the header (304).
+constexpr uint64_t kNoContentLength = ~uint64_t{0};
+
+/// The size of header lines given to putHead.
+size_t extraBytes(std::initializer_list<std::string_view> extra) noexcept {
+    size_t n = 0;
+    for (std::string_view s : extra) { n += s.size(); }
+    return n;
+}
 
 }  // namespace
 
@@ -143,6 +156,9 @@ struct Server::Impl {
     ServerOptions options;
     net::SocketAddress local;
     int rootFd = -1;
+    std::string rootPath;   // the root's real path, for the kBeneath fallback without openat2
+    bool openat2 = false;   // openat2(2) is there and wanted
+    MimeTypes mimeTypes;
     std::unique_ptr<net::ProvidedBufferPool> pool;
     std::vector<std::unique_ptr<Worker>> workers;
     std::atomic<bool> draining{false};
@@ -481,7 +497,11 @@ private:
     /// Makes room for `n` bytes, flushing first when needed.
     bool reserve(size_t n) noexcept { return acquire() && (out().room() >= n || flush()); }
 
-    void putHead(int status, std::string_view contentType, uint64_t contentLength, bool keepAlive, int versionMinor) noexcept {
+    /// `extra`: more header lines, each piece as is (a line starts with "\r\n"); contentType "" and
+    /// contentLength kNoContentLength leave their headers out.
+    /// Precondition: room for kMaxHeadBytes plus the pieces of `extra`.
+    void putHead(int status, std::string_view contentType, uint64_t contentLength, bool keepAlive, int versionMinor,
+                 std::initializer_list<std::string_view> extra = {}) noexcept {
         // Through a local cursor: stores through out() would reload the buffer's length after each
         // copy (a memcpy may alias it).
         char* const start = out().tail();
@@ -498,10 +518,15 @@ private:
         put(kServerHeader);
         put("Date: ");
         put(httpDate());
-        put("\r\nContent-Type: ");
-        put(contentType);
-        put("\r\nContent-Length: ");
-        p = putDecimal(p, contentLength);
+        if (!contentType.empty()) {
+            put("\r\nContent-Type: ");
+            put(contentType);
+        }
+        if (contentLength != kNoContentLength) {
+            put("\r\nContent-Length: ");
+            p = putDecimal(p, contentLength);
+        }
+        for (std::string_view s : extra) { put(s); }
         if (!keepAlive) {
             put("\r\nConnection: close");
         } else if (versionMinor == 0) {
@@ -513,9 +538,10 @@ private:
     }
 
     /// A short text response; false when the connection broke.
-    bool simple(int status, std::string_view body, bool keepAlive, int versionMinor, bool head) noexcept {
-        if (!reserve(kMaxHeadBytes + body.size())) { return false; }
-        putHead(status, "text/plain; charset=utf-8", body.size(), keepAlive, versionMinor);
+    bool simple(int status, std::string_view body, bool keepAlive, int versionMinor, bool head,
+                std::initializer_list<std::string_view> extra = {}) noexcept {
+        if (!reserve(kMaxHeadBytes + extraBytes(extra) + body.size())) { return false; }
+        putHead(status, "text/plain; charset=utf-8", body.size(), keepAlive, versionMinor, extra);
         if (!head) { out().put(body); }
         return true;
     }
@@ -574,30 +600,76 @@ private:
             case PathStatus::kBadRequest: return simple(400, "Bad Request\n", keepAlive, v, head);
             case PathStatus::kTooLong: return simple(414, "URI Too Long\n", keepAlive, v, head);
         }
-        struct statx st{};
-        const Result<void> s = spindle::statx(server_.rootFd, rel.data(), 0, STATX_TYPE | STATX_SIZE, &st);
-        if (!s || !S_ISREG(st.stx_mode)) {
-            const bool forbidden = !s && s.errorCode() == EACCES;
-            return simple(forbidden ? 403 : 404, forbidden ? "Forbidden\n" : "Not Found\n", keepAlive, v, head);
-        }
-        const Result<int> fd = spindle::openat(server_.rootFd, rel.data(), O_RDONLY | O_CLOEXEC | O_NOCTTY);
-        if (!fd) {
-            const bool forbidden = fd.errorCode() == EACCES;
-            return simple(forbidden ? 403 : 404, forbidden ? "Forbidden\n" : "Not Found\n", keepAlive, v, head);
-        }
+        // Open first, then statx the descriptor: the symlink policy applies to the one lookup.
+        const Result<int> fd = openUnderRoot(server_.rootFd, rel.data(), options_.symlinks, server_.openat2, server_.rootPath);
+        if (!fd) { return fileError(fd.errorCode(), keepAlive, v, head); }
         struct FdCloser {
             int fd;
             ~FdCloser() { (void)spindle::close(fd); }
         } closer{*fd};
+        struct statx st{};
+        if (const Result<void> s = spindle::statx(*fd, "", AT_EMPTY_PATH, STATX_TYPE | STATX_SIZE | STATX_MTIME, &st); !s) {
+            return fileError(s.errorCode(), keepAlive, v, head);
+        }
+        if (S_ISDIR(st.stx_mode)) {
+            // "/dir" names a directory: send the client to "/dir/" (nginx does the same), query kept.
+            if (urlPath.size() + req.query.size() + kMaxHeadBytes + 64 > kOutCapacity) {
+                return simple(414, "URI Too Long\n", keepAlive, v, head);
+            }
+            const std::string_view q = req.query.empty() ? std::string_view() : std::string_view("?");
+            return simple(301, "Moved Permanently\n", keepAlive, v, head, {"\r\nLocation: ", urlPath, "/", q, req.query});
+        }
+        if (!S_ISREG(st.stx_mode)) { return simple(404, "Not Found\n", keepAlive, v, head); }
+        ::fcntl(*fd, F_SETFL, O_RDONLY);  // opened non-blocking for FIFOs' sake; reads of a file may block
         const uint64_t size = st.stx_size;
-        if (!reserve(kMaxHeadBytes)) { return false; }
-        putHead(200, contentTypeFor(std::string_view(rel.data(), relLength)), size, keepAlive, v);
+        const ETag etag = makeETag(size, st.stx_mtime.tv_sec);
+        timespec now{};
+        ::clock_gettime(CLOCK_REALTIME_COARSE, &now);
+        const FilePlan plan = planFileResponse(
+            req, FileState{.size = size, .mtime = st.stx_mtime.tv_sec, .etag = etag.view(), .now = now.tv_sec});
+        std::array<char, kHttpDateLength> modified;
+        formatHttpDate(st.stx_mtime.tv_sec, modified.data());
+        const std::string_view lastModified(modified.data(), modified.size());
+        std::array<char, 80> rangeText;  // "bytes FIRST-LAST/SIZE" or "bytes */SIZE"
+        char* r = rangeText.data();
+        r = std::copy_n("bytes ", 6, r);
+        if (plan.status == 206) {
+            r = putDecimal(r, plan.offset);
+            *r++ = '-';
+            r = putDecimal(r, plan.offset + plan.length - 1);
+        } else {
+            *r++ = '*';
+        }
+        *r++ = '/';
+        r = putDecimal(r, size);
+        const std::string_view contentRange(rangeText.data(), static_cast<size_t>(r - rangeText.data()));
+        switch (plan.status) {
+            case 304:
+                if (!reserve(kMaxHeadBytes + 128)) { return false; }
+                putHead(304, "", kNoContentLength, keepAlive, v,
+                        {"\r\nLast-Modified: ", lastModified, "\r\nETag: ", etag.view()});
+                return true;
+            case 412: return simple(412, "Precondition Failed\n", keepAlive, v, head);
+            case 416: return simple(416, "Range Not Satisfiable\n", keepAlive, v, head, {"\r\nContent-Range: ", contentRange});
+            default: break;
+        }
+        if (!reserve(kMaxHeadBytes + 256)) { return false; }
+        const std::string_view type = server_.mimeTypes.lookup(std::string_view(rel.data(), relLength));
+        if (plan.status == 206) {
+            putHead(206, type, plan.length, keepAlive, v,
+                    {"\r\nLast-Modified: ", lastModified, "\r\nETag: ", etag.view(), "\r\nAccept-Ranges: bytes",
+                     "\r\nContent-Range: ", contentRange});
+        } else {
+            putHead(200, type, plan.length, keepAlive, v,
+                    {"\r\nLast-Modified: ", lastModified, "\r\nETag: ", etag.view(), "\r\nAccept-Ranges: bytes"});
+        }
         if (head) { return true; }
         // The body goes out through the same buffer: small files leave with their head in one send.
-        uint64_t offset = 0;
-        while (offset < size) {
+        const uint64_t end = plan.offset + plan.length;
+        uint64_t offset = plan.offset;
+        while (offset < end) {
             if (out().room() == 0 && !flush()) { return false; }
-            const size_t want = static_cast<size_t>(std::min<uint64_t>(out().room(), size - offset));
+            const size_t want = static_cast<size_t>(std::min<uint64_t>(out().room(), end - offset));
             const Result<size_t> n = spindle::read(*fd, out().tail(), want, offset);
             if (!n || *n == 0) {
                 // The file shrank or failed under us: the promised length cannot be kept.
@@ -609,6 +681,25 @@ private:
             offset += *n;
         }
         return true;
+    }
+
+    /// The response to a file that could not be opened or examined: 403 for what the symlink policy
+    /// or the permissions refuse, 404 for what is not there, 500 for the rest (EMFILE, EIO, ...).
+    bool fileError(int err, bool keepAlive, int v, bool head) noexcept {
+        switch (err) {
+            case ENOENT:
+            case ENOTDIR:
+            case ENAMETOOLONG:
+                return simple(404, "Not Found\n", keepAlive, v, head);
+            case EACCES:
+            case EPERM:
+            case ELOOP:
+            case EXDEV:
+                return simple(403, "Forbidden\n", keepAlive, v, head);
+            default:
+                log::warn("spindle-httpd: opening a file: {}", std::strerror(err));
+                return simple(500, "Internal Server Error\n", keepAlive, v, head);
+        }
     }
 
     Worker& worker_;
@@ -719,6 +810,17 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
             const int err = errno;
             log::error("spindle-httpd: document root {}: {}", options.root, std::strerror(err));
             return Error{err};
+        }
+        impl->openat2 = options.useOpenat2 && probeOpenat2(impl->rootFd);
+        if (char* real = ::realpath(options.root.c_str(), nullptr)) {
+            impl->rootPath = real;
+            ::free(real);
+        }
+        if (!options.mimeTypes.empty()) {
+            const int err = impl->mimeTypes.load(options.mimeTypes.c_str());
+            if (err != 0 && err != ENOENT) {
+                log::warn("spindle-httpd: {}: {}; Content-Type from the built-in table", options.mimeTypes, std::strerror(err));
+            }
         }
     }
     if (options.providedBuffers) {

@@ -10,8 +10,12 @@
 ///
 /// Routes: GET/HEAD /hello answers "Hello, World!" (13 bytes, text/plain); so does "/" when no
 /// document root is set. With a root, every other path names a file under it, read through the
-/// ring (statx, open, read), with its Content-Type by extension; a path ending in '/' names its
-/// index.html; a ".." segment is 400. Other known methods get 405 with "Allow: GET, HEAD", unknown
+/// ring (open, statx, read), with its Content-Type from mime.types by extension; a path ending in
+/// '/' names its index.html, a directory named without the '/' gets 301 to the form with it; a ".."
+/// segment is 400; a symbolic link the policy refuses (ServerOptions::symlinks) is 403. Files carry
+/// Last-Modified, an ETag (nginx's) and "Accept-Ranges: bytes", and answer conditional requests
+/// (304, 412) and single Range requests (206; 416 when unsatisfiable; several ranges get the whole
+/// file with 200) as apps/httpd/file_response.h decides. Other known methods get 405 with "Allow: GET, HEAD", unknown
 /// ones 501; parser errors get their status (400, 411 for chunked bodies, 413, 414, 431, 501, 505)
 /// and the connection is closed after the response.
 /// Timeouts: a request head must be complete within headerTimeout of its first byte (of the
@@ -35,6 +39,7 @@
 #include <memory>
 #include <string>
 
+#include "apps/httpd/file_open.h"
 #include "apps/httpd/http_parser.h"
 #include "base/result.h"
 #include "core/runtime.h"
@@ -51,6 +56,10 @@ inline constexpr size_t kDefaultConnectionStack = 32 * 1024;
 struct ServerOptions {
     net::SocketAddress address = net::SocketAddress::ipv4Any(8080);  // port 0: the kernel picks one
     std::string root;                             // document root; "" serves the hello route only
+    // Links under the root are followed while they stay under it; kNone refuses any (--no-symlinks).
+    SymlinkPolicy symlinks = SymlinkPolicy::kBeneath;
+    bool useOpenat2 = true;                       // where the kernel has it; false: the fallback (for tests)
+    std::string mimeTypes = "/etc/mime.types";    // read once at start; "" or missing: the built-in table
     ParserLimits limits;                          // head bytes, header count, body size
     std::chrono::milliseconds headerTimeout{10'000};
     std::chrono::milliseconds idleTimeout{60'000};

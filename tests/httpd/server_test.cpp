@@ -3,6 +3,7 @@
 // the test thread. Timeouts are generous (sanitizer builds are slow); no test passes or fails on timing
 // except through them.
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "core/internal/stack_pool.h"
+#include "apps/httpd/file_response.h"
 #include "apps/httpd/server.h"
 #include "base/inject.h"
 #include "tests/core/with_runtime.h"
@@ -357,7 +359,7 @@ TEST_F(HttpServer, StaticFilesExactBytesAndTypes) {
         {"/big.bin", 200, std::string(big.data(), big.size()), "application/octet-stream"},
         {"/hello", 200, "Hello, World!", "text/plain; charset=utf-8"},
         {"/nope.html", 404, "Not Found\n", nullptr},
-        {"/sub", 404, "Not Found\n", nullptr},  // a directory without the slash
+        {"/sub", 301, "Moved Permanently\n", nullptr},  // a directory without the slash
         {"/../etc/passwd", 400, "Bad Request\n", nullptr},
         {"/sub/%2e%2e/%2e%2e/etc/passwd", 400, "Bad Request\n", nullptr},
     };
@@ -376,6 +378,261 @@ TEST_F(HttpServer, StaticFilesExactBytesAndTypes) {
     auto css = c.next();
     ASSERT_TRUE(css);
     EXPECT_EQ(css->body, "body{}\n");
+}
+
+/// The HTTP-date of `t`, as the server writes Last-Modified.
+std::string dateOf(int64_t t) {
+    std::array<char, kHttpDateLength> text{};
+    formatHttpDate(t, text.data());
+    return {text.data(), text.size()};
+}
+
+/// A file's bytes and a fixed mtime, so that the validators are known in advance.
+class StaticFiles : public HttpServer {
+protected:
+    static constexpr int64_t kMtime = 1'700'000'000;  // Tue, 14 Nov 2023 22:13:20 GMT
+
+    void SetUp() override {
+        HttpServer::SetUp();
+        if (HasFatalFailure() || IsSkipped()) { return; }
+        data_ = testing_support::pattern(100'000, 3);
+        ASSERT_NO_FATAL_FAILURE(writeFile("data.bin", std::string_view(data_.data(), data_.size())));
+        const timespec times[2] = {{kMtime, 0}, {kMtime, 0}};
+        ASSERT_EQ(::utimensat(AT_FDCWD, path("data.bin").c_str(), times, 0), 0) << std::strerror(errno);
+        ASSERT_EQ(::mkdir(path("dir").c_str(), 0755), 0);
+        ASSERT_NO_FATAL_FAILURE(writeFile("dir/index.html", "dir index"));
+        ASSERT_EQ(::mkdir(path("empty").c_str(), 0755), 0);
+    }
+
+    void start() {
+        ServerOptions o = defaults();
+        o.root = dir_;
+        startServer(o);
+    }
+
+    std::string bytes(size_t from, size_t n) const { return std::string(data_.data() + from, n); }
+
+    std::optional<Response> ask(Client& c, std::string_view target, std::string_view extra, bool head = false) {
+        const std::string method = head ? "HEAD " : "GET ";
+        if (!c.send(method + std::string(target) + " HTTP/1.1\r\nHost: t\r\n" + std::string(extra) + "\r\n")) { return std::nullopt; }
+        return c.next(head);
+    }
+
+    std::vector<char> data_;
+    const std::string etag_ = "\"6553f100-186a0\"";  // nginx's: mtime and size in hex
+};
+
+TEST_F(StaticFiles, ValidatorsOnEveryFileResponse) {
+    start();
+    Client c(port_);
+    auto r = ask(c, "/data.bin", "");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200);
+    EXPECT_EQ(r->header("Last-Modified"), dateOf(kMtime));
+    EXPECT_EQ(r->header("Last-Modified"), "Tue, 14 Nov 2023 22:13:20 GMT");
+    EXPECT_EQ(r->header("ETag"), etag_);
+    EXPECT_EQ(r->header("Accept-Ranges"), "bytes");
+    EXPECT_EQ(r->header("Content-Length"), "100000");
+    EXPECT_TRUE(r->body == bytes(0, 100'000));
+    // HEAD: the same head, no body; the connection goes on with the next answer in place.
+    r = ask(c, "/data.bin", "", /*head=*/true);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200);
+    EXPECT_EQ(r->header("Content-Length"), "100000");
+    EXPECT_EQ(r->header("ETag"), etag_);
+    r = ask(c, "/dir/", "");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "dir index");
+}
+
+TEST_F(StaticFiles, SingleRangesArePartialContent) {
+    start();
+    Client c(port_);
+    struct Case {
+        const char* range;
+        size_t first, length;
+    };
+    for (const Case& k : {Case{"bytes=0-0", 0, 1}, Case{"bytes=100-199", 100, 100}, Case{"bytes=99990-", 99'990, 10},
+                          Case{"bytes=-7", 99'993, 7}, Case{"bytes=99000-200000", 99'000, 1000},
+                          Case{"bytes=-200000", 0, 100'000}}) {
+        auto r = ask(c, "/data.bin", std::string("Range: ") + k.range + "\r\n");
+        ASSERT_TRUE(r) << k.range;
+        EXPECT_EQ(r->status(), 206) << k.range;
+        EXPECT_EQ(r->header("Content-Range"), "bytes " + std::to_string(k.first) + "-" +
+                                                  std::to_string(k.first + k.length - 1) + "/100000") << k.range;
+        EXPECT_EQ(r->header("Content-Length"), std::to_string(k.length)) << k.range;
+        EXPECT_TRUE(r->body == bytes(k.first, k.length)) << k.range;
+    }
+    auto r = ask(c, "/data.bin", "Range: bytes=10-19\r\n", /*head=*/true);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 206);
+    EXPECT_EQ(r->header("Content-Length"), "10");
+    EXPECT_EQ(r->header("Content-Range"), "bytes 10-19/100000");
+}
+
+TEST_F(StaticFiles, UnsatisfiableMultipleAndInvalidRanges) {
+    start();
+    Client c(port_);
+    auto r = ask(c, "/data.bin", "Range: bytes=100000-\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 416);
+    EXPECT_EQ(r->header("Content-Range"), "bytes */100000");
+    EXPECT_FALSE(r->header("Connection")) << "a 416 keeps the connection";
+    for (const char* range : {"bytes=0-1,5-9", "bytes=9-5", "lines=1-2", "bytes=x"}) {
+        r = ask(c, "/data.bin", std::string("Range: ") + range + "\r\n");
+        ASSERT_TRUE(r) << range;
+        EXPECT_EQ(r->status(), 200) << range;
+        EXPECT_FALSE(r->header("Content-Range")) << range;
+        EXPECT_EQ(r->body.size(), 100'000u) << range;
+    }
+}
+
+TEST_F(StaticFiles, ConditionalRequests) {
+    start();
+    Client c(port_);
+    auto r = ask(c, "/data.bin", "If-None-Match: " + etag_ + "\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 304);
+    EXPECT_FALSE(r->header("Content-Length")) << "a 304 has no body and says no length";
+    EXPECT_EQ(r->header("ETag"), etag_);
+    EXPECT_EQ(r->header("Last-Modified"), dateOf(kMtime));
+    EXPECT_TRUE(r->body.empty());
+    r = ask(c, "/data.bin", "If-Modified-Since: " + dateOf(kMtime) + "\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 304);
+    r = ask(c, "/data.bin", "If-Modified-Since: " + dateOf(kMtime - 1) + "\r\n", /*head=*/true);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200);
+    r = ask(c, "/data.bin", "If-None-Match: \"stale\"\r\nIf-Modified-Since: " + dateOf(kMtime) + "\r\n", true);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200) << "If-None-Match decides alone";
+    r = ask(c, "/data.bin", "If-Match: \"stale\"\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 412);
+    r = ask(c, "/data.bin", "If-Unmodified-Since: " + dateOf(kMtime - 60) + "\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 412);
+    // If-Range: the range only while the client's copy is the current one.
+    r = ask(c, "/data.bin", "Range: bytes=5-9\r\nIf-Range: " + etag_ + "\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 206);
+    EXPECT_TRUE(r->body == bytes(5, 5));
+    r = ask(c, "/data.bin", "Range: bytes=5-9\r\nIf-Range: " + dateOf(kMtime) + "\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 206);
+    r = ask(c, "/data.bin", "Range: bytes=5-9\r\nIf-Range: \"stale\"\r\n");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200);
+    EXPECT_EQ(r->body.size(), 100'000u);
+    // The file changes: the old validators no longer match.
+    const timespec later[2] = {{kMtime + 3600, 0}, {kMtime + 3600, 0}};
+    ASSERT_EQ(::utimensat(AT_FDCWD, path("data.bin").c_str(), later, 0), 0);
+    r = ask(c, "/data.bin", "If-None-Match: " + etag_ + "\r\n", true);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200);
+    EXPECT_EQ(r->header("ETag"), "\"6553ff10-186a0\"");
+}
+
+TEST_F(StaticFiles, DirectoryWithoutTheSlashIsRedirected) {
+    start();
+    Client c(port_);
+    auto r = ask(c, "/dir", "");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 301);
+    EXPECT_EQ(r->header("Location"), "/dir/");
+    r = ask(c, "/dir?a=1&b", "", /*head=*/true);
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 301);
+    EXPECT_EQ(r->header("Location"), "/dir/?a=1&b");
+    r = ask(c, "/empty/", "");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 404) << "a directory without index.html";
+    r = ask(c, "/data.bin/", "");
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 404) << "a file named as a directory";
+}
+
+TEST_F(StaticFiles, ContentTypeFromTheMimeTypesFile) {
+    ASSERT_NO_FATAL_FAILURE(writeFile("types", "application/x-spindle-test spt\ntext/x-mine mine\n"));
+    ASSERT_NO_FATAL_FAILURE(writeFile("a.spt", "x"));
+    ASSERT_NO_FATAL_FAILURE(writeFile("a.MINE", "x"));
+    ASSERT_NO_FATAL_FAILURE(writeFile("a.css", "x"));
+    ASSERT_NO_FATAL_FAILURE(writeFile("a.qqq", "x"));
+    for (const std::string& file : {path("types"), path("missing")}) {
+        server_.reset();
+        ServerOptions o = defaults();
+        o.root = dir_;
+        o.mimeTypes = file;
+        startServer(o);
+        const bool loaded = file == path("types");
+        Client c(port_);
+        struct Case {
+            const char* target;
+            const char* type;
+        };
+        for (const Case& k : {Case{"/a.spt", loaded ? "application/x-spindle-test" : "application/octet-stream"},
+                              Case{"/a.MINE", loaded ? "text/x-mine; charset=utf-8" : "application/octet-stream"},
+                              Case{"/a.css", "text/css; charset=utf-8"},  // the built-in table
+                              Case{"/a.qqq", "application/octet-stream"}}) {
+            auto r = ask(c, k.target, "", /*head=*/true);
+            ASSERT_TRUE(r) << k.target;
+            EXPECT_EQ(r->header("Content-Type"), k.type) << k.target << " with " << file;
+        }
+    }
+}
+
+// Every symlink policy, with openat2 and with the fallback, on the same tree: a link to a file inside,
+// a link to a directory inside, a relative link out of the root, an absolute link out of it.
+TEST_F(StaticFiles, SymlinkPolicies) {
+    const std::string outside = dir_ + "-outside";
+    ASSERT_EQ(::mkdir(outside.c_str(), 0755), 0) << std::strerror(errno);
+    struct RemoveOutside {
+        std::string d;
+        ~RemoveOutside() {
+            ::unlink((d + "/secret").c_str());
+            ::rmdir(d.c_str());
+        }
+    } cleanup{outside};
+    {
+        std::ofstream f(outside + "/secret");
+        f << "secret";
+    }
+    const std::string outsideName = outside.substr(outside.rfind('/') + 1);
+    ASSERT_EQ(::symlink("data.bin", path("to-data").c_str()), 0);
+    ASSERT_EQ(::symlink("dir", path("to-dir").c_str()), 0);
+    ASSERT_EQ(::symlink(("../" + outsideName + "/secret").c_str(), path("escape").c_str()), 0);
+    ASSERT_EQ(::symlink((outside + "/secret").c_str(), path("absolute").c_str()), 0);
+    struct Expect {
+        int toData, toDir, escape, absolute;
+    };
+    struct Case {
+        SymlinkPolicy policy;
+        Expect expect;
+    };
+    for (const bool openat2 : {true, false}) {
+        for (const Case& k : {Case{SymlinkPolicy::kFollow, {200, 200, 200, 200}},
+                              Case{SymlinkPolicy::kBeneath, {200, 200, 403, 403}},
+                              Case{SymlinkPolicy::kNone, {403, 403, 403, 403}}}) {
+            server_.reset();
+            ServerOptions o = defaults();
+            o.root = dir_;
+            o.symlinks = k.policy;
+            o.useOpenat2 = openat2;
+            startServer(o);
+            Client c(port_);
+            const std::string what = "policy " + std::to_string(static_cast<int>(k.policy)) + (openat2 ? " openat2" : " fallback");
+            for (const auto& [target, status] : {std::pair{"/to-data", k.expect.toData}, std::pair{"/to-dir/", k.expect.toDir},
+                                                 std::pair{"/escape", k.expect.escape}, std::pair{"/absolute", k.expect.absolute}}) {
+                auto r = ask(c, target, "");
+                ASSERT_TRUE(r) << target << ", " << what;
+                EXPECT_EQ(r->status(), status) << target << ", " << what;
+                if (status == 200 && std::string_view(target) == "/escape") { EXPECT_EQ(r->body, "secret"); }
+            }
+            auto plain = ask(c, "/dir/index.html", "");
+            ASSERT_TRUE(plain);
+            EXPECT_EQ(plain->status(), 200) << "no link at all, " << what;
+        }
+    }
 }
 
 TEST_F(HttpServer, Http10ClosesUnlessKeepAlive) {
