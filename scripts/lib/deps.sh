@@ -15,7 +15,7 @@ SPINDLE_DEB_PACKAGES=(
   libboost-context-dev libboost-fiber-dev
   libfmt-dev libcli11-dev python3 libunwind-dev gdb
   libdpdk-dev iproute2 iputils-ping ethtool
-  curl
+  media-types curl wget nginx-light
 )
 
 # Prints, on one line, those of the named packages that dpkg does not list as installed.
