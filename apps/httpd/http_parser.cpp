@@ -193,7 +193,8 @@ ParseResult parseRequest(std::string_view input, const ParserLimits& limits, std
     size_t hosts = 0;
     bool haveLength = false;
     bool haveTransferEncoding = false;
-    bool chunked = false;
+    bool chunked = false;        // the last coding seen is chunked
+    unsigned chunkedCount = 0;   // how many times chunked was applied
     bool lengthTooLarge = false;
     bool connectionClose = false;
     bool connectionKeepAlive = false;
@@ -247,7 +248,10 @@ ParseResult parseRequest(std::string_view input, const ParserLimits& limits, std
             out.contentLength = tooLarge ? 0 : n;
         } else if (equalsIgnoreCase(name, "transfer-encoding")) {
             haveTransferEncoding = true;
-            forEachListElement(value, [&](std::string_view coding) { chunked = equalsIgnoreCase(coding, "chunked"); });
+            forEachListElement(value, [&](std::string_view coding) {
+                chunked = equalsIgnoreCase(coding, "chunked");
+                chunkedCount += chunked ? 1 : 0;
+            });
         } else if (equalsIgnoreCase(name, "connection")) {
             forEachListElement(value, [&](std::string_view option) {
                 if (equalsIgnoreCase(option, "close")) { connectionClose = true; }
@@ -263,7 +267,10 @@ ParseResult parseRequest(std::string_view input, const ParserLimits& limits, std
 
     if (haveTransferEncoding) {
         if (haveLength) { return fail(400); }
-        return fail(chunked ? 411 : 501);
+        // Chunked must be the last coding, applied once (RFC 9112 §6.1); without it the body cannot be framed.
+        if (chunkedCount == 0) { return fail(501); }
+        if (!chunked || chunkedCount > 1) { return fail(400); }
+        out.chunked = true;
     }
     if (lengthTooLarge) { return fail(413); }
     if (out.versionMinor == 1 ? hosts != 1 : hosts > 1) { return fail(400); }
@@ -274,6 +281,112 @@ ParseResult parseRequest(std::string_view input, const ParserLimits& limits, std
     const size_t available = input.size() - pos;
     out.body = input.substr(pos, static_cast<size_t>(std::min<uint64_t>(available, out.contentLength)));
     return ParseResult{ParseStatus::kComplete, 0, pos + out.body.size()};
+}
+
+ChunkedBodySkipper::Status ChunkedBodySkipper::fail(int status) noexcept {
+    error_ = status;
+    state_ = State::kDone;
+    return Status::kError;
+}
+
+ChunkedBodySkipper::Status ChunkedBodySkipper::feed(std::string_view input, size_t* consumed) noexcept {
+    *consumed = 0;
+    if (error_ != 0) { return Status::kError; }
+    if (state_ == State::kDone) { return Status::kDone; }
+    size_t i = 0;
+    while (i < input.size()) {
+        if (state_ == State::kData) {  // the only state that takes more than a byte at a time
+            const size_t n = static_cast<size_t>(std::min<uint64_t>(chunk_, input.size() - i));
+            i += n;
+            chunk_ -= n;
+            body_ += n;
+            if (chunk_ == 0) { state_ = State::kDataCr; }
+            continue;
+        }
+        const char c = input[i++];
+        const auto u = static_cast<unsigned char>(c);
+        const bool lineByte = state_ == State::kSize || state_ == State::kExtension || state_ == State::kTrailer ||
+                              state_ == State::kTrailerStart;
+        if (lineByte && ++line_ > maxLine_) {
+            *consumed = i;
+            return fail(400);
+        }
+        bool ok = true;
+        switch (state_) {
+            case State::kSize: {
+                const int v = c >= '0' && c <= '9' ? c - '0' : (c | 0x20) >= 'a' && (c | 0x20) <= 'f' ? (c | 0x20) - 'a' + 10 : -1;
+                if (v >= 0) {
+                    ok = digits_++ < 16;
+                    chunk_ = chunk_ * 16 + static_cast<uint64_t>(v);
+                } else if (c == '\r') {
+                    ok = digits_ > 0;
+                    state_ = State::kSizeLf;
+                } else {
+                    ok = digits_ > 0 && (c == ';' || c == ' ' || c == '\t');
+                    state_ = State::kExtension;
+                }
+                break;
+            }
+            case State::kExtension:
+            case State::kTrailer:
+                if (c == '\r') {
+                    state_ = state_ == State::kExtension ? State::kSizeLf : State::kTrailerLf;
+                } else {
+                    ok = c == '\t' || (u >= 0x20 && u != 0x7f);
+                }
+                break;
+            case State::kSizeLf:
+                ok = c == '\n';
+                line_ = 0;
+                if (ok && chunk_ == 0) {
+                    state_ = State::kTrailerStart;
+                } else if (ok) {
+                    if (chunk_ > maxBody_ - body_) {
+                        *consumed = i;
+                        return fail(413);
+                    }
+                    state_ = State::kData;
+                }
+                break;
+            case State::kDataCr:
+                ok = c == '\r';
+                state_ = State::kDataLf;
+                break;
+            case State::kDataLf:
+                ok = c == '\n';
+                state_ = State::kSize;
+                chunk_ = 0;
+                digits_ = 0;
+                break;
+            case State::kTrailerStart:
+                if (c == '\r') {
+                    state_ = State::kEndLf;
+                } else {
+                    ok = c == '\t' || (u >= 0x20 && u != 0x7f);
+                    state_ = State::kTrailer;
+                }
+                break;
+            case State::kTrailerLf:
+                ok = c == '\n';
+                state_ = State::kTrailerStart;
+                line_ = 0;
+                break;
+            case State::kEndLf:
+                if (c != '\n') { ok = false; break; }
+                state_ = State::kDone;
+                *consumed = i;
+                return Status::kDone;
+            case State::kData:
+            case State::kDone:
+                break;
+        }
+        if (!ok) {
+            *consumed = i;
+            return fail(400);
+        }
+    }
+    *consumed = i;
+    return Status::kNeedMore;
 }
 
 std::string_view reasonPhrase(int status) noexcept {

@@ -13,17 +13,18 @@
 /// that is already in the input and `consumed` covers it; bodyRemaining() bytes of the body are
 /// still to be read from the stream by the caller (to use or discard them) before the next
 /// request starts.
-/// Transfer-Encoding: not supported, by decision. `Transfer-Encoding: chunked` is answered with
-/// 411 Length Required (the client may retry with a Content-Length), any other transfer coding
-/// with 501 Not Implemented, and a request with both Transfer-Encoding and Content-Length with
-/// 400 (RFC 9112 §6.3: a smuggling vector). In every case the connection must be closed, since
-/// the body cannot be framed.
+/// Transfer-Encoding: a body whose last coding is chunked (applied once) is framed by the caller with
+/// ChunkedBodySkipper after the head: Request::chunked is set and contentLength is 0 (the server reads
+/// and drops such bodies, as nginx does for its static files). Any other transfer coding is 501 Not
+/// Implemented, chunked not last or twice is 400, and a request with both Transfer-Encoding and
+/// Content-Length is 400 (RFC 9112 §6.3: a smuggling vector). In these cases the connection must be
+/// closed, since the body cannot be framed.
 /// Strictness: lines end in CRLF (a bare CR or LF is 400); empty lines before the request line
 /// are skipped (RFC 9112 §2.2); obsolete line folding, whitespace before a header's colon,
 /// control characters in a field value, a non-token method or header name are 400; an HTTP/1.1
 /// request needs exactly one Host header (400 otherwise); HTTP/1.x with x > 1 is served as 1.1,
 /// any other major version is 505.
-/// Errors: ParseStatus::kError with `status` 400 (malformed), 411 (chunked body), 413 (Content-
+/// Errors: ParseStatus::kError with `status` 400 (malformed), 413 (Content-
 /// Length over maxBodyBytes), 414 (request line longer than maxHeaderBytes), 431 (head longer
 /// than maxHeaderBytes, or more headers than allowed), 501 (other transfer codings), 505 (HTTP
 /// major version other than 1).
@@ -64,6 +65,7 @@ struct Request {
     size_t headLength = 0;        // bytes of the head, skipped empty lines included
     bool keepAlive = true;        // whether the connection stays open after the response
     bool expectContinue = false;  // "Expect: 100-continue" was sent
+    bool chunked = false;         // a chunked body follows the head (not consumed: see ChunkedBodySkipper)
 
     /// Body bytes that the caller must still read from the stream (and use or discard).
     [[nodiscard]] uint64_t bodyRemaining() const noexcept { return contentLength - body.size(); }
@@ -79,7 +81,7 @@ enum class ParseStatus : uint8_t {
 
 struct ParseResult {
     ParseStatus status = ParseStatus::kIncomplete;
-    int httpStatus = 0;    // kError: the status code to answer (400, 411, 413, 414, 431, 501, 505)
+    int httpStatus = 0;    // kError: the status code to answer (400, 413, 414, 431, 501, 505)
     size_t consumed = 0;   // kComplete: headLength + body.size(); otherwise 0
 };
 
@@ -104,6 +106,41 @@ struct ParseResult {
     }
     return true;
 }
+
+/// Reads a chunked body (RFC 9112 §7.1) incrementally and drops its data: feed it the bytes that
+/// follow the head, as they arrive, until it says kDone (the body, its last chunk and trailer
+/// section consumed) or kError. Chunk extensions and trailer fields are skipped.
+/// Strictness: chunk sizes are hex digits (at most 16), lines end in CRLF (a bare LF is 400), a
+/// chunk's data is followed by CRLF.
+/// Errors: kError with errorStatus() 400 (malformed, or a size line, extension or trailer line longer
+/// than maxLineBytes) or 413 (more than maxBodyBytes of data in all).
+/// Thread-safety: one owner.
+class ChunkedBodySkipper {
+public:
+    enum class Status : uint8_t { kNeedMore, kDone, kError };
+
+    ChunkedBodySkipper(uint64_t maxBodyBytes, size_t maxLineBytes) noexcept
+        : maxBody_(maxBodyBytes), maxLine_(maxLineBytes) {}
+
+    /// Consumes a prefix of `input` (*consumed bytes: all of it unless kDone or kError come first).
+    [[nodiscard]] Status feed(std::string_view input, size_t* consumed) noexcept;
+    [[nodiscard]] int errorStatus() const noexcept { return error_; }
+    /// Data bytes seen so far (extensions, sizes and trailers not counted).
+    [[nodiscard]] uint64_t bodyBytes() const noexcept { return body_; }
+
+private:
+    enum class State : uint8_t { kSize, kExtension, kSizeLf, kData, kDataCr, kDataLf, kTrailerStart, kTrailer, kTrailerLf, kEndLf, kDone };
+    Status fail(int status) noexcept;
+
+    uint64_t maxBody_;
+    size_t maxLine_;
+    State state_ = State::kSize;
+    uint64_t chunk_ = 0;   // kSize: the size so far; kData: the bytes left in the chunk
+    unsigned digits_ = 0;  // hex digits of the size
+    size_t line_ = 0;      // bytes of the current size or trailer line
+    uint64_t body_ = 0;
+    int error_ = 0;
+};
 
 /// The reason phrase of a status code this server sends ("Unknown" for others).
 [[nodiscard]] std::string_view reasonPhrase(int status) noexcept;

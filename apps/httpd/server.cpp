@@ -384,10 +384,12 @@ private:
                 bump(worker_.requests);
                 const bool keepAlive = req.keepAlive && !server_.draining.load(std::memory_order_relaxed);
                 const uint64_t bodyLeft = req.bodyRemaining();
+                const bool chunkedBody = req.chunked;
                 if (!respond(req, keepAlive)) { return; }
                 reader_.consume(r.consumed);
                 headStarted = false;
                 if (bodyLeft > 0 && !discardBody(bodyLeft)) { return; }
+                if (chunkedBody && !discardChunkedBody()) { return; }
                 close = !keepAlive;
             }
             if (!flush()) { return; }
@@ -484,6 +486,30 @@ private:
             left -= take;
         }
         return true;
+    }
+
+    /// Reads and drops a chunked body after its head was consumed (within headerTimeout, as for a
+    /// Content-Length body); false when the connection should close: the stream ended or failed, or
+    /// the body was malformed or over maxBodyBytes (the answer already given is sent first; the
+    /// client learns nothing else, as its request was answered).
+    bool discardChunkedBody() noexcept {
+        ChunkedBodySkipper skipper(options_.limits.maxBodyBytes, options_.limits.maxHeaderBytes);
+        const Deadline deadline(options_.headerTimeout);
+        for (;;) {
+            size_t used = 0;
+            const ChunkedBodySkipper::Status s = skipper.feed(reader_.view(), &used);
+            reader_.consume(used);
+            if (s == ChunkedBodySkipper::Status::kDone) { return true; }
+            if (s == ChunkedBodySkipper::Status::kError) {
+                bump(worker_.errors);
+                (void)flush();
+                return false;
+            }
+            if (!flush()) { return false; }  // the client may wait for our answer before it sends more
+            release();
+            const Result<size_t> n = reader_.fill(deadline);
+            if (!n || *n == 0) { return false; }
+        }
     }
 
     /// Sends what is buffered; false when the connection is broken.

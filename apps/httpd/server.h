@@ -16,7 +16,9 @@
 /// Last-Modified, an ETag (nginx's) and "Accept-Ranges: bytes", and answer conditional requests
 /// (304, 412) and single Range requests (206; 416 when unsatisfiable; several ranges get the whole
 /// file with 200) as apps/httpd/file_response.h decides. Other known methods get 405 with "Allow: GET, HEAD", unknown
-/// ones 501; parser errors get their status (400, 411 for chunked bodies, 413, 414, 431, 501, 505)
+/// ones 501; a request body (Content-Length or chunked) is read and dropped, within headerTimeout and
+/// maxBodyBytes (a chunked one over it, or malformed, closes the connection after the answer);
+/// parser errors get their status (400, 413, 414, 431, 501, 505)
 /// and the connection is closed after the response.
 /// Timeouts: a request head must be complete within headerTimeout of its first byte (of the
 /// accept, for a connection's first request), or the connection gets 408 and is closed (slowloris);

@@ -80,6 +80,28 @@ inline std::string checkParserInvariants(std::string_view input, const ParserLim
             return "resolved path escapes the root";
         }
     }
+    // A chunked body: the head only is consumed, and the skipper reads the rest the same in any pieces.
+    if (req.chunked) {
+        if (req.contentLength != 0 || !req.body.empty()) { return "a chunked request with a length"; }
+        const std::string_view rest = input.substr(req.headLength);
+        ChunkedBodySkipper whole(limits.maxBodyBytes, limits.maxHeaderBytes);
+        size_t wholeUsed = 0;
+        const ChunkedBodySkipper::Status ws = whole.feed(rest, &wholeUsed);
+        if (wholeUsed > rest.size()) { return "the skipper consumed more than it was given"; }
+        ChunkedBodySkipper bytewise(limits.maxBodyBytes, limits.maxHeaderBytes);
+        size_t used = 0;
+        ChunkedBodySkipper::Status bs = ChunkedBodySkipper::Status::kNeedMore;
+        for (size_t i = 0; i < rest.size() && bs == ChunkedBodySkipper::Status::kNeedMore; ++i) {
+            size_t c = 0;
+            bs = bytewise.feed(rest.substr(i, 1), &c);
+            used += c;
+        }
+        if (bs != ws || used != wholeUsed || bytewise.errorStatus() != whole.errorStatus() ||
+            bytewise.bodyBytes() != whole.bodyBytes()) {
+            return "the skipper depends on how the body is cut";
+        }
+        if (whole.bodyBytes() > limits.maxBodyBytes) { return "a chunked body over the limit accepted"; }
+    }
     // The file response's decision, for files of a few sizes: a status it may answer, bytes inside the file.
     const ETag tag = makeETag(1000, 1'700'000'000);
     for (const uint64_t size : {uint64_t{0}, uint64_t{1}, uint64_t{1000}, UINT64_MAX}) {

@@ -2,10 +2,12 @@
 // (apps/httpd/static_path.h): the happy paths, every error status, limits, and incremental feeding.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <array>
 #include <memory>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "apps/httpd/http_parser.h"
 #include "apps/httpd/static_path.h"
@@ -110,11 +112,69 @@ TEST(HttpParser, ContentLengthBodyIsFramed) {
     EXPECT_EQ(same->result.status, ParseStatus::kComplete);
 }
 
-TEST(HttpParser, ChunkedAndOtherTransferCodingsAreRejected) {
-    EXPECT_EQ(errorOf("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"), 411);
-    EXPECT_EQ(errorOf("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip, Chunked\r\n\r\n"), 411);
+TEST(HttpParser, ChunkedIsFramedByTheCallerAndOtherTransferCodingsAreRejected) {
+    for (const char* te : {"chunked", "gzip, Chunked"}) {
+        const std::string in = std::string("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: ") + te + "\r\n\r\n5\r\nhello\r\n0\r\n\r\n";
+        auto p = parse(in);
+        ASSERT_EQ(p->result.status, ParseStatus::kComplete) << te;
+        EXPECT_TRUE(p->request.chunked) << te;
+        EXPECT_EQ(p->request.contentLength, 0u) << te;
+        EXPECT_TRUE(p->request.body.empty()) << te;
+        EXPECT_EQ(p->result.consumed, p->request.headLength) << "the body is left to the caller";
+    }
     EXPECT_EQ(errorOf("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: gzip\r\n\r\n"), 501);
+    EXPECT_EQ(errorOf("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked, gzip\r\n\r\n"), 400);
+    EXPECT_EQ(errorOf("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nTransfer-Encoding: chunked\r\n\r\n"), 400);
     EXPECT_EQ(errorOf("POST / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 1\r\n\r\nx"), 400);
+}
+
+/// Feeds `body` to a skipper in pieces of `step` bytes; the status at the end and the bytes used.
+std::pair<ChunkedBodySkipper::Status, size_t> skip(std::string_view body, size_t step, uint64_t maxBody = 1000,
+                                                   int* error = nullptr) {
+    ChunkedBodySkipper s(maxBody, 64);
+    size_t used = 0;
+    for (size_t at = 0; at < body.size();) {
+        const size_t n = std::min(step, body.size() - at);
+        size_t c = 0;
+        const auto st = s.feed(body.substr(at, n), &c);
+        used += c;
+        if (st != ChunkedBodySkipper::Status::kNeedMore) {
+            if (error != nullptr) { *error = s.errorStatus(); }
+            return {st, used};
+        }
+        EXPECT_EQ(c, n) << "kNeedMore consumes everything";
+        at += n;
+    }
+    return {ChunkedBodySkipper::Status::kNeedMore, used};
+}
+
+TEST(ChunkedBodySkipper, ReadsBodiesInAnyPieces) {
+    const std::string body = "5\r\nhello\r\n1A;name=\"v\" ;x\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nTrailer: x\r\n\r\n";
+    for (size_t step : {size_t{1}, size_t{2}, size_t{7}, body.size()}) {
+        const auto [st, used] = skip(body + "GET / HTTP/1.1", step);
+        EXPECT_EQ(st, ChunkedBodySkipper::Status::kDone) << step;
+        EXPECT_EQ(used, body.size()) << "stops where the body ends, step " << step;
+    }
+    ChunkedBodySkipper s(1000, 64);
+    size_t used = 0;
+    EXPECT_EQ(s.feed("0\r\n\r\n", &used), ChunkedBodySkipper::Status::kDone);
+    EXPECT_EQ(s.bodyBytes(), 0u);
+    EXPECT_EQ(skip("5\r\nhel", 100).first, ChunkedBodySkipper::Status::kNeedMore);
+}
+
+TEST(ChunkedBodySkipper, MalformedAndOversizedBodies) {
+    for (const char* bad : {"x\r\n", "\r\n", "5\nhello\r\n", "5\r\nhelloX\r\n", "5\r\nhello\r\r", ";ext\r\n",
+                            "11111111111111111\r\n", "0\r\nTrailer: x\n\r\n", "0\r\n\rx", "5;a\x01\r\n"}) {
+        int error = 0;
+        EXPECT_EQ(skip(bad, 1, 1000, &error).first, ChunkedBodySkipper::Status::kError) << bad;
+        EXPECT_EQ(error, 400) << bad;
+    }
+    int error = 0;
+    EXPECT_EQ(skip("400\r\n", 3, 1000, &error).first, ChunkedBodySkipper::Status::kError);
+    EXPECT_EQ(error, 413) << "1024 bytes over a limit of 1000";
+    EXPECT_EQ(skip("3E8\r\n", 3, 1000).first, ChunkedBodySkipper::Status::kNeedMore) << "1000 bytes: at the limit";
+    EXPECT_EQ(skip("5;" + std::string(100, 'e') + "\r\n", 5, 1000, &error).first, ChunkedBodySkipper::Status::kError);
+    EXPECT_EQ(error, 400) << "an extension longer than the line limit";
 }
 
 TEST(HttpParser, ContentLengthErrors) {

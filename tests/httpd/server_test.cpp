@@ -248,15 +248,42 @@ TEST_F(HttpServer, HeadHasNoBody) {
     EXPECT_EQ(r->body, "Hello, World!");
 }
 
-TEST_F(HttpServer, ChunkedBodyIsRejectedWith411AndClosed) {
+TEST_F(HttpServer, ChunkedBodiesAreReadAndDropped) {
     startServer(defaults());
     Client c(port_);
-    ASSERT_TRUE(c.send("POST /hello HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n"));
+    // A GET with a chunked body, sent in two pieces, and a request pipelined after it.
+    ASSERT_TRUE(c.send("GET /hello HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhel"));
     auto r = c.next();
     ASSERT_TRUE(r);
-    EXPECT_EQ(r->status(), 411);
-    EXPECT_EQ(r->header("Connection"), "close");
-    EXPECT_TRUE(c.closedByPeer());
+    EXPECT_EQ(r->status(), 200);
+    EXPECT_EQ(r->body, "Hello, World!");
+    ASSERT_TRUE(c.send("lo\r\n0\r\nX-Trailer: 1\r\n\r\n" + get("/hello")));
+    r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200) << "the body was skipped";
+    ASSERT_TRUE(c.send("POST /hello HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n" + get("/hello")));
+    r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 405);
+    r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->status(), 200);
+    EXPECT_FALSE(r->header("Connection"));
+}
+
+TEST_F(HttpServer, MalformedOrOversizedChunkedBodiesCloseTheConnection) {
+    ServerOptions o = defaults();
+    o.limits.maxBodyBytes = 10;
+    startServer(o);
+    for (const char* body : {"zz\r\n", "b\r\nhello world\r\n0\r\n\r\n"}) {
+        Client c(port_);
+        ASSERT_TRUE(c.send(std::string("GET /hello HTTP/1.1\r\nHost: t\r\nTransfer-Encoding: chunked\r\n\r\n") + body));
+        auto r = c.next();
+        ASSERT_TRUE(r) << body;
+        EXPECT_EQ(r->status(), 200) << "the request was answered before its body was read";
+        EXPECT_TRUE(c.closedByPeer()) << body;
+    }
+    EXPECT_TRUE(eventually([&] { return server_->stats().errors == 2; }));
 }
 
 TEST_F(HttpServer, MalformedRequestLineIs400) {
