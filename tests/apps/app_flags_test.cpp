@@ -101,6 +101,7 @@ TEST(AppFlags, HttpdRefusesBadNumbers) {
     expectRefused(SPINDLE_HTTPD_BIN, {}, "--max-body-bytes", "-1");
     expectRefused(SPINDLE_HTTPD_BIN, {}, "--provided-buffers", "3");
     expectRefused(SPINDLE_HTTPD_BIN, {}, "--stack-kib", "big");
+    expectRefused(SPINDLE_HTTPD_BIN, {}, "--symlinks", "sometimes");
 }
 
 TEST(AppFlags, EchoRefusesBadNumbers) {
