@@ -81,7 +81,7 @@ struct RangeResult {
 struct FileState {
     uint64_t size = 0;
     int64_t mtime = 0;   // seconds since the epoch
-    std::string_view etag;
+    std::string_view etag{};
     int64_t now = 0;     // the server's clock, seconds since the epoch
 };
 

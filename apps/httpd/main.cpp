@@ -110,6 +110,8 @@ int main(int argc, char** argv) {
     app.add_flag("--no-symlinks", noSymlinks, "refuse every symbolic link under --root (--symlinks none)");
     app.add_option("--mime-types", mimeTypes, "Content-Type by extension (\"\" or missing: the built-in table)")
         ->capture_default_str();
+    std::string accessLog;
+    app.add_option("--access-log", accessLog, "append a line per request to FILE (nginx's combined format)");
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));
@@ -155,6 +157,7 @@ int main(int argc, char** argv) {
                   : symlinks == "follow"           ? spindle::httpd::SymlinkPolicy::kFollow
                                                    : spindle::httpd::SymlinkPolicy::kBeneath;
     so.mimeTypes = mimeTypes;
+    so.accessLog = accessLog;
     so.limits = spindle::httpd::ParserLimits{.maxHeaderBytes = maxHeaderBytes, .maxHeaders = maxHeaders, .maxBodyBytes = maxBodyBytes};
     so.headerTimeout = millis(headerTimeout);
     so.idleTimeout = millis(idleTimeout);

@@ -1,6 +1,8 @@
 #include "apps/httpd/server.h"
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -18,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "apps/httpd/access_log.h"
 #include "apps/httpd/file_response.h"
 #include "apps/httpd/mime_types.h"
 #include "apps/httpd/static_path.h"
@@ -159,6 +162,7 @@ struct Server::Impl {
     std::string rootPath;   // the root's real path, for the kBeneath fallback without openat2
     bool openat2 = false;   // openat2(2) is there and wanted
     MimeTypes mimeTypes;
+    std::unique_ptr<AccessLog> accessLog;  // null: no access log
     std::unique_ptr<net::ProvidedBufferPool> pool;
     std::vector<std::unique_ptr<Worker>> workers;
     std::atomic<bool> draining{false};
@@ -265,11 +269,43 @@ public:
         c->node_.fd = c->stream_.fd();
         worker.link(&c->node_);
         (void)c->stream_.setNoDelay();
+        if (worker.server->accessLog) { c->notePeer(); }
         if (!c->startFiber()) { c->endHere(); }
     }
 
 private:
     Runtime& runtime() noexcept { return *server_.rt; }
+
+    /// The client's address for the access log ("-" when it cannot be had).
+    void notePeer() noexcept {
+        const Result<net::SocketAddress> peer = stream_.peerAddress();
+        const void* ip = nullptr;
+        if (peer && peer->family() == AF_INET) {
+            ip = &reinterpret_cast<const sockaddr_in*>(peer->data())->sin_addr;
+        } else if (peer && peer->family() == AF_INET6) {
+            ip = &reinterpret_cast<const sockaddr_in6*>(peer->data())->sin6_addr;
+        }
+        if (ip == nullptr || ::inet_ntop(peer->family(), ip, remote_.data(), remote_.size()) == nullptr) {
+            remote_[0] = '-';
+            remote_[1] = '\0';
+        }
+    }
+
+    /// One access-log line for a request just answered (the last putHead's status and length).
+    void logRequest(const Request& req) noexcept {
+        timespec now{};
+        ::clock_gettime(CLOCK_REALTIME_COARSE, &now);
+        const bool noBody = req.method == Method::kHead || lastLength_ == kNoContentLength;
+        server_.accessLog->append(worker_.index, AccessEntry{.remote = remote_.data(),
+                                                             .unixSeconds = now.tv_sec,
+                                                             .method = req.methodText,
+                                                             .target = req.target,
+                                                             .versionMinor = req.versionMinor,
+                                                             .status = lastStatus_,
+                                                             .bytes = noBody ? 0 : lastLength_,
+                                                             .referer = req.header("Referer"),
+                                                             .userAgent = req.header("User-Agent")});
+    }
 
     bool startFiber() noexcept {
         auto f = runtime().spawn([this]() noexcept { runOnFiber(); },
@@ -386,6 +422,7 @@ private:
                 const uint64_t bodyLeft = req.bodyRemaining();
                 const bool chunkedBody = req.chunked;
                 if (!respond(req, keepAlive)) { return; }
+                if (server_.accessLog) { logRequest(req); }
                 reader_.consume(r.consumed);
                 headStarted = false;
                 if (bodyLeft > 0 && !discardBody(bodyLeft)) { return; }
@@ -528,6 +565,8 @@ private:
     /// Precondition: room for kMaxHeadBytes plus the pieces of `extra`.
     void putHead(int status, std::string_view contentType, uint64_t contentLength, bool keepAlive, int versionMinor,
                  std::initializer_list<std::string_view> extra = {}) noexcept {
+        lastStatus_ = status;
+        lastLength_ = contentLength;
         // Through a local cursor: stores through out() would reload the buffer's length after each
         // copy (a memcpy may alias it).
         char* const start = out().tail();
@@ -737,6 +776,9 @@ private:
     Scratch* scratch_ = nullptr;             // leased while there is something to answer
     bool resumed_ = false;                   // set by onReady() for the fiber it starts
     std::unique_ptr<Header[]> heapHeaders_;  // only for maxHeaders > kStackHeaders
+    int lastStatus_ = 0;                     // of the last response head, for the access log
+    uint64_t lastLength_ = 0;
+    std::array<char, INET6_ADDRSTRLEN> remote_{};  // the client, with an access log
 };
 
 
@@ -752,6 +794,7 @@ void sweepIdle(Worker& w) noexcept {
     const auto releaseNs = static_cast<uint64_t>(std::chrono::nanoseconds(o.idleFiberRelease).count());
     if (release) { period = std::min(period, std::max<std::chrono::milliseconds>(o.idleFiberRelease / 2, 1ms)); }
     while (spindle::sleep(period)) {
+        if (w.server->accessLog) { w.server->accessLog->flush(w.index); }
         const uint64_t now = coarseNowNs();
         for (ConnectionNode* n = w.connections; n != nullptr; n = n->next) {
             if (n->keepAliveWait && !n->idleTimedOut && now - n->idleSinceNs >= limitNs) {
@@ -805,6 +848,7 @@ void acceptLoop(Worker& w) noexcept {
         w.sweeper.cancel();
         w.sweeper.join();
     }
+    if (s.accessLog) { s.accessLog->flush(w.index); }  // every connection of this carrier has ended
 }
 
 }  // namespace
@@ -848,6 +892,14 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
                 log::warn("spindle-httpd: {}: {}; Content-Type from the built-in table", options.mimeTypes, std::strerror(err));
             }
         }
+    }
+    if (!options.accessLog.empty()) {
+        auto opened = AccessLog::open(options.accessLog, rt.carrierCount());
+        if (!opened) {
+            log::error("spindle-httpd: access log {}: {}", options.accessLog, opened.error().message());
+            return Error{opened.errorCode()};
+        }
+        impl->accessLog = std::move(*opened);
     }
     if (options.providedBuffers) {
         auto pool = net::ProvidedBufferPool::create(

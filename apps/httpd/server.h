@@ -20,6 +20,8 @@
 /// maxBodyBytes (a chunked one over it, or malformed, closes the connection after the answer);
 /// parser errors get their status (400, 413, 414, 431, 501, 505)
 /// and the connection is closed after the response.
+/// Access log (off unless ServerOptions::accessLog names a file): a line per answered request, buffered
+/// per carrier, written by the idle sweep and at the drain (apps/httpd/access_log.h).
 /// Timeouts: a request head must be complete within headerTimeout of its first byte (of the
 /// accept, for a connection's first request), or the connection gets 408 and is closed (slowloris);
 /// a keep-alive connection with no request started is closed after idleTimeout (by a sweep of each
@@ -29,7 +31,7 @@
 /// reading or answering a request finish it (their last response says "Connection: close"), and
 /// after drainTimeout closes whatever is left; wait() returns when every connection is gone.
 /// Errors: start() returns the errno of a listener that could not bind (EADDRINUSE, EACCES, ...),
-/// of the document root that could not be opened (ENOENT, ENOTDIR, EACCES), EINVAL for options out
+/// of the document root or access log that could not be opened (ENOENT, ENOTDIR, EACCES), EINVAL for options out
 /// of range, and the spawn's errors. A failing connection is closed and counted; nothing throws.
 /// Thread-safety: stop() and stats() from any thread or fiber; wait() and the destructor from a
 /// plain thread (not a fiber of the runtime).
@@ -62,6 +64,7 @@ struct ServerOptions {
     SymlinkPolicy symlinks = SymlinkPolicy::kBeneath;
     bool useOpenat2 = true;                       // where the kernel has it; false: the fallback (for tests)
     std::string mimeTypes = "/etc/mime.types";    // read once at start; "" or missing: the built-in table
+    std::string accessLog;                        // a file for nginx's combined format (access_log.h); "": none
     ParserLimits limits;                          // head bytes, header count, body size
     std::chrono::milliseconds headerTimeout{10'000};
     std::chrono::milliseconds idleTimeout{60'000};

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <memory>
 #include <optional>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -660,6 +661,38 @@ TEST_F(StaticFiles, SymlinkPolicies) {
             EXPECT_EQ(plain->status(), 200) << "no link at all, " << what;
         }
     }
+}
+
+TEST_F(HttpServer, AccessLogHasALinePerRequestInTheCombinedFormat) {
+    ServerOptions o = defaults();
+    o.accessLog = path("access.log");
+    startServer(o);
+    {
+        Client c(port_);
+        ASSERT_TRUE(c.send(get("/hello", "User-Agent: test/1.0\r\nReferer: http://r/\r\n")));
+        ASSERT_TRUE(c.next());
+        ASSERT_TRUE(c.send("HEAD /hello HTTP/1.1\r\nHost: t\r\n\r\n" + get("/missing")));
+        ASSERT_TRUE(c.next(true));
+        ASSERT_TRUE(c.next());
+    }
+    server_.reset();  // the drain writes what is buffered
+    std::ifstream in(path("access.log"));
+    std::vector<std::string> lines;
+    for (std::string l; std::getline(in, l);) { lines.push_back(l); }
+    ASSERT_EQ(lines.size(), 3u);
+    const std::regex stamp(R"(^127\.0\.0\.1 - - \[\d\d/[A-Z][a-z]{2}/\d{4}:\d\d:\d\d:\d\d \+0000\] )");
+    for (const std::string& l : lines) { EXPECT_TRUE(std::regex_search(l, stamp)) << l; }
+    EXPECT_TRUE(lines[0].ends_with("\"GET /hello HTTP/1.1\" 200 13 \"http://r/\" \"test/1.0\"")) << lines[0];
+    EXPECT_TRUE(lines[1].ends_with("\"HEAD /hello HTTP/1.1\" 200 0 \"-\" \"-\"")) << lines[1];
+    EXPECT_TRUE(lines[2].ends_with("\"GET /missing HTTP/1.1\" 404 10 \"-\" \"-\"")) << lines[2];
+}
+
+TEST_F(HttpServer, AnAccessLogThatCannotBeOpenedFailsTheStart) {
+    ServerOptions o = defaults();
+    o.accessLog = path("no-such-dir/access.log");
+    auto s = Server::start(rt(), o);
+    ASSERT_FALSE(s);
+    EXPECT_EQ(s.errorCode(), ENOENT);
 }
 
 TEST_F(HttpServer, Http10ClosesUnlessKeepAlive) {
