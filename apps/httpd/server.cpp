@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -729,6 +730,13 @@ private:
                     {"\r\nLast-Modified: ", lastModified, "\r\nETag: ", etag.view(), "\r\nAccept-Ranges: bytes"});
         }
         if (head) { return true; }
+        if (options_.spliceMinBytes != 0 && plan.length >= options_.spliceMinBytes) {
+            switch (spliceBody(*fd, plan.offset, plan.length)) {
+                case Spliced::kSent: return true;
+                case Spliced::kBroken: return false;
+                case Spliced::kUnavailable: break;  // nothing sent yet: copy it below
+            }
+        }
         // The body goes out through the same buffer: small files leave with their head in one send.
         const uint64_t end = plan.offset + plan.length;
         uint64_t offset = plan.offset;
@@ -746,6 +754,54 @@ private:
             offset += *n;
         }
         return true;
+    }
+
+    enum class Spliced : uint8_t { kSent, kBroken, kUnavailable };
+
+    /// Sends `length` bytes of `fd` from `offset` after the head without copying them through user
+    /// space: splice(2) file → pipe → socket, a pipe's worth at a time (up to 1 MiB where the pipe
+    /// may grow), each within sendTimeout. kUnavailable, with nothing of the body sent, when no pipe
+    /// can be had or the file cannot be spliced (the caller copies instead); kBroken when the
+    /// connection broke or the file shrank (the promised length cannot be kept).
+    Spliced spliceBody(int fd, uint64_t offset, uint64_t length) noexcept {
+        if (!flush()) { return Spliced::kBroken; }  // the head first
+        int pipeFds[2];
+        if (::pipe2(pipeFds, O_CLOEXEC) != 0) { return Spliced::kUnavailable; }
+        struct PipeCloser {
+            int* fds;
+            ~PipeCloser() {
+                ::close(fds[0]);
+                ::close(fds[1]);
+            }
+        } closer{pipeFds};
+        (void)::fcntl(pipeFds[1], F_SETPIPE_SZ, 1 << 20);  // fewer round trips where allowed; 64 KiB otherwise
+        const int pipeSize = ::fcntl(pipeFds[1], F_GETPIPE_SZ);
+        const uint64_t chunk = pipeSize > 0 ? static_cast<uint64_t>(pipeSize) : 65536;
+        bool first = true;
+        while (length > 0) {
+            const Deadline deadline(options_.sendTimeout);
+            const auto want = static_cast<size_t>(std::min(length, chunk));
+            const Result<size_t> in = spindle::splice(fd, static_cast<int64_t>(offset), pipeFds[1], -1, want, SPLICE_F_MOVE, deadline);
+            if (!in || *in == 0) {
+                if (first && !in && (in.errorCode() == EINVAL || in.errorCode() == ENOSYS)) { return Spliced::kUnavailable; }
+                log::warn("spindle-httpd: splicing a file failed at offset {}: {}", offset,
+                          in ? std::string("end of file") : in.error().message());
+                return Spliced::kBroken;
+            }
+            first = false;
+            for (size_t left = *in; left > 0;) {
+                const Result<size_t> out = spindle::splice(pipeFds[0], -1, stream_.fd(), -1, left, SPLICE_F_MOVE, deadline);
+                if (!out && out.errorCode() == EAGAIN) {  // a non-blocking socket that is full: wait for room
+                    if (!spindle::poll(stream_.fd(), POLLOUT, deadline)) { return Spliced::kBroken; }
+                    continue;
+                }
+                if (!out || *out == 0) { return Spliced::kBroken; }
+                left -= *out;
+            }
+            offset += *in;
+            length -= *in;
+        }
+        return Spliced::kSent;
     }
 
     /// The response to a file that could not be opened or examined: 403 for what the symlink policy

@@ -65,6 +65,7 @@ struct ServerOptions {
     bool useOpenat2 = true;                       // where the kernel has it; false: the fallback (for tests)
     std::string mimeTypes = "/etc/mime.types";    // read once at start; "" or missing: the built-in table
     std::string accessLog;                        // a file for nginx's combined format (access_log.h); "": none
+    uint64_t spliceMinBytes = 64 * 1024;          // file bodies this long go out with splice(2), not copied; 0: never
     ParserLimits limits;                          // head bytes, header count, body size
     std::chrono::milliseconds headerTimeout{10'000};
     std::chrono::milliseconds idleTimeout{60'000};

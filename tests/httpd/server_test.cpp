@@ -515,6 +515,34 @@ TEST_F(StaticFiles, UnsatisfiableMultipleAndInvalidRanges) {
     }
 }
 
+// Bodies past spliceMinBytes go file → pipe → socket; shorter ones, or all with 0, through the buffer.
+// The bytes must be the same either way, whole or in ranges, and a pipelined request after a spliced
+// body must still be answered in order.
+TEST_F(StaticFiles, SplicedAndCopiedBodiesAreTheSame) {
+    const std::vector<char> big = testing_support::pattern(3 * 1024 * 1024 + 11, 9);
+    ASSERT_NO_FATAL_FAILURE(writeFile("big.bin", std::string_view(big.data(), big.size())));
+    for (const uint64_t minBytes : {uint64_t{1}, uint64_t{0}}) {
+        server_.reset();
+        ServerOptions o = defaults();
+        o.root = dir_;
+        o.spliceMinBytes = minBytes;
+        startServer(o);
+        Client c(port_);
+        ASSERT_TRUE(c.send(get("/big.bin") + get("/big.bin", "Range: bytes=1000000-2999999\r\n") + get("/dir/")));
+        auto whole = c.next();
+        ASSERT_TRUE(whole);
+        EXPECT_EQ(whole->status(), 200);
+        EXPECT_TRUE(whole->body == std::string(big.data(), big.size())) << "spliceMinBytes " << minBytes;
+        auto part = c.next();
+        ASSERT_TRUE(part);
+        EXPECT_EQ(part->status(), 206);
+        EXPECT_TRUE(part->body == std::string(big.data() + 1'000'000, 2'000'000)) << "spliceMinBytes " << minBytes;
+        auto after = c.next();
+        ASSERT_TRUE(after);
+        EXPECT_EQ(after->body, "dir index");
+    }
+}
+
 TEST_F(StaticFiles, ConditionalRequests) {
     start();
     Client c(port_);
