@@ -15,7 +15,8 @@
 /// segment is 400; a symbolic link the policy refuses (ServerOptions::symlinks) is 403. Files carry
 /// Last-Modified, an ETag (nginx's) and "Accept-Ranges: bytes", and answer conditional requests
 /// (304, 412) and single Range requests (206; 416 when unsatisfiable; several ranges get the whole
-/// file with 200) as apps/httpd/file_response.h decides. Other known methods get 405 with "Allow: GET, HEAD", unknown
+/// file with 200) as apps/httpd/file_response.h decides. A body of spliceMinBytes or more is spliced
+/// file → pipe → socket (a pipe per response; no copy through user space). Other known methods get 405 with "Allow: GET, HEAD", unknown
 /// ones 501; a request body (Content-Length or chunked) is read and dropped, within headerTimeout and
 /// maxBodyBytes (a chunked one over it, or malformed, closes the connection after the answer);
 /// parser errors get their status (400, 413, 414, 431, 501, 505)
