@@ -214,6 +214,9 @@ Result<TcpListener> TcpListener::bind(const SocketAddress& address, const Listen
         }
     }
     if (::bind(*fd, address.data(), address.size()) != 0) { return fail(errno); }
+    if (options.reusePortAfterBind && family != AF_UNIX && !options.reusePort) {
+        if (auto r = detail::setIntOption(*fd, SOL_SOCKET, SO_REUSEPORT, 1); !r) { return fail(r.errorCode()); }
+    }
     if (::listen(*fd, options.backlog) != 0) { return fail(errno); }
     std::unique_ptr<State> s;
     try {

@@ -38,6 +38,9 @@ struct ListenOptions {
     bool reuseAddress = true;    // SO_REUSEADDR: rebind at once after a restart
     bool reusePort = false;      // SO_REUSEPORT: several listeners (one per carrier) share the port and
                                  // the kernel spreads connections across them (share-nothing accept)
+    bool reusePortAfterBind = false; // bind without SO_REUSEPORT (a port any socket holds fails with
+                                 // EADDRINUSE), then set it before listen(2) so that this process's further
+                                 // reusePort listeners can join (net::TcpServer's exclusive first listener)
     bool v6Only = false;         // IPV6_V6ONLY for an IPv6 address (false: also accepts IPv4)
     bool multishot = true;       // IORING_ACCEPT_MULTISHOT (5.19) where the kernel has it; else one-shot
     // EMFILE/ENFILE/ENOBUFS/ENOMEM from accept: the listener sleeps (doubling from min to max) and
