@@ -36,47 +36,25 @@ ssize_t sendNow(int fd, const void* buf, size_t len) noexcept {
 
 }  // namespace
 
-// One accepted stream. It lives in its connection fiber's frame; index_ is its slot in
-// EchoServer::connections_ while registered (under the server's mutex_).
-struct EchoServer::Connection {
-    explicit Connection(int fd) noexcept : stream(fd) {}
-    net::TcpStream stream;
-    size_t index = 0;
-};
-
-EchoServer::EchoServer(Runtime& runtime, const ServerOptions& options) noexcept
-    : runtime_(runtime), options_(options), address_(options.address) {}
+EchoServer::EchoServer(const ServerOptions& options) noexcept : options_(options) {}
 
 Result<std::unique_ptr<EchoServer>> EchoServer::start(Runtime& runtime, const ServerOptions& options) {
     if (options.bufferSize == 0) { return Error{EINVAL}; }
-    std::unique_ptr<EchoServer> server(new EchoServer(runtime, options));
+    std::unique_ptr<EchoServer> server(new EchoServer(options));
     if (options.multishotRecv) {
         auto pool = net::ProvidedBufferPool::create(
             net::ProvidedBufferOptions{.count = options.providedBuffers, .size = options.providedBufferSize});
         if (!pool) { return Error{pool.errorCode()}; }
         server->pool_ = std::move(*pool);
     }
-    const unsigned carriers = runtime.carrierCount();
-    const unsigned listeners = options.reusePort ? carriers : 1;
-    net::ListenOptions listenOptions;
-    listenOptions.reusePort = options.reusePort;
-    for (unsigned i = 0; i < listeners; ++i) {
-        // The first bind settles the port (the kernel's choice for port 0); the others share it.
-        auto listener = net::TcpListener::bind(server->address_, listenOptions);
-        if (!listener) {
-            server->stop();
-            return Error{listener.errorCode()};
-        }
-        if (i == 0) { server->address_ = listener->localAddress(); }
-        auto acceptor = runtime.spawn(
-            [s = server.get(), i, l = std::move(*listener)]() mutable { s->acceptLoop(i, l); },
-            SpawnOptions{.name = "echo-accept", .carrier = static_cast<int>(i), .pinned = true});
-        if (!acceptor) {
-            server->stop();
-            return Error{acceptor.errorCode()};
-        }
-        server->acceptors_.push_back(std::move(*acceptor));
-    }
+    net::TcpServerOptions tcp;
+    tcp.address = options.address;
+    tcp.listenerPerCarrier = options.reusePort;
+    tcp.name = "echo";
+    tcp.drainTimeout = std::chrono::milliseconds(0);  // an echo has no request to finish: stop() ends them all
+    auto tcpServer = net::TcpServer::start(runtime, tcp, [s = server.get()](net::TcpConnection& c) noexcept { s->serve(c); });
+    if (!tcpServer) { return Error{tcpServer.errorCode()}; }
+    server->server_ = std::move(*tcpServer);
     return server;
 }
 
@@ -84,99 +62,26 @@ EchoServer::~EchoServer() { stop(); }
 
 ServerStats EchoServer::stats() const noexcept {
     ServerStats s;
-    s.accepted = accepted_.load(std::memory_order_relaxed);
-    s.closed = closed_.load(std::memory_order_relaxed);
+    const net::TcpServerStats t = server_->stats();
+    s.accepted = t.accepted;
+    s.closed = t.closed;
+    s.acceptErrors = t.acceptErrors;
     s.bytesEchoed = bytesEchoed_.load(std::memory_order_relaxed);
     s.connectionErrors = connectionErrors_.load(std::memory_order_relaxed);
-    s.acceptErrors = acceptErrors_.load(std::memory_order_relaxed);
     if (pool_) { s.ringExhausted = pool_->stats().exhausted; }
     return s;
 }
 
 void EchoServer::stop() {
-    if (stopped_) { return; }
-    stopped_ = true;
-    stopping_.store(true, std::memory_order_release);
-    // Acceptors first, so that no connection starts after the sweep below.
-    for (auto& acceptor : acceptors_) {
-        if (acceptor.joinable()) { acceptor.cancel(); }
-    }
-    for (auto& acceptor : acceptors_) {
-        if (acceptor.joinable()) { acceptor.join(); }
-    }
-    std::unique_lock lock(mutex_);
-    shutDown_ = true;
-    // shutdown(2) wakes a receive in flight with end of stream and fails a blocked send with EPIPE,
-    // from any thread; the fibers then close their descriptors themselves.
-    for (Connection* c : connections_) { (void)::shutdown(c->stream.fd(), SHUT_RDWR); }
-    drained_.wait(lock, [this] { return live_ == 0; });
+    if (!server_) { return; }
+    server_->stop();
+    server_->wait();
 }
 
-void EchoServer::acceptLoop(unsigned carrier, net::TcpListener& listener) noexcept {
-    const unsigned carriers = runtime_.carrierCount();
-    unsigned next = carrier;
-    for (;;) {
-        auto stream = listener.accept();
-        if (!stream) {
-            const int err = stream.errorCode();
-            if (stopping_.load(std::memory_order_acquire) || err == ECANCELED || err == EBADF) { break; }
-            acceptErrors_.fetch_add(1, std::memory_order_relaxed);
-            log::warn("spindle-echo: accept on carrier {}: {}", carrier, std::strerror(err));
-            // A persistent error would otherwise spin; the sleep ends with ECANCELED at shutdown.
-            if (!sleep(std::chrono::milliseconds(10))) { break; }
-            continue;
-        }
-        // With a listener per carrier the connection stays where the kernel delivered it; one shared
-        // listener deals connections out to the carriers in turn.
-        const unsigned target = options_.reusePort ? carrier : next++ % carriers;
-        const int fd = stream->release();
-        if (!spawnConnection(target, fd)) {
-            acceptErrors_.fetch_add(1, std::memory_order_relaxed);
-            net::TcpStream dropped(fd);  // closes it
-        }
-    }
-    // Closing awaits the multishot accept's last completion, which a pending cancel would cut short.
-    (void)this_fiber::acknowledgeCancellation();
-    listener.close();
-}
-
-bool EchoServer::spawnConnection(unsigned carrier, int fd) noexcept {
-    {
-        std::lock_guard lock(mutex_);
-        ++live_;
-    }
-    accepted_.fetch_add(1, std::memory_order_relaxed);
-    auto fiber = runtime_.spawn(
-        [this, fd] {
-            Connection connection(fd);
-            serve(connection);
-        },
-        SpawnOptions{.name = "echo-conn", .carrier = static_cast<int>(carrier), .pinned = true});
-    if (fiber) { return true; }
-    log::warn("spindle-echo: no fiber for a connection: {}", std::strerror(fiber.errorCode()));
-    std::lock_guard lock(mutex_);
-    if (--live_ == 0) { drained_.notify_all(); }
-    return false;
-}
-
-void EchoServer::registerConnection(Connection& connection) noexcept {
-    std::lock_guard lock(mutex_);
-    connection.index = connections_.size();
-    connections_.push_back(&connection);
-    if (shutDown_) { (void)::shutdown(connection.stream.fd(), SHUT_RDWR); }
-}
-
-void EchoServer::unregisterConnection(Connection& connection) noexcept {
-    std::lock_guard lock(mutex_);
-    Connection* last = connections_.back();
-    connections_[connection.index] = last;
-    last->index = connection.index;
-    connections_.pop_back();
-}
-
-void EchoServer::serve(Connection& connection) noexcept {
-    registerConnection(connection);
-    net::TcpStream& stream = connection.stream;
+void EchoServer::serve(net::TcpConnection& connection) noexcept {
+    // A stream has no request boundary the drain could wait for: stop() may cut it at any time.
+    connection.setIdle(true);
+    net::TcpStream& stream = connection.stream();
     int err = 0;
     if (options_.noDelay) {
         if (auto r = stream.setNoDelay(); !r) { log::debug("spindle-echo: TCP_NODELAY: {}", r.error().message()); }
@@ -202,7 +107,7 @@ void EchoServer::serve(Connection& connection) noexcept {
     // Without a ring on this carrier for good (a refused registration): a buffer per
     // connection, rather than a heap buffer per receive.
     if (pool_ && pool_->ringAvailable()) {
-        // The receiver cancels its operation when it goes, before the descriptor is closed below.
+        // The receiver cancels its operation when it goes, before the server closes the descriptor.
         net::MultishotReceiver receiver(*pool_, stream.fd());
         for (;;) {
             auto got = receiver.next();
@@ -230,17 +135,6 @@ void EchoServer::serve(Connection& connection) noexcept {
         log::warn("spindle-echo: connection on fd {}: {}", stream.fd(), std::strerror(err));
     }
     bytesEchoed_.fetch_add(echoed, std::memory_order_relaxed);
-    unregisterConnection(connection);
-    // Through the ring, as every other call on the stream. Once the runtime shuts down the ring refuses
-    // new operations with ECANCELED and the descriptor is still open: close(2) it then. (TcpStream::close()
-    // gives the descriptor up before it tries, so it would leak it in that case.)
-    const int fd = stream.release();
-    if (auto closed = spindle::close(fd); !closed && closed.errorCode() == ECANCELED) { (void)::close(fd); }
-    closed_.fetch_add(1, std::memory_order_relaxed);
-    // Under the lock: stop() cannot see live_ reach 0 and destroy the server before this fiber is done
-    // with its members.
-    std::lock_guard lock(mutex_);
-    if (--live_ == 0) { drained_.notify_all(); }
 }
 
 namespace {

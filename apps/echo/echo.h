@@ -20,11 +20,9 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -35,6 +33,7 @@
 #include "net/address.h"
 #include "net/provided_buffers.h"
 #include "net/tcp.h"
+#include "net/tcp_server.h"
 
 namespace spindle::echo {
 
@@ -66,15 +65,16 @@ struct ServerStats {
     uint64_t ringExhausted = 0;   // multishot receives a carrier's buffer ring ran dry under (ENOBUFS)
 };
 
-/// An echo server running on a Runtime's carriers.
+/// An echo server running on a Runtime's carriers, on net::TcpServer's skeleton.
 /// Thread-safety: start(), localAddress() and stats() may be called from any thread or fiber; stop()
 /// and the destructor only from a plain thread (they wait for the server's fibers).
 /// Lifetime: the Runtime must outlive the server. If the runtime shuts down first, every fiber of the
 /// server ends with ECANCELED and stop() only waits for them.
 class EchoServer {
 public:
-    /// Binds the listener(s) and starts one pinned acceptor fiber per listener.
-    /// Errors: bind's (EADDRINUSE, EACCES, EMFILE, ...); spawn's (ENOMEM, ECANCELED).
+    /// Binds the listener(s) and starts one pinned acceptor fiber per carrier.
+    /// Errors: EINVAL for a zero bufferSize; bind's (EADDRINUSE, also when another process holds the
+    /// port, EACCES, EMFILE, ...); spawn's (ENOMEM, ECANCELED); the buffer pool's.
     [[nodiscard]] static Result<std::unique_ptr<EchoServer>> start(Runtime& runtime, const ServerOptions& options);
 
     EchoServer(const EchoServer&) = delete;
@@ -83,8 +83,8 @@ public:
     ~EchoServer();
 
     /// The bound address, with the port the kernel chose when the options asked for port 0.
-    [[nodiscard]] net::SocketAddress localAddress() const noexcept { return address_; }
-    [[nodiscard]] unsigned listenerCount() const noexcept { return static_cast<unsigned>(acceptors_.size()); }
+    [[nodiscard]] net::SocketAddress localAddress() const noexcept { return server_->localAddress(); }
+    [[nodiscard]] unsigned listenerCount() const noexcept { return server_->listenerCount(); }
     [[nodiscard]] ServerStats stats() const noexcept;
 
     /// Stops accepting (each acceptor is cancelled and closes its listener), shuts down every open
@@ -92,37 +92,15 @@ public:
     /// Idempotent. Precondition: called from a plain thread, not a fiber.
     void stop();
 
-    struct Connection;  // one accepted stream, registered while its fiber runs; defined in echo.cpp
-
 private:
-    EchoServer(Runtime& runtime, const ServerOptions& options) noexcept;
-    void acceptLoop(unsigned carrier, net::TcpListener& listener) noexcept;
-    void serve(Connection& connection) noexcept;
-    void registerConnection(Connection& connection) noexcept;
-    void unregisterConnection(Connection& connection) noexcept;
-    [[nodiscard]] bool spawnConnection(unsigned carrier, int fd) noexcept;
+    explicit EchoServer(const ServerOptions& options) noexcept;
+    void serve(net::TcpConnection& connection) noexcept;
 
-    Runtime& runtime_;
     ServerOptions options_;
-    net::SocketAddress address_;
-    std::vector<FiberHandle<void>> acceptors_;
     std::unique_ptr<net::ProvidedBufferPool> pool_;  // with multishotRecv; outlives every connection
-    std::atomic<uint64_t> accepted_{0};
-    std::atomic<uint64_t> closed_{0};
+    std::unique_ptr<net::TcpServer> server_;         // declared after pool_: its connections go first
     std::atomic<uint64_t> bytesEchoed_{0};
     std::atomic<uint64_t> connectionErrors_{0};
-    std::atomic<uint64_t> acceptErrors_{0};
-    std::atomic<bool> stopping_{false};
-    bool stopped_ = false;  // touched by stop() only, from plain threads
-    // Invariant: connections_ holds the Connection of every connection fiber that has not yet closed its
-    // descriptor, and live_ counts the connection fibers that have not finished; both under mutex_.
-    // stop() shuts the descriptors down under the lock, so it never touches a descriptor after close.
-    // Once shutDown_ is set (by stop(), under mutex_), a connection that registers is shut down at once.
-    mutable std::mutex mutex_;
-    std::condition_variable drained_;
-    std::vector<Connection*> connections_;
-    uint64_t live_ = 0;
-    bool shutDown_ = false;
 };
 
 inline constexpr size_t kMaxMessageSize = 64 * 1024;
