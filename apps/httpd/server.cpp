@@ -971,8 +971,12 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
     net::SocketAddress address = options.address;
     const unsigned carriers = rt.carrierCount();
     for (unsigned i = 0; i < carriers; ++i) {
+        // The first listener holds the port exclusively (a second process gets EADDRINUSE instead of
+        // half the connections, as net::TcpServer does) unless shareAddress asks for SO_REUSEPORT sharing.
         auto listener = net::TcpListener::bind(
-            address, net::ListenOptions{.backlog = options.backlog, .reuseAddress = true, .reusePort = true});
+            address, net::ListenOptions{.backlog = options.backlog, .reuseAddress = true,
+                                        .reusePort = options.shareAddress || i > 0,
+                                        .reusePortAfterBind = !options.shareAddress && i == 0 && carriers > 1});
         if (!listener) {
             log::error("spindle-httpd: cannot listen on {}: {}", address.toString(), listener.error().message());
             return Error{listener.errorCode()};

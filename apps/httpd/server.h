@@ -83,6 +83,9 @@ struct ServerOptions {
     unsigned providedBufferCount = 1024;          // per carrier, a power of two
     size_t providedBufferSize = 4096;
     int backlog = 4096;
+    // SO_REUSEPORT from the first listener, so that other processes may bind the same port and split
+    // the connections; false: the port is held alone and a busy one fails start() with EADDRINUSE.
+    bool shareAddress = false;
 };
 
 /// Counters summed over the carriers (read racily).

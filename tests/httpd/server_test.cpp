@@ -1011,5 +1011,29 @@ TEST_F(HttpServer, ManyConnectionsAcrossCarriers) {
     EXPECT_EQ(server_->stats().requests, static_cast<uint64_t>(3 * kClients));
 }
 
+TEST_F(HttpServer, SecondServerOnTheSamePortFailsWithEaddrinuseUnlessShared) {
+    startServer(defaults());
+    ServerOptions again = defaults();
+    again.address = server_->localAddress();
+    auto second = Server::start(rt(), again);
+    ASSERT_FALSE(second);
+    EXPECT_EQ(second.errorCode(), EADDRINUSE);
+    // The first still serves everything.
+    Client c(port_);
+    ASSERT_TRUE(c.send(get("/hello")));
+    auto r = c.next();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(r->body, "Hello, World!");
+    // Two servers that both ask for sharing may split a port.
+    ServerOptions shared = defaults();
+    shared.shareAddress = true;
+    auto a = Server::start(rt(), shared);
+    ASSERT_TRUE(a) << a.error().message();
+    shared.address = (*a)->localAddress();
+    auto b = Server::start(rt(), shared);
+    ASSERT_TRUE(b) << b.error().message();
+    EXPECT_EQ((*b)->localAddress().port(), shared.address.port());
+}
+
 }  // namespace
 }  // namespace spindle::httpd
