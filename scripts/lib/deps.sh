@@ -16,6 +16,7 @@ SPINDLE_DEB_PACKAGES=(
   libfmt-dev libcli11-dev python3 libunwind-dev gdb
   libdpdk-dev iproute2 iputils-ping ethtool
   media-types curl wget nginx-light
+  libisal-dev redis-tools redis-server
 )
 
 # Prints, on one line, those of the named packages that dpkg does not list as installed.

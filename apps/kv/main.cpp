@@ -1,0 +1,172 @@
+// spindle-kv: a Redis-protocol key-value store on spindle fibers (apps/kv/server.h).
+//
+// With no flags it listens on 127.0.0.1:6379 with one carrier (and one shard) per core and keeps no
+// log; --dir DIR keeps a write-ahead log per shard there (--appendfsync always|everysec|no). Without
+// --requirepass it binds to loopback unless --address says otherwise. SIGINT or SIGTERM (or SHUTDOWN)
+// stops accepting, lets connections finish the batch in hand, writes and syncs the logs, and exits 0.
+//
+// Exit status: 0 after a clean stop; 1 when the server cannot start or a log failed; 2 for a bad flag.
+
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+#include <fmt/format.h>
+
+#include "apps/common/backend_flag.h"
+#include "apps/common/cli.h"
+#include "apps/kv/server.h"
+#include "core/io.h"
+#include "core/runtime.h"
+
+int main(int argc, char** argv) {
+    std::string address;
+    unsigned port = 6379;
+    unsigned carriers = 0;
+    std::string dir;
+    std::string appendFsync = "everysec";
+    uint64_t maxClients = 10000;
+    uint64_t maxMemory = 0;
+    std::string requirePass;
+    int64_t maxBulk = 512ll * 1024 * 1024;
+    uint64_t queryBufferLimit = 1ull << 30;
+    bool truncateCorrupt = false;
+    bool sharePort = false;
+    unsigned ringEntries = 4096;
+    std::string pollMode = "block";
+    unsigned spinMicros = 50;
+    std::string backend = "auto";
+
+    CLI::App app{"spindle-kv: a Redis-protocol key-value store on spindle fibers, a shard per carrier"};
+    app.add_option("--address", address,
+                   "numeric IPv4 or IPv6 address to listen on (default: 127.0.0.1, or 0.0.0.0 with --requirepass)");
+    app.add_option("--port", port, "TCP port (0: any free port)")->check(CLI::Range(0u, 65535u))->capture_default_str();
+    app.add_option("--carriers", carriers, "carriers, one shard and one listener each (0: one per core)")
+        ->check(CLI::Range(0u, spindle::kMaxCarriers))->capture_default_str();
+    app.add_option("--dir", dir, "data directory for the write-ahead logs (none: nothing is kept)");
+    app.add_option("--appendfsync", appendFsync, "always (acknowledge after fdatasync), everysec, or no")
+        ->check(CLI::IsMember({"always", "everysec", "no"}))->capture_default_str();
+    app.add_option("--maxclients", maxClients, "connected clients; more get an error and are closed")
+        ->check(CLI::Range(uint64_t{1}, uint64_t{1} << 24))->capture_default_str();
+    app.add_option("--maxmemory", maxMemory, "bytes of keys and values; past it writes get -OOM (0: no limit)")
+        ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX}))->capture_default_str();
+    app.add_option("--requirepass", requirePass, "password clients must give with AUTH or HELLO");
+    app.add_option("--proto-max-bulk-len", maxBulk, "largest bulk string a request may carry")
+        ->check(CLI::Range(int64_t{1024 * 1024}, int64_t{INT64_MAX}))->capture_default_str();
+    app.add_option("--client-query-buffer-limit", queryBufferLimit, "unparsed bytes a client may have buffered")
+        ->check(CLI::Range(uint64_t{1024 * 1024}, uint64_t{INT64_MAX}))->capture_default_str();
+    app.add_flag("--truncate-corrupt-log", truncateCorrupt,
+                 "recovery: drop a log's records from a corruption in the middle on, instead of refusing to start");
+    app.add_flag("--share-port", sharePort, "SO_REUSEPORT: let other processes bind the same port and split the clients");
+    app.add_option("--ring-entries", ringEntries, "io_uring SQ entries per carrier (the CQ has twice as many)")
+        ->check(CLI::Range(64u, 32768u))->capture_default_str();
+    spindle::apps::addBackendFlag(app, backend);
+    app.add_option("--poll-mode", pollMode, "idle carriers: block, spin, or hybrid (spin --spin-us, then block)")
+        ->check(CLI::IsMember({"block", "spin", "hybrid"}))->capture_default_str();
+    app.add_option("--spin-us", spinMicros, "hybrid: microseconds an idle carrier spins before it blocks")
+        ->check(CLI::Range(1u, 1000000u))->capture_default_str();
+    if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
+
+    if (address.empty()) { address = requirePass.empty() ? "127.0.0.1" : "0.0.0.0"; }
+    auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));
+    if (!listen) {
+        std::fprintf(stderr, "spindle-kv: --address %s: %s\n", address.c_str(),
+                     spindle::net::SocketAddress::parseError(address).c_str());
+        return spindle::apps::kExitUsage;
+    }
+
+    // Block the signals before the carriers start, so that they arrive only through the signalfd.
+    sigset_t signals;
+    sigemptyset(&signals);
+    sigaddset(&signals, SIGINT);
+    sigaddset(&signals, SIGTERM);
+    ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+    const int sfd = ::signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
+    if (sfd < 0) {
+        std::perror("spindle-kv: signalfd");
+        return spindle::apps::kExitFailure;
+    }
+
+    spindle::RuntimeOptions ro;
+    ro.carriers = carriers;
+    ro.ringEntries = ringEntries;
+    ro.pollMode = pollMode == "spin"     ? spindle::PollMode::kSpin
+                  : pollMode == "hybrid" ? spindle::PollMode::kHybrid
+                                         : spindle::PollMode::kBlock;
+    ro.spinMicros = spinMicros;
+    ro.backend = spindle::apps::backendFromFlag(backend);
+    auto rt = spindle::Runtime::start(ro);
+    if (!rt) {
+        std::fprintf(stderr, "spindle-kv: the runtime did not start: %s%s\n", rt.error().message().c_str(),
+                     spindle::apps::startFailureNote(backend).c_str());
+        return spindle::apps::kExitFailure;
+    }
+
+    spindle::kv::ServerOptions so;
+    so.address = *listen;
+    so.dir = dir;
+    so.appendFsync = appendFsync == "always"     ? spindle::kv::Fsync::kAlways
+                     : appendFsync == "everysec" ? spindle::kv::Fsync::kEverySec
+                                                 : spindle::kv::Fsync::kNo;
+    so.maxClients = maxClients;
+    so.maxMemory = maxMemory;
+    so.requirePass = requirePass;
+    so.limits.maxBulkLength = maxBulk;
+    so.queryBufferLimit = queryBufferLimit;
+    so.truncateCorrupt = truncateCorrupt;
+    so.shareAddress = sharePort;
+    auto server = spindle::kv::Server::start(*rt, so);
+    if (!server) {
+        std::fprintf(stderr, "spindle-kv: cannot start: %s\n", server.error().message().c_str());
+        rt->shutdown();
+        rt->join();
+        return spindle::apps::kExitFailure;
+    }
+    spindle::kv::Server* s = server->get();
+    std::fprintf(stderr, "%s\n",
+                 fmt::format("spindle-kv: listening on {} with {} carrier(s), backend {}, {}", s->localAddress().toString(),
+                             rt->carrierCount(), spindle::toString(rt->backend()),
+                             dir.empty() ? std::string("no log") : "log in " + dir + ", appendfsync " + appendFsync)
+                     .c_str());
+
+    auto watcher = rt->spawn(
+        [s, sfd] {
+            for (;;) {
+                auto ready = spindle::poll(sfd, POLLIN);
+                if (!ready) { return; }  // the runtime is shutting down
+                signalfd_siginfo info{};
+                if (::read(sfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
+                    std::fprintf(stderr, "spindle-kv: signal %u, stopping\n", info.ssi_signo);
+                    s->stop();
+                    return;
+                }
+            }
+        },
+        spindle::SpawnOptions{.name = "signals"});
+    if (!watcher) {
+        std::fprintf(stderr, "spindle-kv: cannot watch signals: %s\n", watcher.error().message().c_str());
+        s->stop();
+    }
+    const int logError = s->wait();
+    const spindle::kv::ServerStats st = s->stats();
+    server->reset();
+    if (watcher) {
+        watcher->cancel();  // after SHUTDOWN no signal came
+        watcher->join();
+    }
+    rt->shutdown();
+    rt->join();
+    ::close(sfd);
+    std::fprintf(stderr, "%s\n",
+                 fmt::format("spindle-kv: stopped after {} connections, {} commands; log: {} records, {} fdatasyncs{}",
+                             st.connections, st.commands, st.log.records, st.log.syncs,
+                             logError != 0 ? std::string(", failed: ") + std::strerror(logError) : std::string())
+                     .c_str());
+    return logError != 0 ? spindle::apps::kExitFailure : spindle::apps::kExitOk;
+}

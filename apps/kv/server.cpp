@@ -1,0 +1,1517 @@
+#include "apps/kv/server.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <string_view>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "apps/kv/shard.h"
+#include "base/log.h"
+#include "core/io.h"
+#include "net/tcp_server.h"
+
+namespace spindle::kv {
+
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr size_t kRecvChunk = 16 * 1024;
+constexpr size_t kActiveExpireBudget = 200;  // keys per shard per 100 ms tick
+
+// Command flags.
+constexpr uint32_t kWrite = 1;     // mutates: refused while the shard's log has failed
+constexpr uint32_t kDenyOom = 2;   // may grow memory: refused past maxmemory
+constexpr uint32_t kNoAuth = 4;    // allowed before AUTH
+constexpr uint32_t kReadonly = 8;
+
+std::string misconf(int err) { return std::string("MISCONF Errors writing to the AOF file: ") + std::strerror(err); }
+
+std::string wrongArgs(std::string_view name) {
+    return "ERR wrong number of arguments for '" + std::string(name) + "' command";
+}
+const char* kNotInteger = "ERR value is not an integer or out of range";
+const char* kSyntax = "ERR syntax error";
+
+/// The receive buffer of a connection: bytes [begin, end) are unparsed.
+class InBuffer {
+public:
+    [[nodiscard]] std::string_view view() const noexcept { return {data_.get() + begin_, end_ - begin_}; }
+    [[nodiscard]] size_t size() const noexcept { return end_ - begin_; }
+    void consume(size_t n) noexcept {
+        begin_ += n;
+        if (begin_ == end_) { begin_ = end_ = 0; }
+    }
+    /// Room for at least `n` more bytes at tail().
+    void reserve(size_t n) {
+        if (cap_ - end_ >= n) { return; }
+        if (begin_ > 0 && cap_ - (end_ - begin_) >= n) {
+            std::memmove(data_.get(), data_.get() + begin_, end_ - begin_);
+            end_ -= begin_;
+            begin_ = 0;
+            return;
+        }
+        size_t cap = std::max(cap_ * 2, (end_ - begin_) + n);
+        auto grown = std::make_unique_for_overwrite<char[]>(cap);
+        std::memcpy(grown.get(), data_.get() + begin_, end_ - begin_);
+        end_ -= begin_;
+        begin_ = 0;
+        data_ = std::move(grown);
+        cap_ = cap;
+    }
+    [[nodiscard]] char* tail() noexcept { return data_.get() + end_; }
+    [[nodiscard]] size_t room() const noexcept { return cap_ - end_; }
+    void commit(size_t n) noexcept { end_ += n; }
+
+private:
+    std::unique_ptr<char[]> data_;
+    size_t cap_ = 0, begin_ = 0, end_ = 0;
+};
+
+struct Client {
+    uint64_t id = 0;
+    int protocol = 2;
+    bool authenticated = false;
+    bool closeAfterReply = false;
+    std::string name;
+};
+
+// A write of this batch whose reply waits for its record to be durable.
+struct Mark {
+    size_t replyOffset;
+    unsigned shard;
+    uint64_t seq;
+};
+
+struct Ctx;
+using CommandFn = void (*)(Ctx&);
+
+struct Command {
+    const char* name;
+    int arity;  // Redis's: >0 exactly, <0 at least -arity
+    uint32_t flags;
+    int firstKey, lastKey, step;
+    CommandFn fn;
+};
+
+std::string formatDouble(long double v) {
+    // INCRBYFLOAT's format: %.17Lf, then no trailing zeros after the point (Redis's ld2string, humanfriendly).
+    // As Redis, into MAX_LONG_DOUBLE_CHARS (5 KiB): "%.17Lf" of a huge value is long.
+    std::string s(5 * 1024, '\0');
+    const int len = std::snprintf(s.data(), s.size(), "%.17Lf", v);
+    s.resize(len < 0 ? 0 : std::min(static_cast<size_t>(len), s.size() - 1));
+    if (s.find('.') != std::string::npos) {
+        while (!s.empty() && s.back() == '0') { s.pop_back(); }
+        if (!s.empty() && s.back() == '.') { s.pop_back(); }
+    }
+    if (s == "-0") { s = "0"; }
+    return s;
+}
+
+}  // namespace
+
+struct Server::Impl {
+    Runtime* rt = nullptr;
+    ServerOptions options;
+    std::vector<std::unique_ptr<Shard>> shards;
+    std::vector<std::unique_ptr<ShardLog>> logs;
+    std::unique_ptr<net::TcpServer> tcp;
+    std::vector<FiberHandle<void>> expirers;
+    std::atomic<bool> stopping{false};
+    std::atomic<uint64_t> maxMemory{0};
+    std::atomic<uint64_t> maxClients{0};
+    std::atomic<uint64_t> clients{0};
+    std::atomic<uint64_t> commands{0};
+    std::atomic<uint64_t> rejected{0};
+    uint64_t replayed = 0;
+    uint64_t droppedTail = 0;
+    int64_t startedMs = 0;
+
+    [[nodiscard]] unsigned shardOf(std::string_view key) const noexcept {
+        return static_cast<unsigned>(keyHash(key) % shards.size());
+    }
+    [[nodiscard]] uint64_t usedMemory() const noexcept {
+        uint64_t u = 0;
+        for (const auto& s : shards) { u += s->usedBytes(); }
+        return u;
+    }
+    [[nodiscard]] uint64_t keyCount() const noexcept {
+        uint64_t u = 0;
+        for (const auto& s : shards) { u += s->keyCount(); }
+        return u;
+    }
+    void serve(net::TcpConnection& conn) noexcept;
+
+    /// Ends the expiry fibers, then writes, syncs and closes the logs; 0 or a log's errno. Idempotent.
+    int finish() noexcept {
+        if (finished) { return finishError; }
+        finished = true;
+        stopping.store(true);
+        for (auto& f : expirers) {
+            f.cancel();
+            f.join();
+        }
+        for (auto& l : logs) {
+            const int e = l->stop();
+            if (finishError == 0) { finishError = e; }
+        }
+        for (auto& sh : shards) { sh->attachLog(nullptr); }
+        return finishError;
+    }
+    ~Impl() {
+        tcp.reset();  // its connections end first (stop, drain, wait)
+        (void)finish();
+    }
+    bool finished = false;
+    int finishError = 0;
+};
+
+namespace {
+
+struct Ctx {
+    Server::Impl& s;
+    Client& client;
+    const std::vector<std::string_view>& args;
+    ReplyWriter& w;
+    std::vector<Mark>& marks;
+    const Command& cmd;
+    bool broken = false;  // a shard could not be reached (the runtime is shutting down)
+
+    [[nodiscard]] std::string_view arg(size_t i) const { return args[i]; }
+    [[nodiscard]] size_t argc() const { return args.size(); }
+
+    /// Runs f(shard) on the shard's carrier. For a write, a failed log answers MISCONF instead, and a
+    /// record appended is noted so that the reply waits for it (appendfsync always).
+    template <class F>
+    void onShard(unsigned index, F&& f) {
+        Shard& shard = *s.shards[index];
+        const bool write = (cmd.flags & kWrite) != 0;
+        uint64_t seq = 0;
+        const size_t replyOffset = w.buffer().size();
+        auto r = s.rt->runOnCarrier(index, [&]() noexcept {
+            if (write && shard.log() != nullptr && shard.log()->failed() != 0) {
+                w.error(misconf(shard.log()->failed()));
+                return;
+            }
+            const uint64_t before = shard.lastSeq();
+            f(shard);
+            if (shard.lastSeq() != before) { seq = shard.lastSeq(); }
+        });
+        if (!r) {
+            broken = true;
+            return;
+        }
+        if (seq != 0 && shard.log() != nullptr && shard.log()->mode() == Fsync::kAlways) {
+            marks.push_back(Mark{replyOffset, index, seq});
+        }
+    }
+    template <class F>
+    void onKey(std::string_view key, F&& f) {
+        onShard(s.shardOf(key), std::forward<F>(f));
+    }
+};
+
+// ---- connection and server commands ----
+
+void cmdPing(Ctx& x) {
+    if (x.argc() > 2) {
+        x.w.error(wrongArgs("ping"));
+    } else if (x.argc() == 2) {
+        x.w.bulk(x.arg(1));
+    } else {
+        x.w.simple("PONG");
+    }
+}
+
+void cmdEcho(Ctx& x) { x.w.bulk(x.arg(1)); }
+
+void cmdSelect(Ctx& x) {
+    int64_t db = 0;
+    if (!parseInt64(x.arg(1), db)) {
+        x.w.error(kNotInteger);
+    } else if (db != 0) {
+        x.w.error("ERR DB index is out of range");
+    } else {
+        x.w.ok();
+    }
+}
+
+void cmdQuit(Ctx& x) {
+    x.w.ok();
+    x.client.closeAfterReply = true;
+}
+
+void cmdAuth(Ctx& x) {
+    if (x.argc() > 3) {
+        x.w.error(kSyntax);
+        return;
+    }
+    const std::string_view pass = x.arg(x.argc() - 1);
+    const bool defaultUser = x.argc() == 2 || x.arg(1) == "default";
+    if (x.s.options.requirePass.empty() && x.argc() == 2) {
+        x.w.error("ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?");
+        return;
+    }
+    if (defaultUser && (x.s.options.requirePass.empty() || pass == x.s.options.requirePass)) {
+        x.client.authenticated = true;
+        x.w.ok();
+        return;
+    }
+    x.w.error("WRONGPASS invalid username-password pair or user is disabled.");
+}
+
+void writeHello(Ctx& x) {
+    x.w.mapHeader(7);
+    x.w.bulk("server");
+    x.w.bulk("redis");
+    x.w.bulk("version");
+    x.w.bulk("7.0.15");
+    x.w.bulk("proto");
+    x.w.integer(x.client.protocol);
+    x.w.bulk("id");
+    x.w.integer(static_cast<int64_t>(x.client.id));
+    x.w.bulk("mode");
+    x.w.bulk("standalone");
+    x.w.bulk("role");
+    x.w.bulk("master");
+    x.w.bulk("modules");
+    x.w.arrayHeader(0);
+}
+
+void cmdHello(Ctx& x) {
+    size_t i = 1;
+    int protocol = x.client.protocol;
+    if (x.argc() >= 2) {
+        int64_t v = 0;
+        if (!parseInt64(x.arg(1), v)) {
+            x.w.error("ERR Protocol version is not an integer or out of range");
+            return;
+        }
+        if (v < 2 || v > 3) {
+            x.w.error("NOPROTO unsupported protocol version");
+            return;
+        }
+        protocol = static_cast<int>(v);
+        i = 2;
+    }
+    std::string_view user, pass, name;
+    bool auth = false, setName = false;
+    for (; i < x.argc(); ++i) {
+        std::string opt;
+        toLower(x.arg(i), opt);
+        if (opt == "auth" && i + 2 < x.argc()) {
+            user = x.arg(i + 1);
+            pass = x.arg(i + 2);
+            auth = true;
+            i += 2;
+        } else if (opt == "setname" && i + 1 < x.argc()) {
+            name = x.arg(i + 1);
+            setName = true;
+            i += 1;
+        } else {
+            x.w.error(fmt::format("ERR Syntax error in HELLO option '{}'", x.arg(i)));
+            return;
+        }
+    }
+    if (auth) {
+        if (user != "default" || (!x.s.options.requirePass.empty() && pass != x.s.options.requirePass)) {
+            x.w.error("WRONGPASS invalid username-password pair or user is disabled.");
+            return;
+        }
+        x.client.authenticated = true;
+    }
+    if (!x.client.authenticated) {
+        x.w.error("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time");
+        return;
+    }
+    if (setName) { x.client.name = std::string(name); }
+    x.client.protocol = protocol;
+    x.w.setProtocol(protocol);
+    writeHello(x);
+}
+
+void cmdClient(Ctx& x) {
+    std::string sub;
+    toLower(x.arg(1), sub);
+    if (sub == "id" && x.argc() == 2) {
+        x.w.integer(static_cast<int64_t>(x.client.id));
+    } else if (sub == "getname" && x.argc() == 2) {
+        if (x.client.name.empty()) {
+            x.w.null();
+        } else {
+            x.w.bulk(x.client.name);
+        }
+    } else if (sub == "setname" && x.argc() == 3) {
+        const std::string_view n = x.arg(2);
+        if (std::any_of(n.begin(), n.end(), [](char c) { return c < '!' || c > '~'; })) {
+            x.w.error("ERR Client names cannot contain spaces, newlines or special characters.");
+            return;
+        }
+        x.client.name = std::string(n);
+        x.w.ok();
+    } else if (sub == "id" || sub == "getname" || sub == "setname") {
+        x.w.error(fmt::format("ERR wrong number of arguments for 'client|{}' command", sub));
+    } else {
+        x.w.error(fmt::format("ERR unknown subcommand '{}'. Try CLIENT HELP.", x.arg(1).substr(0, 128)));
+    }
+}
+
+void cmdDbsize(Ctx& x) { x.w.integer(static_cast<int64_t>(x.s.keyCount())); }
+
+void cmdFlush(Ctx& x) {
+    if (x.argc() > 2) {
+        x.w.error(kSyntax);
+        return;
+    }
+    if (x.argc() == 2) {
+        std::string mode;
+        toLower(x.arg(1), mode);
+        if (mode != "sync" && mode != "async") {
+            x.w.error(kSyntax);
+            return;
+        }
+    }
+    std::string errors;
+    for (unsigned i = 0; i < x.s.shards.size() && !x.broken; ++i) {
+        std::string& out = x.w.buffer();
+        const size_t before = out.size();
+        x.onShard(i, [](Shard& s) { s.flush(); });
+        if (out.size() != before) {  // MISCONF from that shard: keep the first, answer once
+            if (errors.empty()) { errors = out.substr(before); }
+            out.resize(before);
+        }
+    }
+    if (!errors.empty()) {
+        x.w.buffer() += errors;
+    } else {
+        x.w.ok();
+    }
+}
+
+std::string infoText(Server::Impl& s, const Client& c, std::string_view section) {
+    const bool all = section.empty() || section == "all" || section == "everything" || section == "default";
+    std::string out;
+    auto want = [&](std::string_view name) { return all || section == name; };
+    if (want("server")) {
+        out += fmt::format(
+            "# Server\r\nredis_version:7.0.15\r\nredis_mode:standalone\r\nspindle_kv:1\r\nos:Linux\r\n"
+            "process_id:{}\r\ntcp_port:{}\r\nuptime_in_seconds:{}\r\nio_threads_active:{}\r\n\r\n",
+            ::getpid(), s.tcp ? s.tcp->localAddress().port() : 0, (nowMs() - s.startedMs) / 1000, s.rt->carrierCount());
+    }
+    if (want("clients")) {
+        out += fmt::format("# Clients\r\nconnected_clients:{}\r\nmaxclients:{}\r\n\r\n", s.clients.load(),
+                           s.maxClients.load());
+    }
+    if (want("memory")) {
+        out += fmt::format("# Memory\r\nused_memory:{}\r\nmaxmemory:{}\r\nmaxmemory_policy:noeviction\r\n\r\n",
+                           s.usedMemory(), s.maxMemory.load());
+    }
+    if (want("persistence")) {
+        LogStats ls;
+        int failed = 0;
+        for (const auto& l : s.logs) {
+            const LogStats one = l->stats();
+            ls.records += one.records;
+            ls.bytes += one.bytes;
+            ls.syncs += one.syncs;
+            ls.syncedRecords += one.syncedRecords;
+            if (failed == 0) { failed = l->failed(); }
+        }
+        out += fmt::format(
+            "# Persistence\r\nloading:0\r\naof_enabled:{}\r\naof_last_write_status:{}\r\n"
+            "aof_records:{}\r\naof_bytes:{}\r\naof_fsyncs:{}\r\naof_fsync_mean_batch:{:.2f}\r\n"
+            "aof_replayed_records:{}\r\naof_dropped_tail_bytes:{}\r\n\r\n",
+            s.logs.empty() ? 0 : 1, failed == 0 ? "ok" : "err", ls.records, ls.bytes, ls.syncs,
+            ls.syncs == 0 ? 0.0 : static_cast<double>(ls.syncedRecords) / static_cast<double>(ls.syncs), s.replayed,
+            s.droppedTail);
+    }
+    if (want("stats")) {
+        uint64_t expired = 0;
+        for (const auto& sh : s.shards) { expired += sh->expiredKeys(); }
+        const net::TcpServerStats t = s.tcp ? s.tcp->stats() : net::TcpServerStats{};
+        out += fmt::format(
+            "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\n"
+            "expired_keys:{}\r\n\r\n",
+            t.accepted, s.commands.load(), s.rejected.load(), expired);
+    }
+    if (want("keyspace")) {
+        out += "# Keyspace\r\n";
+        uint64_t keys = 0, expires = 0;
+        for (const auto& sh : s.shards) {
+            keys += sh->keyCount();
+            expires += sh->expiresCount();
+        }
+        if (keys > 0) { out += fmt::format("db0:keys={},expires={},avg_ttl=0\r\n", keys, expires); }
+    }
+    (void)c;
+    if (!out.empty() && out.size() >= 2 && out.compare(out.size() - 4, 4, "\r\n\r\n") == 0) { out.resize(out.size() - 2); }
+    return out;
+}
+
+void cmdInfo(Ctx& x) {
+    std::string section;
+    if (x.argc() >= 2) { toLower(x.arg(1), section); }
+    const std::string text = infoText(x.s, x.client, section);
+    if (x.w.protocol() >= 3) {
+        x.w.buffer() += fmt::format("={}\r\ntxt:{}\r\n", text.size() + 4, text);
+    } else {
+        x.w.bulk(text);
+    }
+}
+
+// CONFIG GET/SET for the parameters the server has.
+void cmdConfig(Ctx& x) {
+    std::string sub;
+    toLower(x.arg(1), sub);
+    if (sub == "get") {
+        if (x.argc() < 3) {
+            x.w.error("ERR wrong number of arguments for 'config|get' command");
+            return;
+        }
+        const std::array<std::pair<const char*, std::string>, 7> params{{
+            {"appendonly", x.s.logs.empty() ? "no" : "yes"},
+            {"appendfsync", x.s.options.appendFsync == Fsync::kAlways ? "always"
+                            : x.s.options.appendFsync == Fsync::kEverySec ? "everysec" : "no"},
+            {"maxclients", std::to_string(x.s.maxClients.load())},
+            {"maxmemory", std::to_string(x.s.maxMemory.load())},
+            {"requirepass", x.s.options.requirePass},
+            {"proto-max-bulk-len", std::to_string(x.s.options.limits.maxBulkLength)},
+            {"client-query-buffer-limit", std::to_string(x.s.options.queryBufferLimit)},
+        }};
+        std::vector<std::pair<const char*, const std::string*>> found;
+        for (size_t i = 2; i < x.argc(); ++i) {
+            std::string pattern;
+            toLower(x.arg(i), pattern);
+            for (const auto& [name, value] : params) {
+                const bool match = pattern == "*" || pattern == name;
+                if (match && std::none_of(found.begin(), found.end(), [&](const auto& f) { return f.first == name; })) {
+                    found.emplace_back(name, &value);
+                }
+            }
+        }
+        x.w.mapHeader(found.size());
+        for (const auto& [name, value] : found) {
+            x.w.bulk(name);
+            x.w.bulk(*value);
+        }
+    } else if (sub == "set") {
+        if (x.argc() < 4 || x.argc() % 2 != 0) {
+            x.w.error("ERR wrong number of arguments for 'config|set' command");
+            return;
+        }
+        for (size_t i = 2; i < x.argc(); i += 2) {
+            std::string name;
+            toLower(x.arg(i), name);
+            int64_t v = 0;
+            if (name == "maxmemory" || name == "maxclients") {
+                if (!parseInt64(x.arg(i + 1), v) || v < 0 || (name == "maxclients" && v == 0)) {
+                    x.w.error(fmt::format("ERR CONFIG SET failed (possibly related to argument '{}') - argument must be a memory or a positive number", name));
+                    return;
+                }
+            } else if (name == "appendfsync" || name == "appendonly" || name == "requirepass" ||
+                       name == "proto-max-bulk-len" || name == "client-query-buffer-limit") {
+                x.w.error(fmt::format("ERR CONFIG SET failed (possibly related to argument '{}') - can't set immutable config", name));
+                return;
+            } else {
+                x.w.error(fmt::format("ERR Unknown option or number of arguments for CONFIG SET - '{}'", x.arg(i)));
+                return;
+            }
+        }
+        for (size_t i = 2; i < x.argc(); i += 2) {
+            std::string name;
+            toLower(x.arg(i), name);
+            int64_t v = 0;
+            (void)parseInt64(x.arg(i + 1), v);
+            (name == "maxmemory" ? x.s.maxMemory : x.s.maxClients).store(static_cast<uint64_t>(v));
+        }
+        x.w.ok();
+    } else {
+        x.w.error(fmt::format("ERR unknown subcommand '{}'. Try CONFIG HELP.", x.arg(1).substr(0, 128)));
+    }
+}
+
+void cmdCommand(Ctx& x);
+void cmdShutdown(Ctx& x);
+
+// ---- strings ----
+
+void cmdGet(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        if (Entry* e = s.find(x.arg(1), nowMs())) {
+            x.w.bulk(e->value);
+        } else {
+            x.w.null();
+        }
+    });
+}
+
+void cmdStrlen(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        x.w.integer(e != nullptr ? static_cast<int64_t>(e->value.size()) : 0);
+    });
+}
+
+// SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT tms|KEEPTTL]
+void cmdSet(Ctx& x) {
+    bool nx = false, xx = false, get = false, keepTtl = false;
+    int64_t expireAt = 0;
+    bool haveExpire = false;
+    for (size_t i = 3; i < x.argc(); ++i) {
+        std::string opt;
+        toLower(x.arg(i), opt);
+        const bool hasNext = i + 1 < x.argc();
+        if (opt == "nx" && !xx) {
+            nx = true;
+        } else if (opt == "xx" && !nx) {
+            xx = true;
+        } else if (opt == "get") {
+            get = true;
+        } else if (opt == "keepttl" && !haveExpire) {
+            keepTtl = true;
+        } else if ((opt == "ex" || opt == "px" || opt == "exat" || opt == "pxat") && !keepTtl && !haveExpire && hasNext) {
+            int64_t v = 0;
+            if (!parseInt64(x.arg(i + 1), v)) {
+                x.w.error(kNotInteger);
+                return;
+            }
+            const bool seconds = opt == "ex" || opt == "exat";
+            if (v <= 0 || (seconds && v > INT64_MAX / 1000)) {
+                x.w.error("ERR invalid expire time in 'set' command");
+                return;
+            }
+            if (seconds) { v *= 1000; }
+            if (opt == "ex" || opt == "px") {
+                const int64_t now = nowMs();
+                if (v > INT64_MAX - now) {
+                    x.w.error("ERR invalid expire time in 'set' command");
+                    return;
+                }
+                v += now;
+            }
+            expireAt = v;
+            haveExpire = true;
+            ++i;
+        } else {
+            x.w.error(kSyntax);
+            return;
+        }
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (get) {
+            if (e != nullptr) {
+                x.w.bulk(e->value);
+            } else {
+                x.w.null();
+            }
+        }
+        if ((nx && e != nullptr) || (xx && e == nullptr)) {
+            if (!get) { x.w.null(); }
+            return;
+        }
+        const int64_t at = keepTtl && e != nullptr ? e->expireAtMs : expireAt;
+        s.set(x.arg(1), x.arg(2), at);
+        if (!get) { x.w.ok(); }
+    });
+}
+
+void cmdSetnx(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        if (s.find(x.arg(1), nowMs()) != nullptr) {
+            x.w.integer(0);
+            return;
+        }
+        s.set(x.arg(1), x.arg(2), 0);
+        x.w.integer(1);
+    });
+}
+
+void setWithTtl(Ctx& x, bool millis, const char* name) {
+    int64_t v = 0;
+    if (!parseInt64(x.arg(2), v)) {
+        x.w.error(kNotInteger);
+        return;
+    }
+    const int64_t now = nowMs();
+    if (v <= 0 || (!millis && v > INT64_MAX / 1000) || (millis ? v : v * 1000) > INT64_MAX - now) {
+        x.w.error(fmt::format("ERR invalid expire time in '{}' command", name));
+        return;
+    }
+    const int64_t at = now + (millis ? v : v * 1000);
+    x.onKey(x.arg(1), [&](Shard& s) {
+        s.set(x.arg(1), x.arg(3), at);
+        x.w.ok();
+    });
+}
+void cmdSetex(Ctx& x) { setWithTtl(x, false, "setex"); }
+void cmdPsetex(Ctx& x) { setWithTtl(x, true, "psetex"); }
+
+void cmdGetset(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        if (Entry* e = s.find(x.arg(1), nowMs())) {
+            x.w.bulk(e->value);
+        } else {
+            x.w.null();
+        }
+        s.set(x.arg(1), x.arg(2), 0);
+    });
+}
+
+void cmdGetdel(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        if (Entry* e = s.find(x.arg(1), nowMs())) {
+            x.w.bulk(e->value);
+            (void)s.del(x.arg(1));
+        } else {
+            x.w.null();
+        }
+    });
+}
+
+// GETEX key [EX s|PX ms|EXAT t|PXAT tms|PERSIST]
+void cmdGetex(Ctx& x) {
+    int64_t at = -1;  // -1: leave the TTL; 0: persist
+    if (x.argc() > 4) {
+        x.w.error(kSyntax);
+        return;
+    }
+    if (x.argc() >= 3) {
+        std::string opt;
+        toLower(x.arg(2), opt);
+        if (opt == "persist" && x.argc() == 3) {
+            at = 0;
+        } else if ((opt == "ex" || opt == "px" || opt == "exat" || opt == "pxat") && x.argc() == 4) {
+            int64_t v = 0;
+            if (!parseInt64(x.arg(3), v)) {
+                x.w.error(kNotInteger);
+                return;
+            }
+            const bool seconds = opt == "ex" || opt == "exat";
+            if (v <= 0 || (seconds && v > INT64_MAX / 1000)) {
+                x.w.error("ERR invalid expire time in 'getex' command");
+                return;
+            }
+            if (seconds) { v *= 1000; }
+            if (opt == "ex" || opt == "px") { v += nowMs(); }
+            at = v;
+        } else {
+            x.w.error(kSyntax);
+            return;
+        }
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (e == nullptr) {
+            x.w.null();
+            return;
+        }
+        x.w.bulk(e->value);
+        if (at == 0) {
+            (void)s.persist(x.arg(1));
+        } else if (at > 0) {
+            s.expireAt(x.arg(1), at);
+        }
+    });
+}
+
+void incrBy(Ctx& x, std::string_view key, int64_t by) {
+    x.onKey(key, [&](Shard& s) {
+        Entry* e = s.find(key, nowMs());
+        int64_t v = 0;
+        if (e != nullptr && !parseInt64(e->value, v)) {
+            x.w.error(kNotInteger);
+            return;
+        }
+        if ((by > 0 && v > INT64_MAX - by) || (by < 0 && v < INT64_MIN - by)) {
+            x.w.error("ERR increment or decrement would overflow");
+            return;
+        }
+        v += by;
+        s.set(key, std::to_string(v), e != nullptr ? e->expireAtMs : 0);
+        x.w.integer(v);
+    });
+}
+void cmdIncr(Ctx& x) { incrBy(x, x.arg(1), 1); }
+void cmdDecr(Ctx& x) { incrBy(x, x.arg(1), -1); }
+void cmdIncrby(Ctx& x) {
+    int64_t by = 0;
+    if (!parseInt64(x.arg(2), by)) {
+        x.w.error(kNotInteger);
+        return;
+    }
+    incrBy(x, x.arg(1), by);
+}
+void cmdDecrby(Ctx& x) {
+    int64_t by = 0;
+    if (!parseInt64(x.arg(2), by)) {
+        x.w.error(kNotInteger);
+        return;
+    }
+    if (by == INT64_MIN) {
+        x.w.error("ERR decrement would overflow");
+        return;
+    }
+    incrBy(x, x.arg(1), -by);
+}
+
+void cmdIncrbyfloat(Ctx& x) {
+    long double by = 0;
+    if (!parseLongDouble(x.arg(2), by)) {
+        x.w.error("ERR value is not a valid float");
+        return;
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        long double v = 0;
+        if (e != nullptr && !parseLongDouble(e->value, v)) {
+            x.w.error("ERR value is not a valid float");
+            return;
+        }
+        v += by;
+        if (std::isnan(v) || std::isinf(v)) {
+            x.w.error("ERR increment would produce NaN or Infinity");
+            return;
+        }
+        const std::string text = formatDouble(v);
+        s.set(x.arg(1), text, e != nullptr ? e->expireAtMs : 0);
+        x.w.bulk(text);
+    });
+}
+
+void cmdAppend(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        std::string v = e != nullptr ? e->value : std::string();
+        if (v.size() + x.arg(2).size() > static_cast<uint64_t>(x.s.options.limits.maxBulkLength)) {
+            x.w.error("ERR string exceeds maximum allowed size (proto-max-bulk-len)");
+            return;
+        }
+        v += x.arg(2);
+        s.set(x.arg(1), v, e != nullptr ? e->expireAtMs : 0);
+        x.w.integer(static_cast<int64_t>(v.size()));
+    });
+}
+
+void cmdGetrange(Ctx& x) {
+    int64_t start = 0, end = 0;
+    if (!parseInt64(x.arg(2), start) || !parseInt64(x.arg(3), end)) {
+        x.w.error(kNotInteger);
+        return;
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        const auto len = static_cast<int64_t>(e != nullptr ? e->value.size() : 0);
+        int64_t a = start, b = end;
+        if (a < 0 && b < 0 && a > b) {
+            x.w.bulk("");
+            return;
+        }
+        if (a < 0) { a = len + a; }
+        if (b < 0) { b = len + b; }
+        if (a < 0) { a = 0; }
+        if (b < 0) { b = 0; }
+        if (b >= len) { b = len - 1; }
+        if (len == 0 || a > b) {
+            x.w.bulk("");
+            return;
+        }
+        x.w.bulk(std::string_view(e->value).substr(static_cast<size_t>(a), static_cast<size_t>(b - a + 1)));
+    });
+}
+
+void cmdSetrange(Ctx& x) {
+    int64_t offset = 0;
+    if (!parseInt64(x.arg(2), offset)) {
+        x.w.error(kNotInteger);
+        return;
+    }
+    if (offset < 0) {
+        x.w.error("ERR offset is out of range");
+        return;
+    }
+    const std::string_view value = x.arg(3);
+    if (static_cast<uint64_t>(offset) + value.size() > static_cast<uint64_t>(x.s.options.limits.maxBulkLength)) {
+        x.w.error("ERR string exceeds maximum allowed size (proto-max-bulk-len)");
+        return;
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (value.empty()) {
+            x.w.integer(e != nullptr ? static_cast<int64_t>(e->value.size()) : 0);
+            return;
+        }
+        std::string v = e != nullptr ? e->value : std::string();
+        const auto off = static_cast<size_t>(offset);
+        if (v.size() < off + value.size()) { v.resize(off + value.size(), '\0'); }
+        v.replace(off, value.size(), value);
+        s.set(x.arg(1), v, e != nullptr ? e->expireAtMs : 0);
+        x.w.integer(static_cast<int64_t>(v.size()));
+    });
+}
+
+// Groups argument indexes [from, argc) with `step` by shard: the shards to visit, in order of first use.
+std::vector<std::pair<unsigned, std::vector<size_t>>> byShard(Ctx& x, size_t from, size_t step) {
+    std::vector<std::pair<unsigned, std::vector<size_t>>> groups;
+    for (size_t i = from; i < x.argc(); i += step) {
+        const unsigned shard = x.s.shardOf(x.arg(i));
+        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == shard; });
+        if (it == groups.end()) {
+            groups.emplace_back(shard, std::vector<size_t>{});
+            it = groups.end() - 1;
+        }
+        it->second.push_back(i);
+    }
+    return groups;
+}
+
+void cmdMget(Ctx& x) {
+    std::vector<std::optional<std::string>> values(x.argc() - 1);
+    for (auto& [shard, idx] : byShard(x, 1, 1)) {
+        x.onShard(shard, [&](Shard& s) {
+            const int64_t now = nowMs();
+            for (size_t i : idx) {
+                if (Entry* e = s.find(x.arg(i), now)) { values[i - 1] = e->value; }
+            }
+        });
+        if (x.broken) { return; }
+    }
+    x.w.arrayHeader(values.size());
+    for (const auto& v : values) {
+        if (v) {
+            x.w.bulk(*v);
+        } else {
+            x.w.null();
+        }
+    }
+}
+
+void cmdMset(Ctx& x) {
+    if (x.argc() % 2 == 0) {
+        x.w.error(wrongArgs("mset"));
+        return;
+    }
+    // Not atomic across shards: each shard applies its keys at once, in argument order.
+    std::string err;
+    for (auto& [shard, idx] : byShard(x, 1, 2)) {
+        const size_t before = x.w.buffer().size();
+        x.onShard(shard, [&](Shard& s) {
+            for (size_t i : idx) { s.set(x.arg(i), x.arg(i + 1), 0); }
+        });
+        if (x.broken) { return; }
+        if (x.w.buffer().size() != before) {
+            if (err.empty()) { err = x.w.buffer().substr(before); }
+            x.w.buffer().resize(before);
+        }
+    }
+    if (!err.empty()) {
+        x.w.buffer() += err;
+    } else {
+        x.w.ok();
+    }
+}
+
+// DEL, UNLINK, EXISTS: a count over every key.
+void countKeys(Ctx& x, bool remove) {
+    int64_t count = 0;
+    std::string err;
+    for (auto& [shard, idx] : byShard(x, 1, 1)) {
+        const size_t before = x.w.buffer().size();
+        x.onShard(shard, [&](Shard& s) {
+            const int64_t now = nowMs();
+            for (size_t i : idx) {
+                if (remove) {
+                    if (s.find(x.arg(i), now) != nullptr && s.del(x.arg(i))) { ++count; }
+                } else if (s.find(x.arg(i), now) != nullptr) {
+                    ++count;
+                }
+            }
+        });
+        if (x.broken) { return; }
+        if (x.w.buffer().size() != before) {
+            if (err.empty()) { err = x.w.buffer().substr(before); }
+            x.w.buffer().resize(before);
+        }
+    }
+    if (!err.empty()) {
+        x.w.buffer() += err;
+    } else {
+        x.w.integer(count);
+    }
+}
+void cmdDel(Ctx& x) { countKeys(x, true); }
+void cmdExists(Ctx& x) { countKeys(x, false); }
+
+// ---- expiry ----
+
+// EXPIRE/PEXPIRE/EXPIREAT/PEXPIREAT key t [NX|XX|GT|LT]
+void expireGeneric(Ctx& x, bool millis, bool absolute, const char* name) {
+    int64_t v = 0;
+    if (!parseInt64(x.arg(2), v)) {
+        x.w.error(kNotInteger);
+        return;
+    }
+    bool nx = false, xx = false, gt = false, lt = false;
+    for (size_t i = 3; i < x.argc(); ++i) {
+        std::string opt;
+        toLower(x.arg(i), opt);
+        if (opt == "nx") {
+            nx = true;
+        } else if (opt == "xx") {
+            xx = true;
+        } else if (opt == "gt") {
+            gt = true;
+        } else if (opt == "lt") {
+            lt = true;
+        } else {
+            x.w.error(fmt::format("ERR Unsupported option {}", x.arg(i)));
+            return;
+        }
+    }
+    if (nx && (xx || gt || lt)) {
+        x.w.error("ERR NX and XX, GT or LT options at the same time are not compatible");
+        return;
+    }
+    if (gt && lt) {
+        x.w.error("ERR GT and LT options at the same time are not compatible");
+        return;
+    }
+    const int64_t now = nowMs();
+    int64_t at = v;
+    if (!millis) {
+        if (at > INT64_MAX / 1000 || at < INT64_MIN / 1000) {
+            x.w.error(fmt::format("ERR invalid expire time in '{}' command", name));
+            return;
+        }
+        at *= 1000;
+    }
+    if (!absolute) {
+        if ((at > 0 && now > INT64_MAX - at)) {
+            x.w.error(fmt::format("ERR invalid expire time in '{}' command", name));
+            return;
+        }
+        at += now;
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), now);
+        if (e == nullptr) {
+            x.w.integer(0);
+            return;
+        }
+        const int64_t cur = e->expireAtMs;  // 0: none, which GT treats as infinite
+        if ((nx && cur != 0) || (xx && cur == 0) || (gt && (cur == 0 || at <= cur)) || (lt && cur != 0 && at >= cur)) {
+            x.w.integer(0);
+            return;
+        }
+        if (at <= now) {
+            (void)s.del(x.arg(1));
+        } else {
+            s.expireAt(x.arg(1), at);
+        }
+        x.w.integer(1);
+    });
+}
+void cmdExpire(Ctx& x) { expireGeneric(x, false, false, "expire"); }
+void cmdPexpire(Ctx& x) { expireGeneric(x, true, false, "pexpire"); }
+void cmdExpireat(Ctx& x) { expireGeneric(x, false, true, "expireat"); }
+void cmdPexpireat(Ctx& x) { expireGeneric(x, true, true, "pexpireat"); }
+
+void ttlGeneric(Ctx& x, bool millis) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        const int64_t now = nowMs();
+        Entry* e = s.find(x.arg(1), now);
+        if (e == nullptr) {
+            x.w.integer(-2);
+        } else if (e->expireAtMs == 0) {
+            x.w.integer(-1);
+        } else {
+            const int64_t left = std::max<int64_t>(e->expireAtMs - now, 0);
+            x.w.integer(millis ? left : (left + 500) / 1000);
+        }
+    });
+}
+void cmdTtl(Ctx& x) { ttlGeneric(x, false); }
+void cmdPttl(Ctx& x) { ttlGeneric(x, true); }
+
+void expireTimeGeneric(Ctx& x, bool millis) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (e == nullptr) {
+            x.w.integer(-2);
+        } else if (e->expireAtMs == 0) {
+            x.w.integer(-1);
+        } else {
+            x.w.integer(millis ? e->expireAtMs : e->expireAtMs / 1000);
+        }
+    });
+}
+void cmdExpiretime(Ctx& x) { expireTimeGeneric(x, false); }
+void cmdPexpiretime(Ctx& x) { expireTimeGeneric(x, true); }
+
+void cmdPersist(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        const bool had = s.find(x.arg(1), nowMs()) != nullptr && s.persist(x.arg(1));
+        x.w.integer(had ? 1 : 0);
+    });
+}
+
+void cmdType(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) { x.w.simple(s.find(x.arg(1), nowMs()) != nullptr ? "string" : "none"); });
+}
+
+// The command table, sorted by name (binary search). Arity and key positions as Redis declares them.
+constexpr Command kCommands[] = {
+    {"append", 3, kWrite | kDenyOom, 1, 1, 1, cmdAppend},
+    {"auth", -2, kNoAuth, 0, 0, 0, cmdAuth},
+    {"client", -2, 0, 0, 0, 0, cmdClient},
+    {"command", -1, 0, 0, 0, 0, cmdCommand},
+    {"config", -2, 0, 0, 0, 0, cmdConfig},
+    {"dbsize", 1, kReadonly, 0, 0, 0, cmdDbsize},
+    {"decr", 2, kWrite | kDenyOom, 1, 1, 1, cmdDecr},
+    {"decrby", 3, kWrite | kDenyOom, 1, 1, 1, cmdDecrby},
+    {"del", -2, kWrite, 1, -1, 1, cmdDel},
+    {"echo", 2, 0, 0, 0, 0, cmdEcho},
+    {"exists", -2, kReadonly, 1, -1, 1, cmdExists},
+    {"expire", -3, kWrite, 1, 1, 1, cmdExpire},
+    {"expireat", -3, kWrite, 1, 1, 1, cmdExpireat},
+    {"expiretime", 2, kReadonly, 1, 1, 1, cmdExpiretime},
+    {"flushall", -1, kWrite, 0, 0, 0, cmdFlush},
+    {"flushdb", -1, kWrite, 0, 0, 0, cmdFlush},
+    {"get", 2, kReadonly, 1, 1, 1, cmdGet},
+    {"getdel", 2, kWrite, 1, 1, 1, cmdGetdel},
+    {"getex", -2, kWrite, 1, 1, 1, cmdGetex},
+    {"getrange", 4, kReadonly, 1, 1, 1, cmdGetrange},
+    {"getset", 3, kWrite | kDenyOom, 1, 1, 1, cmdGetset},
+    {"hello", -1, kNoAuth, 0, 0, 0, cmdHello},
+    {"incr", 2, kWrite | kDenyOom, 1, 1, 1, cmdIncr},
+    {"incrby", 3, kWrite | kDenyOom, 1, 1, 1, cmdIncrby},
+    {"incrbyfloat", 3, kWrite | kDenyOom, 1, 1, 1, cmdIncrbyfloat},
+    {"info", -1, 0, 0, 0, 0, cmdInfo},
+    {"mget", -2, kReadonly, 1, -1, 1, cmdMget},
+    {"mset", -3, kWrite | kDenyOom, 1, -1, 2, cmdMset},
+    {"persist", 2, kWrite, 1, 1, 1, cmdPersist},
+    {"pexpire", -3, kWrite, 1, 1, 1, cmdPexpire},
+    {"pexpireat", -3, kWrite, 1, 1, 1, cmdPexpireat},
+    {"pexpiretime", 2, kReadonly, 1, 1, 1, cmdPexpiretime},
+    {"ping", -1, 0, 0, 0, 0, cmdPing},
+    {"psetex", 4, kWrite | kDenyOom, 1, 1, 1, cmdPsetex},
+    {"pttl", 2, kReadonly, 1, 1, 1, cmdPttl},
+    {"quit", -1, kNoAuth, 0, 0, 0, cmdQuit},
+    {"select", 2, 0, 0, 0, 0, cmdSelect},
+    {"set", -3, kWrite | kDenyOom, 1, 1, 1, cmdSet},
+    {"setex", 4, kWrite | kDenyOom, 1, 1, 1, cmdSetex},
+    {"setnx", 3, kWrite | kDenyOom, 1, 1, 1, cmdSetnx},
+    {"setrange", 4, kWrite | kDenyOom, 1, 1, 1, cmdSetrange},
+    {"shutdown", -1, 0, 0, 0, 0, cmdShutdown},
+    {"strlen", 2, kReadonly, 1, 1, 1, cmdStrlen},
+    {"ttl", 2, kReadonly, 1, 1, 1, cmdTtl},
+    {"type", 2, kReadonly, 1, 1, 1, cmdType},
+    {"unlink", -2, kWrite, 1, -1, 1, cmdDel},
+};
+
+constexpr bool sortedByName() {
+    for (size_t i = 1; i < std::size(kCommands); ++i) {
+        if (std::string_view(kCommands[i - 1].name) >= std::string_view(kCommands[i].name)) { return false; }
+    }
+    return true;
+}
+static_assert(sortedByName(), "kCommands must stay sorted by name");
+
+const Command* findCommand(std::string_view lowerName) {
+    auto it = std::lower_bound(std::begin(kCommands), std::end(kCommands), lowerName,
+                               [](const Command& c, std::string_view n) { return std::string_view(c.name) < n; });
+    return it != std::end(kCommands) && it->name == lowerName ? it : nullptr;
+}
+
+void writeCommandInfo(ReplyWriter& w, const Command& c) {
+    w.arrayHeader(10);
+    w.bulk(c.name);
+    w.integer(c.arity);
+    std::vector<const char*> flags;
+    if ((c.flags & kWrite) != 0) { flags.push_back("write"); }
+    if ((c.flags & kReadonly) != 0) { flags.push_back("readonly"); }
+    if ((c.flags & kDenyOom) != 0) { flags.push_back("denyoom"); }
+    if ((c.flags & kNoAuth) != 0) { flags.push_back("no_auth"); }
+    w.setHeader(flags.size());
+    for (const char* f : flags) { w.simple(f); }
+    w.integer(c.firstKey);
+    w.integer(c.lastKey);
+    w.integer(c.step);
+    w.setHeader(0);  // ACL categories
+    w.setHeader(0);  // tips
+    w.arrayHeader(0);  // key specs
+    w.arrayHeader(0);  // subcommands
+}
+
+void cmdCommand(Ctx& x) {
+    if (x.argc() == 1) {
+        x.w.arrayHeader(std::size(kCommands));
+        for (const Command& c : kCommands) { writeCommandInfo(x.w, c); }
+        return;
+    }
+    std::string sub;
+    toLower(x.arg(1), sub);
+    if (sub == "count" && x.argc() == 2) {
+        x.w.integer(static_cast<int64_t>(std::size(kCommands)));
+    } else if (sub == "info") {
+        x.w.arrayHeader(x.argc() - 2);
+        for (size_t i = 2; i < x.argc(); ++i) {
+            std::string name;
+            toLower(x.arg(i), name);
+            if (const Command* c = findCommand(name)) {
+                writeCommandInfo(x.w, *c);
+            } else {
+                x.w.nullArray();
+            }
+        }
+    } else if (sub == "docs") {
+        // Summaries only: redis-cli takes what it finds and keeps its own help for the rest.
+        std::vector<const Command*> list;
+        if (x.argc() == 2) {
+            for (const Command& c : kCommands) { list.push_back(&c); }
+        } else {
+            for (size_t i = 2; i < x.argc(); ++i) {
+                std::string name;
+                toLower(x.arg(i), name);
+                if (const Command* c = findCommand(name)) { list.push_back(c); }
+            }
+        }
+        x.w.mapHeader(list.size());
+        for (const Command* c : list) {
+            x.w.bulk(c->name);
+            x.w.mapHeader(1);
+            x.w.bulk("group");
+            x.w.bulk(c->firstKey != 0 ? ((c->flags & kWrite) != 0 ? "string" : "generic") : "connection");
+        }
+    } else if (sub == "count" || sub == "help") {
+        x.w.error(fmt::format("ERR wrong number of arguments for 'command|{}' command", sub));
+    } else {
+        x.w.error(fmt::format("ERR unknown subcommand '{}'. Try COMMAND HELP.", x.arg(1).substr(0, 128)));
+    }
+}
+
+void cmdShutdown(Ctx& x) {
+    for (size_t i = 1; i < x.argc(); ++i) {
+        std::string opt;
+        toLower(x.arg(i), opt);
+        if (opt != "nosave" && opt != "save" && opt != "now" && opt != "force") {
+            x.w.error(kSyntax);
+            return;
+        }
+    }
+    // The logs are written and synced by wait() (SAVE and NOSAVE alike: there is no snapshot to skip).
+    log::info("spindle-kv: SHUTDOWN from client {}", x.client.id);
+    x.client.closeAfterReply = true;
+    x.s.stopping.store(true);
+    x.s.tcp->stop();
+}
+
+// Runs one parsed command, its reply appended through `w`.
+void execute(Server::Impl& s, Client& client, const std::vector<std::string_view>& args, ReplyWriter& w,
+             std::vector<Mark>& marks, std::string& lower, bool& broken) {
+    toLower(args[0], lower);
+    const Command* cmd = findCommand(lower);
+    const bool authRequired = !s.options.requirePass.empty() && !client.authenticated;
+    if (cmd == nullptr) {
+        if (authRequired) {
+            w.error("NOAUTH Authentication required.");
+        } else {
+            w.error(unknownCommandError(args));
+        }
+        return;
+    }
+    if (authRequired && (cmd->flags & kNoAuth) == 0) {
+        w.error("NOAUTH Authentication required.");
+        return;
+    }
+    const auto argc = static_cast<int>(args.size());
+    if ((cmd->arity > 0 && argc != cmd->arity) || (cmd->arity < 0 && argc < -cmd->arity)) {
+        w.error(wrongArgs(cmd->name));
+        return;
+    }
+    if ((cmd->flags & kDenyOom) != 0) {
+        const uint64_t limit = s.maxMemory.load(std::memory_order_relaxed);
+        if (limit != 0 && s.usedMemory() > limit) {
+            w.error("OOM command not allowed when used memory > 'maxmemory'.");
+            return;
+        }
+    }
+    s.commands.fetch_add(1, std::memory_order_relaxed);
+    Ctx ctx{s, client, args, w, marks, *cmd};
+    cmd->fn(ctx);
+    broken = ctx.broken;
+}
+
+}  // namespace
+
+void Server::Impl::serve(net::TcpConnection& conn) noexcept {
+    net::TcpStream& stream = conn.stream();
+    (void)stream.setNoDelay();
+    const uint64_t now = clients.fetch_add(1, std::memory_order_relaxed) + 1;
+    struct Leave {
+        std::atomic<uint64_t>& c;
+        ~Leave() { c.fetch_sub(1, std::memory_order_relaxed); }
+    } leave{clients};
+    if (now > maxClients.load(std::memory_order_relaxed)) {
+        rejected.fetch_add(1, std::memory_order_relaxed);
+        static constexpr std::string_view kFull = "-ERR max number of clients reached\r\n";
+        (void)stream.writeAll(kFull.data(), kFull.size(), 1s);
+        return;
+    }
+    Client client;
+    client.id = conn.id();
+    client.authenticated = options.requirePass.empty();
+    InBuffer in;
+    std::string out;
+    Request req;
+    std::vector<Mark> marks;
+    std::string lower;
+    for (;;) {
+        ReplyWriter w(out, client.protocol);
+        bool broken = false;
+        while (in.size() > 0 && !client.closeAfterReply) {
+            const ParseResult r = parseRequest(in.view(), options.limits, req, !client.authenticated);
+            if (r.status == ParseStatus::kIncomplete) { break; }
+            if (r.status == ParseStatus::kError) {
+                w.error(std::string("ERR ") + std::string(r.error));
+                client.closeAfterReply = true;
+                break;
+            }
+            if (!req.args.empty()) {
+                execute(*this, client, req.args, w, marks, lower, broken);
+                if (broken) { return; }
+            }
+            in.consume(r.consumed);  // after the command: its arguments point into the buffer
+        }
+        // appendfsync always: the batch's replies leave once its writes are synced; up to the first
+        // write a failed log did not cover, then the connection closes.
+        size_t sendable = out.size();
+        bool cut = false;
+        for (const Mark& m : marks) {
+            if (logs[m.shard]->waitDurable(m.seq) != 0 && m.replyOffset < sendable) {
+                sendable = m.replyOffset;
+                cut = true;
+            }
+        }
+        marks.clear();
+        if (sendable > 0) {
+            if (!stream.writeAll(out.data(), sendable)) { return; }
+        }
+        out.clear();
+        if (cut || client.closeAfterReply || conn.draining()) { return; }
+        if (in.size() > options.queryBufferLimit) {
+            log::warn("spindle-kv: client {} closed for overcoming of input buffer limits ({} bytes)", client.id, in.size());
+            return;
+        }
+        conn.setIdle(in.size() == 0);
+        in.reserve(kRecvChunk);
+        auto n = stream.recv(in.tail(), in.room());
+        conn.setIdle(false);
+        if (!n || *n == 0) { return; }
+        in.commit(*n);
+    }
+}
+
+Server::Server(std::unique_ptr<Impl> impl) noexcept : impl_(std::move(impl)) {}
+
+Server::~Server() {
+    if (impl_) {
+        stop();
+        (void)wait();
+    }
+}
+
+namespace {
+
+// Reads a whole file through the runtime's I/O calls.
+Result<std::string> readAll(int fd) {
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) { return Error{errno}; }
+    std::string data(static_cast<size_t>(st.st_size), '\0');
+    size_t done = 0;
+    while (done < data.size()) {
+        auto n = spindle::read(fd, data.data() + done, data.size() - done, done);
+        if (!n) { return Error{n.errorCode()}; }
+        if (*n == 0) { break; }
+        done += *n;
+    }
+    data.resize(done);
+    return data;
+}
+
+// Checks (or writes, for a new directory) <dir>/kv.meta, which records the shard count.
+Result<void> checkMeta(const std::string& dir, unsigned shards) {
+    const std::string path = dir + "/kv.meta";
+    const std::string want = fmt::format("spindle-kv 1 shards {}\n", shards);
+    if (FILE* f = std::fopen(path.c_str(), "re")) {
+        char buf[128] = {};
+        const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+        std::fclose(f);
+        if (std::string_view(buf, n) != want) {
+            unsigned have = 0;
+            (void)std::sscanf(buf, "spindle-kv 1 shards %u", &have);
+            log::error("spindle-kv: {} holds the logs of {} shards; start with --carriers {}", dir, have, have);
+            return Error{EINVAL};
+        }
+        return {};
+    }
+    if (errno != ENOENT) { return Error{errno}; }
+    const std::string tmp = path + ".tmp";
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) { return Error{errno}; }
+    const bool ok = ::write(fd, want.data(), want.size()) == static_cast<ssize_t>(want.size()) && ::fsync(fd) == 0;
+    const int err = errno;
+    ::close(fd);
+    if (!ok) { return Error{err}; }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) { return Error{errno}; }
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        (void)::fsync(dfd);
+        ::close(dfd);
+    }
+    return {};
+}
+
+}  // namespace
+
+Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& options) {
+    if (options.maxClients == 0 || options.limits.maxBulkLength <= 0 || options.limits.maxMultibulkLength <= 0) {
+        log::error("spindle-kv: maxclients, proto-max-bulk-len and the multibulk limit must be positive");
+        return Error{EINVAL};
+    }
+    auto impl = std::make_unique<Impl>();
+    impl->rt = &rt;
+    impl->options = options;
+    impl->maxMemory = options.maxMemory;
+    impl->maxClients = options.maxClients;
+    impl->startedMs = nowMs();
+    const unsigned shards = rt.carrierCount();
+    for (unsigned i = 0; i < shards; ++i) { impl->shards.push_back(std::make_unique<Shard>(i)); }
+    if (!options.dir.empty()) {
+        if (::mkdir(options.dir.c_str(), 0755) != 0 && errno != EEXIST) {
+            const int err = errno;
+            log::error("spindle-kv: data directory {}: {}", options.dir, std::strerror(err));
+            return Error{err};
+        }
+        if (auto m = checkMeta(options.dir, shards); !m) { return Error{m.errorCode()}; }
+        for (unsigned i = 0; i < shards; ++i) {
+            const std::string path = fmt::format("{}/shard-{}.log", options.dir, i);
+            const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+            if (fd < 0) {
+                const int err = errno;
+                log::error("spindle-kv: {}: {}", path, std::strerror(err));
+                return Error{err};
+            }
+            auto data = readAll(fd);
+            if (!data) {
+                log::error("spindle-kv: reading {}: {}", path, data.error().message());
+                ::close(fd);
+                return Error{data.errorCode()};
+            }
+            Shard& shard = *impl->shards[i];
+            const ScanReport rep = scanLog(*data, [&](std::string_view p) { return shard.replay(p); });
+            if (rep.corruptInMiddle && !options.truncateCorrupt) {
+                log::error("spindle-kv: {} is corrupt at byte {} of {} with valid records after it; refusing to start "
+                           "(--truncate-corrupt-log drops everything from there)",
+                           path, rep.badOffset, data->size());
+                ::close(fd);
+                return Error{EILSEQ};
+            }
+            if (rep.droppedBytes > 0) {
+                log::warn("spindle-kv: {}: {} {} bytes after byte {} ({} records kept)", path,
+                          rep.corruptInMiddle ? "dropped a corrupt part of" : "truncated a torn tail of", rep.droppedBytes,
+                          rep.validBytes, rep.records);
+                if (::ftruncate(fd, static_cast<off_t>(rep.validBytes)) != 0 || ::fsync(fd) != 0) {
+                    const int err = errno;
+                    log::error("spindle-kv: truncating {}: {}", path, std::strerror(err));
+                    ::close(fd);
+                    return Error{err};
+                }
+            }
+            impl->replayed += rep.records;
+            impl->droppedTail += rep.droppedBytes;
+            auto wal = ShardLog::start(rt, i, fd, rep.validBytes, options.appendFsync);
+            if (!wal) {
+                ::close(fd);
+                return Error{wal.errorCode()};
+            }
+            shard.attachLog(wal->get());
+            impl->logs.push_back(std::move(*wal));
+        }
+        if (impl->replayed > 0) { log::info("spindle-kv: replayed {} records, {} keys", impl->replayed, impl->keyCount()); }
+    }
+    for (unsigned i = 0; i < shards; ++i) {
+        Impl* s = impl.get();
+        auto f = rt.spawn(
+            [s, i]() noexcept {
+                Shard& shard = *s->shards[i];
+                while (!s->stopping.load(std::memory_order_relaxed) && spindle::sleep(100ms)) {
+                    (void)shard.activeExpire(nowMs(), kActiveExpireBudget);
+                }
+            },
+            SpawnOptions{.name = "kv-expire", .carrier = static_cast<int>(i), .pinned = true});
+        if (!f) { return Error{f.errorCode()}; }  // ~Impl cancels and joins the ones started
+        impl->expirers.push_back(std::move(*f));
+    }
+    net::TcpServerOptions tcp;
+    tcp.address = options.address;
+    tcp.shareAddress = options.shareAddress;
+    tcp.name = "spindle-kv";
+    tcp.drainTimeout = 5s;
+    Impl* raw = impl.get();
+    auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
+    auto t = net::TcpServer::start(rt, tcp, [raw](net::TcpConnection& c) noexcept { raw->serve(c); });
+    if (!t) {
+        raw->stopping = true;
+        return Error{t.errorCode()};  // ~Server: ~Impl ends the expiry fibers and closes the logs
+    }
+    raw->tcp = std::move(*t);
+    return server;
+}
+
+net::SocketAddress Server::localAddress() const noexcept {
+    return impl_->tcp ? impl_->tcp->localAddress() : net::SocketAddress{};
+}
+
+void Server::stop() noexcept {
+    impl_->stopping.store(true);
+    if (impl_->tcp) { impl_->tcp->stop(); }
+}
+
+int Server::wait() noexcept {
+    if (impl_->tcp) { impl_->tcp->wait(); }
+    return impl_->finish();
+}
+
+ServerStats Server::stats() const noexcept {
+    ServerStats st;
+    if (impl_->tcp) { st.connections = impl_->tcp->stats().accepted; }
+    st.clients = impl_->clients.load();
+    st.commands = impl_->commands.load();
+    st.rejectedClients = impl_->rejected.load();
+    st.keys = impl_->keyCount();
+    st.usedMemory = impl_->usedMemory();
+    for (const auto& l : impl_->logs) {
+        const LogStats one = l->stats();
+        st.log.records += one.records;
+        st.log.bytes += one.bytes;
+        st.log.syncs += one.syncs;
+        st.log.syncedRecords += one.syncedRecords;
+    }
+    st.replayedRecords = impl_->replayed;
+    st.droppedTailBytes = impl_->droppedTail;
+    return st;
+}
+
+}  // namespace spindle::kv

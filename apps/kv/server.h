@@ -1,0 +1,90 @@
+#pragma once
+/// spindle-kv's server: the Redis protocol over net::TcpServer, a keyspace split into one shard per
+/// carrier, and a write-ahead log per shard.
+///
+/// Dispatch: a connection fiber (pinned where it was accepted) parses every complete request in its
+/// buffer (pipelining) and runs each command; a command on a key runs on the key's shard through
+/// Runtime::runOnCarrier (inline when the shard is the connection's own carrier), so no lock guards
+/// the data. MGET, MSET, DEL, UNLINK and EXISTS split their keys by shard and visit each shard once,
+/// one after the other. Replies of a batch leave in one send.
+///
+/// Durability: see apps/kv/wal.h. With appendfsync always, the replies of a batch leave only once
+/// every write in it is synced; if a log fails first, the replies before the first write it did not
+/// cover are sent and the connection is closed (the client never sees an acknowledgement for a write
+/// that is not durable), and every later write on that shard gets "-MISCONF Errors writing to the
+/// AOF file: <error>".
+///
+/// Recovery: at start each shard replays <dir>/shard-<i>.log (see wal.h: a torn tail is truncated and
+/// logged; corruption in the middle refuses to start unless truncateCorrupt). The shard count is kept
+/// in <dir>/kv.meta; a directory written with another count refuses to start (EINVAL, with a message
+/// naming the count to use).
+///
+/// Errors: start() returns EINVAL for bad options or a data directory of another shard count,
+/// EILSEQ for a log corrupt in the middle, the errno of opening, reading or truncating the files, and
+/// net::TcpServer::start's errors (EADDRINUSE, ...). Each is logged with its cause.
+/// Thread-safety: stop(), stats() from any thread or fiber; wait() and the destructor from a plain
+/// thread.
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "apps/kv/resp.h"
+#include "apps/kv/wal.h"
+#include "base/result.h"
+#include "core/runtime.h"
+#include "net/address.h"
+
+namespace spindle::kv {
+
+struct ServerOptions {
+    net::SocketAddress address = net::SocketAddress::ipv4Loopback(6379);
+    std::string dir;                  // data directory; "" keeps no log (nothing survives a restart)
+    Fsync appendFsync = Fsync::kEverySec;
+    uint64_t maxClients = 10000;      // more: "-ERR max number of clients reached", then closed
+    uint64_t maxMemory = 0;           // bytes of keys and values; 0: no limit. Past it writes get -OOM
+    std::string requirePass;          // "": no AUTH needed
+    RespLimits limits;
+    uint64_t queryBufferLimit = 1ull << 30;  // client-query-buffer-limit: past it the client is closed
+    bool truncateCorrupt = false;     // recovery: truncate at a corruption in the middle instead of refusing
+    bool shareAddress = false;        // SO_REUSEPORT sharing with other processes (net::TcpServer)
+};
+
+struct ServerStats {
+    uint64_t connections = 0;      // accepted
+    uint64_t clients = 0;          // connected now
+    uint64_t commands = 0;         // commands processed
+    uint64_t rejectedClients = 0;  // refused for maxclients
+    uint64_t keys = 0;
+    uint64_t usedMemory = 0;
+    LogStats log;                  // summed over the shards
+    uint64_t replayedRecords = 0;
+    uint64_t droppedTailBytes = 0;
+};
+
+class Server {
+public:
+    [[nodiscard]] static Result<std::unique_ptr<Server>> start(Runtime& rt, const ServerOptions& options);
+    /// stop(), wait().
+    ~Server();
+    Server(const Server&) = delete;
+    Server& operator=(const Server&) = delete;
+
+    [[nodiscard]] net::SocketAddress localAddress() const noexcept;
+    /// Stops accepting; connections finish the batch in hand and close. Returns at once. Idempotent.
+    void stop() noexcept;
+    /// Waits until stop() (or SHUTDOWN) and every connection has ended, then writes and syncs the
+    /// logs and closes them. Returns 0, or the errno of a log that failed. Precondition: a plain thread.
+    int wait() noexcept;
+    [[nodiscard]] ServerStats stats() const noexcept;
+
+    struct Impl;
+
+private:
+    explicit Server(std::unique_ptr<Impl> impl) noexcept;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace spindle::kv

@@ -1,0 +1,265 @@
+// The spindle-kv binary as users run it: Debian's redis-cli against it (skipped where redis-cli is not
+// installed), and crash safety: writers on several connections with --appendfsync always, the server
+// killed with SIGKILL at a random moment, restarted on the same directory, and every acknowledged write
+// found with its last acknowledged value (or the one that was in flight), round after round.
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "tests/apps/child_process.h"
+#include "tests/kv/resp_client.h"
+
+namespace spindle::kv {
+namespace {
+
+using namespace std::chrono_literals;
+using testing_support::RespClient;
+
+// A port that was free a moment ago (the kernel's pick for port 0).
+uint16_t freePort() {
+    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (fd < 0 || ::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) != 0) {
+        if (fd >= 0) { ::close(fd); }
+        return 0;
+    }
+    ::close(fd);
+    return ntohs(a.sin_port);
+}
+
+class KvApp : public testing::Test {
+protected:
+    void SetUp() override {
+        char tmpl[] = "/tmp/spindle-kv-app-XXXXXX";
+        ASSERT_NE(::mkdtemp(tmpl), nullptr);
+        dir_ = tmpl;
+        port_ = freePort();
+        ASSERT_NE(port_, 0);
+    }
+    void TearDown() override { std::filesystem::remove_all(dir_); }
+
+    // Starts the binary and waits until it answers PING.
+    void startKv(spindle::testing_support::Child& child, const std::vector<std::string>& extra = {}) {
+        std::vector<std::string> argv{SPINDLE_KV_BIN, "--port", std::to_string(port_), "--carriers", "2", "--dir", dir_};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        spindle::testing_support::spawn(child, argv, spindle::testing_support::childEnvironment());
+        const auto until = std::chrono::steady_clock::now() + 10s;
+        while (std::chrono::steady_clock::now() < until) {
+            RespClient c(port_, 1000ms);
+            if (c.connected() && c.call({"PING"}) == "+PONG\r\n") { return; }
+            std::this_thread::sleep_for(5ms);
+        }
+        child.finish(1000ms);
+        FAIL() << "spindle-kv did not come up: " << child.stderrText;
+    }
+
+    std::string dir_;
+    uint16_t port_ = 0;
+};
+
+// stdout of a shell command, or nullopt when it could not run.
+std::optional<std::string> run(const std::string& command) {
+    FILE* p = ::popen(command.c_str(), "r");
+    if (p == nullptr) { return std::nullopt; }
+    std::string out;
+    char buf[4096];
+    size_t n = 0;
+    while ((n = std::fread(buf, 1, sizeof buf, p)) > 0) { out.append(buf, n); }
+    const int status = ::pclose(p);
+    if (status == -1) { return std::nullopt; }
+    return out;
+}
+
+TEST_F(KvApp, BadFlagsExitWithStatusTwoAndNameTheFlag) {
+    for (const std::vector<std::string>& bad : std::vector<std::vector<std::string>>{
+             {"--port", "65536"}, {"--appendfsync", "sometimes"}, {"--maxclients", "0"}, {"--carriers", "many"},
+             {"--maxmemory", "-1"}, {"--address", "not-an-address"}}) {
+        spindle::testing_support::Child child;
+        std::vector<std::string> argv{SPINDLE_KV_BIN};
+        argv.insert(argv.end(), bad.begin(), bad.end());
+        spindle::testing_support::spawn(child, argv, spindle::testing_support::childEnvironment());
+        ASSERT_TRUE(child.finish(10s)) << bad[0];
+        EXPECT_EQ(spindle::testing_support::describeStatus(*child.status), "exit 2") << bad[0] << " " << child.stderrText;
+        EXPECT_NE(child.stderrText.find(bad[0]), std::string::npos) << child.stderrText;
+    }
+}
+
+TEST_F(KvApp, RedisCliWorksAgainstIt) {
+    if (run("command -v redis-cli").value_or("").empty()) { GTEST_SKIP() << "redis-cli (Debian's redis-tools) is not installed"; }
+    spindle::testing_support::Child kv;
+    startKv(kv);
+    const std::string cli = "redis-cli -p " + std::to_string(port_) + " ";
+    // Not a terminal: redis-cli prints raw replies, one per line.
+    EXPECT_EQ(run(cli + "SET greeting hello"), "OK\n");
+    EXPECT_EQ(run(cli + "GET greeting"), "hello\n");
+    EXPECT_EQ(run(cli + "INCRBY n 7"), "7\n");
+    EXPECT_EQ(run(cli + "MSET a 1 b 2 c 3"), "OK\n");
+    EXPECT_EQ(run(cli + "MGET a b c nope"), "1\n2\n3\n\n");
+    EXPECT_EQ(run(cli + "DBSIZE"), "5\n");
+    // redis-cli prints an error and then an empty line (against redis-server too).
+    EXPECT_EQ(run(cli + "NOSUCH x"), "ERR unknown command 'NOSUCH', with args beginning with: 'x' \n\n");
+    EXPECT_EQ(run(cli + "-3 GET nope"), "\n");  // RESP3 through HELLO 3
+    EXPECT_EQ(run("printf 'SET p 1\\nINCR p\\nGET p\\n' | " + cli), "OK\n2\n2\n");  // commands from stdin
+    const std::string info = run(cli + "INFO keyspace").value_or("");
+    EXPECT_NE(info.find("db0:keys=6"), std::string::npos) << info;
+    ::kill(kv.pid, SIGTERM);
+    ASSERT_TRUE(kv.finish(10s));
+    EXPECT_EQ(spindle::testing_support::describeStatus(*kv.status), "exit 0") << kv.stderrText;
+}
+
+// Waits until a server on `port` answers PING.
+bool answers(uint16_t port) {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < until) {
+        RespClient c(port, 1000ms);
+        if (c.connected() && c.call({"PING"}) == "+PONG\r\n") { return true; }
+        std::this_thread::sleep_for(5ms);
+    }
+    return false;
+}
+
+TEST_F(KvApp, RepliesMatchRedisServerByteForByte) {
+    std::string redisServer = run("command -v redis-server").value_or("");
+    while (!redisServer.empty() && redisServer.back() == '\n') { redisServer.pop_back(); }
+    if (redisServer.empty()) { GTEST_SKIP() << "redis-server (Debian's redis-server) is not installed"; }
+    const uint16_t redisPort = freePort();
+    spindle::testing_support::Child redis;
+    spindle::testing_support::spawn(redis, {redisServer, "--port", std::to_string(redisPort), "--save", "", "--appendonly", "no",
+                                            "--bind", "127.0.0.1", "--dir", dir_},
+                                    spindle::testing_support::childEnvironment());
+    ASSERT_TRUE(answers(redisPort)) << redis.stderrText;
+    spindle::testing_support::Child kv;
+    startKv(kv);
+    RespClient ours(port_), theirs(redisPort);
+    size_t compared = 0;
+    auto same = [&](const std::vector<std::string>& args) {
+        const std::string a = ours.call(args), b = theirs.call(args);
+        std::string shown;
+        for (const std::string& x : args) { shown += x + " "; }
+        EXPECT_EQ(a, b) << shown;
+        ++compared;
+    };
+    // Fixed cases: replies, limits and error texts.
+    for (const std::vector<std::string>& c : std::vector<std::vector<std::string>>{
+             {"PING"}, {"PING", "a"}, {"PING", "a", "b"}, {"ECHO"}, {"SET", "k", "v"}, {"SET", "k", "v", "EX", "0"},
+             {"SET", "k", "v", "PX", "abc"}, {"SET", "k", "v", "KEEPTTL", "EX", "10"}, {"SET", "k", "v", "GET"},
+             {"SET", "k", "v", "NX", "GET"}, {"SET", "k", "v", "XX", "XX"}, {"SET", "k"}, {"GET", "k", "x"},
+             {"GETEX", "k", "EX", "100"}, {"GETEX", "k", "PERSIST"}, {"GETEX", "k", "FOO"}, {"TTL", "k"}, {"INCR", "k"},
+             {"INCRBY", "n", "9223372036854775807"}, {"INCR", "n"}, {"DECRBY", "n", "-9223372036854775808"},
+             {"INCRBYFLOAT", "f", "1e400"}, {"INCRBYFLOAT", "f", "1.1"}, {"INCRBYFLOAT", "f", "2.0e2"}, {"INCRBYFLOAT", "f", "5"},
+             {"APPEND", "k", "more"}, {"STRLEN", "k"}, {"GETRANGE", "k", "-100", "100"}, {"GETRANGE", "k", "5", "2"},
+             {"SETRANGE", "k", "1", "X"}, {"SETRANGE", "k", "-1", "X"}, {"SETRANGE", "empty", "0", ""}, {"MSET", "a"},
+             {"DEL", "a", "b", "c"}, {"EXPIRE", "k", "100"}, {"EXPIRE", "k", "100", "NX"}, {"EXPIRE", "k", "1000", "GT"},
+             {"EXPIRE", "k", "10", "LT"}, {"EXPIRE", "k", "10", "FOO"}, {"EXPIRE", "k", "9223372036854775807"},
+             {"PEXPIRE", "k", "9223372036854775807"}, {"PERSIST", "k"}, {"TYPE", "k"}, {"TYPE", "nokey"}, {"SELECT", "0"},
+             {"SELECT", "x"}, {"NOSUCHCMD", "a", "b"}, {"CLIENT", "SETNAME", "a b"}, {"CLIENT", "FOO"}, {"CONFIG", "FOO"},
+             {"COMMAND", "FOO"}, {"HELLO", "4"}, {"HELLO", "x"}, {"AUTH", "x"}, {"AUTH", "a", "b"}, {"SETEX", "k", "0", "v"},
+             {"SETEX", "k", "x", "v"}, {"GETSET", "k", "v2"}, {"GETDEL", "k"}, {"GETDEL", "k"}, {"FLUSHALL", "FOO"},
+             {"SET", "k", "v", "EXAT", "1"}, {"GET", "k"}}) {
+        same(c);
+    }
+    // A mixed workload from a fixed seed over a few keys, so that commands meet each other's values.
+    std::mt19937 rng(12345);
+    auto key = [&] { return "key" + std::to_string(rng() % 8); };
+    auto num = [&] { return std::to_string(static_cast<int>(rng() % 200) - 100); };
+    for (int i = 0; i < 1500; ++i) {
+        switch (rng() % 14) {
+            case 0: same({"SET", key(), num()}); break;
+            case 1: same({"GET", key()}); break;
+            case 2: same({"INCRBY", key(), num()}); break;
+            case 3: same({"APPEND", key(), num()}); break;
+            case 4: same({"DEL", key(), key()}); break;
+            case 5: same({"EXISTS", key(), key(), key()}); break;
+            case 6: same({"MSET", key(), num(), key(), num()}); break;
+            case 7: same({"MGET", key(), key(), key()}); break;
+            case 8: same({"STRLEN", key()}); break;
+            case 9: same({"GETRANGE", key(), num(), num()}); break;
+            case 10: same({"SETRANGE", key(), std::to_string(rng() % 10), num()}); break;
+            case 11: same({"SETNX", key(), num()}); break;
+            case 12: same({"EXPIRE", key(), std::to_string(1000 + rng() % 1000)}); break;
+            default: same({"GETSET", key(), num()}); break;
+        }
+    }
+    EXPECT_GT(compared, 1500u);
+}
+
+TEST_F(KvApp, EveryAcknowledgedWriteSurvivesSigkill) {
+    constexpr int kWriters = 4;
+    constexpr int kRounds = 4;
+    std::mt19937 rng(std::random_device{}());
+    // Per writer: the last value acknowledged, and the last one sent (possibly applied, not acknowledged).
+    std::vector<int64_t> acked(kWriters, 0), sent(kWriters, 0);
+    for (int round = 0; round < kRounds; ++round) {
+        spindle::testing_support::Child kv;
+        startKv(kv, {"--appendfsync", "always"});
+        if (HasFatalFailure()) { return; }
+        // What the previous rounds acknowledged is all there.
+        {
+            RespClient check(port_);
+            for (int w = 0; w < kWriters; ++w) {
+                const std::string r = check.call({"GET", "writer:" + std::to_string(w)});
+                if (acked[w] == 0) {
+                    EXPECT_TRUE(r == "$-1\r\n" || r.rfind("$", 0) == 0) << r;
+                    if (r == "$-1\r\n") { continue; }
+                }
+                ASSERT_EQ(r.front(), '$') << r;
+                const int64_t v = std::atoll(r.substr(r.find("\r\n") + 2).c_str());
+                EXPECT_GE(v, acked[w]) << "round " << round << " writer " << w << ": an acknowledged write was lost";
+                EXPECT_LE(v, sent[w]) << "round " << round << " writer " << w;
+                acked[w] = v;  // what is there now is durable: it was replayed from the log
+                sent[w] = v;
+            }
+        }
+        std::atomic<bool> stop{false};
+        std::vector<std::thread> writers;
+        for (int w = 0; w < kWriters; ++w) {
+            writers.emplace_back([&, w] {
+                RespClient c(port_, 2000ms);
+                while (!stop.load() && c.connected()) {
+                    const int64_t next = sent[w] + 1;
+                    sent[w] = next;
+                    const std::string r = c.call({"SET", "writer:" + std::to_string(w), std::to_string(next)});
+                    if (r != "+OK\r\n") { return; }  // the server is gone
+                    acked[w] = next;
+                }
+            });
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(40 + rng() % 120));
+        ::kill(kv.pid, SIGKILL);
+        for (auto& t : writers) { t.join(); }
+        ASSERT_TRUE(kv.finish(5s));
+        EXPECT_EQ(spindle::testing_support::describeStatus(*kv.status), "killed by Killed");
+        for (int w = 0; w < kWriters; ++w) { EXPECT_GT(acked[w], 0) << "writer " << w << " never got an acknowledgement"; }
+    }
+    // A last start checks the final round.
+    spindle::testing_support::Child kv;
+    startKv(kv, {"--appendfsync", "always"});
+    RespClient check(port_);
+    for (int w = 0; w < kWriters; ++w) {
+        const std::string r = check.call({"GET", "writer:" + std::to_string(w)});
+        ASSERT_EQ(r.front(), '$') << r;
+        const int64_t v = std::atoll(r.substr(r.find("\r\n") + 2).c_str());
+        EXPECT_GE(v, acked[w]) << "writer " << w << ": an acknowledged write was lost";
+        EXPECT_LE(v, sent[w]);
+    }
+}
+
+}  // namespace
+}  // namespace spindle::kv
