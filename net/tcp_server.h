@@ -135,9 +135,9 @@ public:
 
     /// Begins the drain described in the file comment and returns at once. Idempotent.
     void stop() noexcept;
-    /// Blocks until stop() is called (by anyone) and every fiber of the server has ended. A second
-    /// wait() returns at once once the first has. Precondition: a plain thread, not a fiber of the
-    /// runtime.
+    /// Blocks until stop() is called (by anyone) and every fiber of the server has ended. Only the first
+    /// caller waits for the fibers; a later (or concurrent) one returns once stop() was called.
+    /// Precondition: a plain thread, not a fiber of the runtime.
     void wait() noexcept;
 
 private:
