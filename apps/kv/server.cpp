@@ -493,7 +493,9 @@ void cmdConfig(Ctx& x) {
         for (size_t i = 2; i < x.argc(); ++i) {
             std::string pattern;
             toLower(x.arg(i), pattern);
-            for (const auto& [name, value] : params) {
+            for (const auto& param : params) {
+                const char* name = param.first;
+                const std::string& value = param.second;
                 const bool match = pattern == "*" || pattern == name;
                 if (match && std::none_of(found.begin(), found.end(), [&](const auto& f) { return f.first == name; })) {
                     found.emplace_back(name, &value);
@@ -878,7 +880,9 @@ std::vector<std::pair<unsigned, std::vector<size_t>>> byShard(Ctx& x, size_t fro
 
 void cmdMget(Ctx& x) {
     std::vector<std::optional<std::string>> values(x.argc() - 1);
-    for (auto& [shard, idx] : byShard(x, 1, 1)) {
+    for (const auto& group : byShard(x, 1, 1)) {
+        const unsigned shard = group.first;
+        const std::vector<size_t>& idx = group.second;  // a plain name: lambdas cannot capture bindings in C++20
         x.onShard(shard, [&](Shard& s) {
             const int64_t now = nowMs();
             for (size_t i : idx) {
@@ -904,7 +908,9 @@ void cmdMset(Ctx& x) {
     }
     // Not atomic across shards: each shard applies its keys at once, in argument order.
     std::string err;
-    for (auto& [shard, idx] : byShard(x, 1, 2)) {
+    for (const auto& group : byShard(x, 1, 2)) {
+        const unsigned shard = group.first;
+        const std::vector<size_t>& idx = group.second;
         const size_t before = x.w.buffer().size();
         x.onShard(shard, [&](Shard& s) {
             for (size_t i : idx) { s.set(x.arg(i), x.arg(i + 1), 0); }
@@ -926,7 +932,9 @@ void cmdMset(Ctx& x) {
 void countKeys(Ctx& x, bool remove) {
     int64_t count = 0;
     std::string err;
-    for (auto& [shard, idx] : byShard(x, 1, 1)) {
+    for (const auto& group : byShard(x, 1, 1)) {
+        const unsigned shard = group.first;
+        const std::vector<size_t>& idx = group.second;  // a plain name: lambdas cannot capture bindings in C++20
         const size_t before = x.w.buffer().size();
         x.onShard(shard, [&](Shard& s) {
             const int64_t now = nowMs();
