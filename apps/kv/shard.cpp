@@ -1,6 +1,7 @@
 #include "apps/kv/shard.h"
 
 #include <ctime>
+#include <utility>
 
 #include "apps/kv/wal.h"
 
@@ -57,6 +58,72 @@ uint64_t keyHash(std::string_view key) noexcept {
         h *= 0x100000001b3ull;
     }
     return h;
+}
+
+namespace {
+
+// Matches one pattern element at p[i] against `c`; `next` is where the element ends.
+bool matchOne(std::string_view p, size_t i, char c, size_t& next) noexcept {
+    if (p[i] == '?') {
+        next = i + 1;
+        return true;
+    }
+    if (p[i] == '\\' && i + 1 < p.size()) {
+        next = i + 2;
+        return p[i + 1] == c;
+    }
+    if (p[i] != '[') {
+        next = i + 1;
+        return p[i] == c;
+    }
+    ++i;
+    const bool negate = i < p.size() && p[i] == '^';
+    if (negate) { ++i; }
+    bool matched = false;
+    while (i < p.size() && p[i] != ']') {
+        if (p[i] == '\\' && i + 1 < p.size()) {
+            matched = matched || p[i + 1] == c;
+            i += 2;
+        } else if (i + 2 < p.size() && p[i + 1] == '-') {
+            auto lo = static_cast<unsigned char>(p[i]), hi = static_cast<unsigned char>(p[i + 2]);
+            if (lo > hi) { std::swap(lo, hi); }
+            const auto u = static_cast<unsigned char>(c);
+            matched = matched || (u >= lo && u <= hi);
+            i += 3;
+        } else {
+            matched = matched || p[i] == c;
+            ++i;
+        }
+    }
+    next = i < p.size() ? i + 1 : i;  // past the ']', or the end of an unterminated set
+    return negate ? !matched : matched;
+}
+
+}  // namespace
+
+bool globMatch(std::string_view p, std::string_view s) noexcept {
+    size_t pi = 0, si = 0;
+    size_t starP = std::string_view::npos, starS = 0;  // where to resume after the last '*'
+    while (si < s.size()) {
+        if (pi < p.size() && p[pi] == '*') {
+            while (pi < p.size() && p[pi] == '*') { ++pi; }
+            if (pi == p.size()) { return true; }
+            starP = pi;
+            starS = si;
+            continue;
+        }
+        size_t next = 0;
+        if (pi < p.size() && matchOne(p, pi, s[si], next)) {
+            pi = next;
+            ++si;
+            continue;
+        }
+        if (starP == std::string_view::npos) { return false; }
+        pi = starP;  // let the last '*' take one more byte
+        si = ++starS;
+    }
+    while (pi < p.size() && p[pi] == '*') { ++pi; }
+    return pi == p.size();
 }
 
 int64_t nowMs() noexcept {

@@ -37,6 +37,11 @@ struct Entry {
 /// across restarts and architectures.
 [[nodiscard]] uint64_t keyHash(std::string_view key) noexcept;
 
+/// Whether `s` matches the glob `pattern` as KEYS matches keys in Redis: '*' any run, '?' any byte,
+/// '[abc]', '[^abc]' and '[a-z]' sets (a reversed range counts as its ascending one; an unterminated set
+/// ends at the end of the pattern), and '\\' to take the next byte literally, in or out of a set.
+[[nodiscard]] bool globMatch(std::string_view pattern, std::string_view s) noexcept;
+
 /// Unix time in milliseconds (CLOCK_REALTIME), what expiry times are kept in.
 [[nodiscard]] int64_t nowMs() noexcept;
 
