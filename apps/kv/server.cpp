@@ -29,6 +29,8 @@ using namespace std::chrono_literals;
 
 constexpr size_t kRecvChunk = 16 * 1024;
 constexpr size_t kActiveExpireBudget = 200;  // keys per shard per 100 ms tick
+constexpr size_t kMaxBatch = 4096;           // requests parsed before their replies are sent
+constexpr size_t kMaxShardRun = 256;         // commands sent to another shard in one message
 
 // Command flags.
 constexpr uint32_t kWrite = 1;     // mutates: refused while the shard's log has failed
@@ -129,6 +131,7 @@ struct Server::Impl {
     std::unique_ptr<net::TcpServer> tcp;
     std::vector<FiberHandle<void>> expirers;
     std::atomic<bool> stopping{false};
+    std::atomic<bool> started{false};  // tcp is set: connections may use it (INFO, SHUTDOWN)
     std::atomic<uint64_t> maxMemory{0};
     std::atomic<uint64_t> maxClients{0};
     std::atomic<uint64_t> clients{0};
@@ -455,7 +458,7 @@ std::string infoText(Server::Impl& s, const Client& c, std::string_view section)
         if (keys > 0) { out += fmt::format("db0:keys={},expires={},avg_ttl=0\r\n", keys, expires); }
     }
     (void)c;
-    if (!out.empty() && out.size() >= 2 && out.compare(out.size() - 4, 4, "\r\n\r\n") == 0) { out.resize(out.size() - 2); }
+    if (out.size() >= 4 && out.compare(out.size() - 4, 4, "\r\n\r\n") == 0) { out.resize(out.size() - 2); }
     return out;
 }
 
@@ -1078,6 +1081,24 @@ void cmdType(Ctx& x) {
     x.onKey(x.arg(1), [&](Shard& s) { x.w.simple(s.find(x.arg(1), nowMs()) != nullptr ? "string" : "none"); });
 }
 
+// KEYS pattern: every shard's matching keys (in no particular order, as in Redis).
+void cmdKeys(Ctx& x) {
+    std::vector<std::string> keys;
+    const std::string_view pattern = x.arg(1);
+    const bool all = pattern == "*";
+    for (unsigned i = 0; i < x.s.shards.size(); ++i) {
+        x.onShard(i, [&](Shard& s) {
+            s.forEachKey(nowMs(), [&](std::string_view key) {
+                if (all || globMatch(pattern, key)) { keys.emplace_back(key); }
+                return true;
+            });
+        });
+        if (x.broken) { return; }
+    }
+    x.w.arrayHeader(keys.size());
+    for (const std::string& k : keys) { x.w.bulk(k); }
+}
+
 // The command table, sorted by name (binary search). Arity and key positions as Redis declares them.
 constexpr Command kCommands[] = {
     {"append", 3, kWrite | kDenyOom, 1, 1, 1, cmdAppend},
@@ -1106,6 +1127,7 @@ constexpr Command kCommands[] = {
     {"incrby", 3, kWrite | kDenyOom, 1, 1, 1, cmdIncrby},
     {"incrbyfloat", 3, kWrite | kDenyOom, 1, 1, 1, cmdIncrbyfloat},
     {"info", -1, 0, 0, 0, 0, cmdInfo},
+    {"keys", 2, kReadonly, 0, 0, 0, cmdKeys},
     {"mget", -2, kReadonly, 1, -1, 1, cmdMget},
     {"mset", -3, kWrite | kDenyOom, 1, -1, 2, cmdMset},
     {"persist", 2, kWrite, 1, 1, 1, cmdPersist},
@@ -1225,6 +1247,18 @@ void cmdShutdown(Ctx& x) {
     x.s.tcp->stop();
 }
 
+// The shard a command runs on when it is a single-key command that will run (known, arity right,
+// authenticated), else -1.
+int singleShard(Server::Impl& s, const Client& client, const std::vector<std::string_view>& args, std::string& lower) {
+    if (args.size() < 2 || (!client.authenticated && !s.options.requirePass.empty())) { return -1; }
+    toLower(args[0], lower);
+    const Command* cmd = findCommand(lower);
+    if (cmd == nullptr || cmd->firstKey != 1 || cmd->lastKey != 1) { return -1; }
+    const auto argc = static_cast<int>(args.size());
+    if ((cmd->arity > 0 && argc != cmd->arity) || (cmd->arity < 0 && argc < -cmd->arity)) { return -1; }
+    return static_cast<int>(s.shardOf(args[1]));
+}
+
 // Runs one parsed command, its reply appended through `w`.
 void execute(Server::Impl& s, Client& client, const std::vector<std::string_view>& args, ReplyWriter& w,
              std::vector<Mark>& marks, std::string& lower, bool& broken) {
@@ -1264,6 +1298,10 @@ void execute(Server::Impl& s, Client& client, const std::vector<std::string_view
 }  // namespace
 
 void Server::Impl::serve(net::TcpConnection& conn) noexcept {
+    // A client may connect between the listeners' start and start()'s return: wait for the latter.
+    while (!started.load(std::memory_order_acquire)) {
+        if (conn.draining() || !spindle::sleep(1ms)) { return; }
+    }
     net::TcpStream& stream = conn.stream();
     (void)stream.setNoDelay();
     const uint64_t now = clients.fetch_add(1, std::memory_order_relaxed) + 1;
@@ -1282,25 +1320,57 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
     client.authenticated = options.requirePass.empty();
     InBuffer in;
     std::string out;
-    Request req;
+    std::vector<Request> reqs;  // the complete requests of one batch (reused)
     std::vector<Mark> marks;
     std::string lower;
     for (;;) {
         ReplyWriter w(out, client.protocol);
-        bool broken = false;
-        while (in.size() > 0 && !client.closeAfterReply) {
-            const ParseResult r = parseRequest(in.view(), options.limits, req, !client.authenticated);
-            if (r.status == ParseStatus::kIncomplete) { break; }
-            if (r.status == ParseStatus::kError) {
-                w.error(std::string("ERR ") + std::string(r.error));
-                client.closeAfterReply = true;
+        // Parse every complete request buffered (up to kMaxBatch). Before AUTH only one: the limits of
+        // an unauthenticated client must not apply to what follows a pipelined AUTH.
+        size_t n = 0, consumed = 0;
+        bool incomplete = false;  // what is left in the buffer needs more bytes
+        std::string_view protocolError;
+        const std::string_view buffered = in.view();
+        while (consumed < buffered.size() && n < kMaxBatch && !client.closeAfterReply) {
+            if (n == reqs.size()) { reqs.emplace_back(); }
+            const ParseResult r = parseRequest(buffered.substr(consumed), options.limits, reqs[n], !client.authenticated);
+            if (r.status == ParseStatus::kIncomplete) {
+                incomplete = true;
                 break;
             }
-            if (!req.args.empty()) {
-                execute(*this, client, req.args, w, marks, lower, broken);
-                if (broken) { return; }
+            if (r.status == ParseStatus::kError) {
+                protocolError = r.error;
+                break;
             }
-            in.consume(r.consumed);  // after the command: its arguments point into the buffer
+            consumed += r.consumed;
+            if (!reqs[n].args.empty()) { ++n; }
+            if (!client.authenticated) { break; }
+        }
+        // Run them in order. Consecutive commands on one key of the same other shard go there in one
+        // message, so a pipeline does not pay a round trip between carriers per command.
+        for (size_t i = 0; i < n && !client.closeAfterReply;) {
+            const int shard = singleShard(*this, client, reqs[i].args, lower);
+            size_t j = i + 1;
+            if (shard >= 0 && static_cast<unsigned>(shard) != conn.carrier()) {
+                while (j < n && j - i < kMaxShardRun && singleShard(*this, client, reqs[j].args, lower) == shard) { ++j; }
+            }
+            bool broken = false;
+            if (j - i > 1) {
+                auto r = rt->runOnCarrier(static_cast<unsigned>(shard), [&]() noexcept {
+                    // On the shard's thread: each command's own runOnCarrier runs inline.
+                    for (size_t k = i; k < j && !broken; ++k) { execute(*this, client, reqs[k].args, w, marks, lower, broken); }
+                });
+                if (!r) { return; }
+            } else {
+                execute(*this, client, reqs[i].args, w, marks, lower, broken);
+            }
+            if (broken) { return; }
+            i = j;
+        }
+        in.consume(consumed);  // after the commands: their arguments point into the buffer
+        if (!protocolError.empty() && !client.closeAfterReply) {
+            w.error(std::string("ERR ") + std::string(protocolError));
+            client.closeAfterReply = true;
         }
         // appendfsync always: the batch's replies leave once its writes are synced; up to the first
         // write a failed log did not cover, then the connection closes.
@@ -1318,16 +1388,17 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
         }
         out.clear();
         if (cut || client.closeAfterReply || conn.draining()) { return; }
+        if (in.size() > 0 && !incomplete) { continue; }  // whole requests are still buffered (a batch was full)
         if (in.size() > options.queryBufferLimit) {
             log::warn("spindle-kv: client {} closed for overcoming of input buffer limits ({} bytes)", client.id, in.size());
             return;
         }
         conn.setIdle(in.size() == 0);
         in.reserve(kRecvChunk);
-        auto n = stream.recv(in.tail(), in.room());
+        auto got = stream.recv(in.tail(), in.room());
         conn.setIdle(false);
-        if (!n || *n == 0) { return; }
-        in.commit(*n);
+        if (!got || *got == 0) { return; }
+        in.commit(*got);
     }
 }
 
@@ -1485,6 +1556,7 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
         return Error{t.errorCode()};  // ~Server: ~Impl ends the expiry fibers and closes the logs
     }
     raw->tcp = std::move(*t);
+    raw->started.store(true, std::memory_order_release);
     return server;
 }
 

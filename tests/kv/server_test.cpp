@@ -130,6 +130,10 @@ TEST_F(KvServer, MultiKeyCommandsSpanEveryShard) {
     EXPECT_EQ(c.call({"MSET", "a"}), "-ERR wrong number of arguments for 'mset' command\r\n");
     EXPECT_EQ(c.call({"EXISTS", "key:1", "key:2", "key:1", "nope"}), ":3\r\n");
     EXPECT_EQ(c.call({"DBSIZE"}), ":20\r\n");
+    EXPECT_EQ(c.call({"KEYS", "key:7"}), "*1\r\n" + bulk("key:7"));
+    EXPECT_EQ(c.call({"KEYS", "key:1?"}).substr(0, 5), "*10\r\n");  // key:10 .. key:19, from both shards
+    EXPECT_EQ(c.call({"KEYS", "*"}).substr(0, 5), "*20\r\n");
+    EXPECT_EQ(c.call({"KEYS", "nothing*"}), "*0\r\n");
     EXPECT_EQ(c.call({"DEL", "key:1", "key:2", "nope"}), ":2\r\n");
     EXPECT_EQ(c.call({"UNLINK", "key:3"}), ":1\r\n");
     EXPECT_EQ(c.call({"DBSIZE"}), ":17\r\n");
