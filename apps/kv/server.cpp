@@ -66,7 +66,7 @@ public:
         }
         size_t cap = std::max(cap_ * 2, (end_ - begin_) + n);
         auto grown = std::make_unique_for_overwrite<char[]>(cap);
-        std::memcpy(grown.get(), data_.get() + begin_, end_ - begin_);
+        if (end_ > begin_) { std::memcpy(grown.get(), data_.get() + begin_, end_ - begin_); }  // data_ is null at first
         end_ -= begin_;
         begin_ = 0;
         data_ = std::move(grown);
