@@ -20,6 +20,8 @@
 
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
+#include "apps/common/metrics_flag.h"
+#include "apps/kv/kv_metrics.h"
 #include "apps/kv/server.h"
 #include "core/io.h"
 #include "core/runtime.h"
@@ -70,6 +72,8 @@ int main(int argc, char** argv) {
         ->check(CLI::IsMember({"block", "spin", "hybrid"}))->capture_default_str();
     app.add_option("--spin-us", spinMicros, "hybrid: microseconds an idle carrier spins before it blocks")
         ->check(CLI::Range(1u, 1000000u))->capture_default_str();
+    spindle::apps::MetricsFlags metricsFlags;
+    metricsFlags.addTo(app);
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     if (address.empty()) { address = requirePass.empty() ? "127.0.0.1" : "0.0.0.0"; }
@@ -129,6 +133,15 @@ int main(int argc, char** argv) {
         return spindle::apps::kExitFailure;
     }
     spindle::kv::Server* s = server->get();
+    auto metrics = spindle::apps::startMetrics(
+        *rt, metricsFlags, address, [s](spindle::metrics::Writer& w) { spindle::kv::writeServerMetrics(w, s->stats()); },
+        "spindle-kv");
+    if (metrics.exitStatus != 0) {
+        server->reset();
+        rt->shutdown();
+        rt->join();
+        return metrics.exitStatus;
+    }
     std::fprintf(stderr, "%s\n",
                  fmt::format("spindle-kv: listening on {} with {} carrier(s), backend {}, {}", s->localAddress().toString(),
                              rt->carrierCount(), spindle::toString(rt->backend()),
@@ -155,6 +168,7 @@ int main(int argc, char** argv) {
     }
     const int logError = s->wait();
     const spindle::kv::ServerStats st = s->stats();
+    metrics.endpoint.reset();  // before the server its collector reads
     server->reset();
     if (watcher) {
         watcher->cancel();  // after SHUTDOWN no signal came

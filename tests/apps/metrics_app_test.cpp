@@ -22,8 +22,8 @@
 #include "tests/apps/child_process.h"
 #include "tests/base/exposition_check.h"
 
-#if !defined(SPINDLE_ECHO_BIN) || !defined(SPINDLE_HTTPD_BIN)
-#error "tests/CMakeLists.txt passes SPINDLE_ECHO_BIN and SPINDLE_HTTPD_BIN"
+#if !defined(SPINDLE_ECHO_BIN) || !defined(SPINDLE_HTTPD_BIN) || !defined(SPINDLE_KV_BIN)
+#error "tests/CMakeLists.txt passes SPINDLE_ECHO_BIN, SPINDLE_HTTPD_BIN and SPINDLE_KV_BIN"
 #endif
 
 namespace {
@@ -142,8 +142,10 @@ std::string scrapeUntil(const std::string& curlPath, const std::string& url, Don
     return body;
 }
 
-// One echo round trip of `text` over a plain socket to 127.0.0.1:port; the echoed text, or "" on failure.
-std::string echoOnce(uint16_t port, std::string_view text) {
+// Sends `text` over a plain socket to 127.0.0.1:port and reads until `want` bytes came back (default:
+// as many as were sent, an echo); what came back, or "" on failure.
+std::string echoOnce(uint16_t port, std::string_view text, size_t want = 0) {
+    if (want == 0) { want = text.size(); }
     const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     timeval tv{5, 0};
     ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -155,7 +157,7 @@ std::string echoOnce(uint16_t port, std::string_view text) {
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0 &&
         ::send(fd, text.data(), text.size(), MSG_NOSIGNAL) == static_cast<ssize_t>(text.size())) {
         char buf[256];
-        while (got.size() < text.size()) {
+        while (got.size() < want) {
             const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
             if (n < 0 && errno == EINTR) { continue; }  // SO_RCVTIMEO keeps the kernel from restarting it
             if (n <= 0) { break; }
@@ -228,6 +230,30 @@ TEST(AppMetrics, HttpdServesMetricsThatCurlScrapes) {
     stopDaemon(httpd);
 }
 
+TEST(AppMetrics, KvServesMetricsThatCurlScrapes) {
+    const std::string curlPath = onPath("curl");
+    if (curlPath.empty()) { GTEST_SKIP() << "curl not on PATH"; }
+    Child kv;
+    uint16_t port = 0, metricsPort = 0;
+    ASSERT_NO_FATAL_FAILURE(startDaemon(kv, SPINDLE_KV_BIN,
+                                         {"--address", "127.0.0.1", "--port", "0", "--carriers", "2", "--metrics-port", "0"},
+                                         &port, &metricsPort));
+    // Two inline commands in one write: "+OK\r\n" then "$5\r\nvalue\r\n".
+    ASSERT_EQ(echoOnce(port, "SET metric-key value\r\nGET metric-key\r\n", 16), "+OK\r\n$5\r\nvalue\r\n");
+    const std::string url = "http://127.0.0.1:" + std::to_string(metricsPort) + "/metrics";
+    const std::string page = scrapeUntil(curlPath, url, [](const std::string& body) {
+        const auto clients = samplesOf(body, "spindle_kv_clients");
+        return clients.count("") != 0 && clients.at("") == 0;
+    });
+    EXPECT_EQ(expositionProblem(page), "") << page;
+    EXPECT_EQ(samplesOf(page, "spindle_kv_connections_accepted_total").at(""), 1) << page;
+    EXPECT_EQ(samplesOf(page, "spindle_kv_commands_total").at(""), 2) << page;
+    EXPECT_EQ(samplesOf(page, "spindle_kv_keys").at(""), 1) << page;
+    EXPECT_GT(samplesOf(page, "spindle_kv_used_memory_bytes").at(""), 0) << page;
+    EXPECT_EQ(samplesOf(page, "spindle_carrier_fibers_run_total").size(), 2u) << page;
+    stopDaemon(kv);
+}
+
 TEST(AppMetrics, ATakenMetricsPortEndsTheDaemonWithAMessage) {
     // A listening socket of the test's own holds the port.
     const int holder = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
@@ -239,7 +265,7 @@ TEST(AppMetrics, ATakenMetricsPortEndsTheDaemonWithAMessage) {
     socklen_t len = sizeof addr;
     ASSERT_EQ(::getsockname(holder, reinterpret_cast<sockaddr*>(&addr), &len), 0);
     const std::string taken = std::to_string(ntohs(addr.sin_port));
-    for (const char* bin : {SPINDLE_ECHO_BIN, SPINDLE_HTTPD_BIN}) {
+    for (const char* bin : {SPINDLE_ECHO_BIN, SPINDLE_HTTPD_BIN, SPINDLE_KV_BIN}) {
         std::vector<std::string> argv{bin, "--address", "127.0.0.1", "--port", "0", "--carriers", "1",
                                       "--metrics-port", taken};
         for (const std::string& a : backendArgs()) { argv.push_back(a); }
@@ -262,6 +288,7 @@ TEST(AppMetrics, BadMetricsFlagsExit2) {
     };
     const std::vector<Case> cases{
         {SPINDLE_ECHO_BIN, {"--metrics-port", "65536"}, "--metrics-port: "},
+        {SPINDLE_KV_BIN, {"--metrics-port", "70000"}, "--metrics-port: "},
         {SPINDLE_ECHO_BIN, {"--metrics-port", "-1"}, "--metrics-port: "},
         {SPINDLE_HTTPD_BIN, {"--metrics-port", "x"}, "--metrics-port: "},
         {SPINDLE_HTTPD_BIN, {"--metrics-port", "0", "--metrics-address", "not-an-address"}, "--metrics-address: "},
