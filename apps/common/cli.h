@@ -14,6 +14,9 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
+
+#include "spindle_version.h"  // generated: SPINDLE_VERSION_STRING
 
 namespace spindle::apps {
 
@@ -21,10 +24,20 @@ inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
 
-/// Parses `argv` into `app` and its subcommands. Returns std::nullopt when the program goes on, else the
-/// status for main to return: kExitOk after --help (the help on stdout), kExitUsage after a bad command
-/// line (CLI11's message, which names the flag, then "Run with --help for more information.", on stderr).
+/// The --version line of the program run as `argv0`: "spindle-httpd 0.1.0 (git 9dabab9)", the version
+/// from CMake and, in a git checkout, `git describe` (cmake/version.cmake).
+[[nodiscard]] inline std::string versionLine(const char* argv0) {
+    std::string_view name = argv0 != nullptr ? argv0 : "spindle";
+    if (const size_t slash = name.rfind('/'); slash != std::string_view::npos) { name.remove_prefix(slash + 1); }
+    return std::string(name) + " " + SPINDLE_VERSION_STRING;
+}
+
+/// Parses `argv` into `app` and its subcommands, with a --version flag added. Returns std::nullopt when
+/// the program goes on, else the status for main to return: kExitOk after --help (the help on stdout) or
+/// --version (versionLine() on stdout), kExitUsage after a bad command line (CLI11's message, which names
+/// the flag, then "Run with --help for more information.", on stderr).
 [[nodiscard]] inline std::optional<int> parseCommandLine(CLI::App& app, int argc, const char* const* argv) {
+    app.set_version_flag("--version", versionLine(argc > 0 ? argv[0] : nullptr), "print the version and exit");
     try {
         app.parse(argc, argv);
         return std::nullopt;

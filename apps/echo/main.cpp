@@ -659,7 +659,8 @@ int main(int argc, char** argv) {
     // No subcommand means `server`, flags included: `spindle-echo --port 7001`.
     std::vector<char*> args(argv, argv + argc);
     static char serverWord[] = "server";
-    const bool wantsHelp = argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0);
+    const bool wantsHelp = argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0 ||
+                                        std::strcmp(argv[1], "--version") == 0);
     if (argc == 1 || (argv[1][0] == '-' && !wantsHelp)) { args.insert(args.begin() + 1, serverWord); }
 
     CLI::App app{"spindle-echo: a TCP echo server on spindle fibers, and a ping-pong load generator"};

@@ -4,11 +4,29 @@
 #include <fcntl.h>
 
 #include <cstdio>
+#include <cstring>
 
 #include "core/io.h"
 #include "core/runtime.h"
+#include "spindle_version.h"  // generated: SPINDLE_VERSION_STRING
 
 int main(int argc, char** argv) {
+    // Usage: spindle-hello [FILE] (default /etc/hostname) | --version | --help. Exit status as every app's:
+    // 0 done, 1 a run-time failure (said on stderr), 2 a bad command line.
+    if (argc > 1 && std::strcmp(argv[1], "--version") == 0) {
+        std::printf("spindle-hello %s\n", SPINDLE_VERSION_STRING);
+        return 0;
+    }
+    if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
+        std::printf("usage: spindle-hello [FILE]   read the start of FILE (default /etc/hostname) from a fiber\n"
+                    "       spindle-hello --version\n"
+                    "exit status: 0 done, 1 the runtime did not start or FILE could not be read, 2 bad usage\n");
+        return 0;
+    }
+    if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
+        std::fprintf(stderr, "usage: spindle-hello [FILE] | --version | --help\n");
+        return 2;
+    }
     const char* path = argc > 1 ? argv[1] : "/etc/hostname";
     auto rt = spindle::Runtime::start();  // io_uring, else epoll with the reason logged
     if (!rt) {
