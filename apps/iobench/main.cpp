@@ -39,6 +39,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
@@ -330,9 +331,8 @@ struct Window {
     std::vector<spindle::CarrierStats> atStart, atEnd;
 };
 
-std::string latencyField(const char* name, uint64_t ns, bool json) {
-    return json ? fmt::format("\"{}\": {:.3f}", name, static_cast<double>(ns) / 1000.0)
-                : fmt::format("{} {:.2f}", name, static_cast<double>(ns) / 1000.0);
+std::string latencyField(const char* name, uint64_t ns) {
+    return fmt::format("{} {:.2f}", name, static_cast<double>(ns) / 1000.0);
 }
 
 }  // namespace
@@ -531,7 +531,7 @@ int main(int argc, char** argv) {
                              all->max()};
     const char* pctNames[] = {"min", "avg", "p50", "p90", "p99", "p99.9", "max"};
     std::vector<std::string> latParts;
-    for (size_t i = 0; i < std::size(pcts); ++i) { latParts.push_back(latencyField(pctNames[i], pcts[i], o.json)); }
+    for (size_t i = 0; i < std::size(pcts); ++i) { latParts.push_back(latencyField(pctNames[i], pcts[i])); }
 
     // Ring counters over the window (read racily at its two ends; the I/Os are those counted).
     struct CarrierLine {
@@ -554,20 +554,34 @@ int main(int argc, char** argv) {
     const std::string ring = win.atEnd.empty() ? "" : win.atEnd[0].ring;
 
     if (o.json) {
-        fmt::print("{{\"rw\": \"{}\", \"bs\": {}, \"depth_per_carrier\": {}, \"carriers\": {}, \"duration_s\": {}, "
-                   "\"ramp_s\": {}, \"direct\": {}, \"fixed_buffers\": {}, \"backend\": \"{}\", \"file\": \"{}\", "
-                   "\"size\": {},\n",
-                   o.rwName, o.bs, o.depth, o.carriers, o.duration, o.ramp, o.direct, o.fixedBuffers,
-                   spindle::toString(backend), o.file, sh->o.size);
-        fmt::print(" \"ios\": {}, \"iops\": {:.1f}, \"bw_mib_s\": {:.2f},\n", ios, iops, mibs);
-        fmt::print(" \"lat_us\": {{{}}},\n", fmt::join(latParts, ", "));
-        fmt::print(" \"per_carrier\": [");
-        for (size_t i = 0; i < lines.size(); ++i) {
-            const auto& l = lines[i];
-            fmt::print("{}{{\"index\": {}, \"pu\": {}, \"iops\": {:.1f}, \"enters\": {}, \"sqes\": {}, \"parks\": {}}}",
-                       i == 0 ? "" : ", ", l.index, l.pu, l.iops, l.enters, l.sqes, l.parks);
+        // One object on one line, through nlohmann::json: any path (quotes, backslashes, control bytes)
+        // comes out as a valid JSON string. The keys keep the order of the text report.
+        nlohmann::ordered_json out;
+        out["rw"] = o.rwName;
+        out["bs"] = o.bs;
+        out["depth_per_carrier"] = o.depth;
+        out["carriers"] = o.carriers;
+        out["duration_s"] = o.duration;
+        out["ramp_s"] = o.ramp;
+        out["direct"] = o.direct;
+        out["fixed_buffers"] = o.fixedBuffers;
+        out["backend"] = spindle::toString(backend);
+        out["file"] = o.file;
+        out["size"] = sh->o.size;
+        out["ios"] = ios;
+        out["iops"] = iops;
+        out["bw_mib_s"] = mibs;
+        nlohmann::ordered_json lat = nlohmann::ordered_json::object();
+        for (size_t i = 0; i < std::size(pcts); ++i) { lat[pctNames[i]] = static_cast<double>(pcts[i]) / 1000.0; }
+        out["lat_us"] = std::move(lat);
+        nlohmann::ordered_json perCarrier = nlohmann::ordered_json::array();
+        for (const auto& l : lines) {
+            perCarrier.push_back({{"index", l.index}, {"pu", l.pu}, {"iops", l.iops}, {"enters", l.enters},
+                                  {"sqes", l.sqes}, {"parks", l.parks}});
         }
-        fmt::print("]}}\n");
+        out["per_carrier"] = std::move(perCarrier);
+        // A path that is not UTF-8 is written with U+FFFD in place of its bad bytes rather than throwing.
+        fmt::print("{}\n", out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
         return 0;
     }
     fmt::print("spindle-iobench: {} bs={} depth={}/carrier carriers={} duration={}s ramp={}s direct={} "

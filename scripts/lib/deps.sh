@@ -13,7 +13,7 @@ SPINDLE_DEB_PACKAGES=(
   liburing-dev libhwloc-dev hwloc
   libgtest-dev libgmock-dev libbenchmark-dev
   libboost-context-dev libboost-fiber-dev
-  libfmt-dev libcli11-dev python3 libunwind-dev gdb
+  libfmt-dev libcli11-dev nlohmann-json3-dev python3 libunwind-dev gdb
   libdpdk-dev iproute2 iputils-ping ethtool
   media-types curl wget nginx-light
   libisal-dev redis-tools redis-server
