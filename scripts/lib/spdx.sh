@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checks, or adds, the licence line that every spindle source file carries:
 #   // SPDX-License-Identifier: Apache-2.0      (C, C++, assembly)
-#   # SPDX-License-Identifier: Apache-2.0       (CMake, shell, Python; after a #! line)
+#   # SPDX-License-Identifier: Apache-2.0       (CMake, shell, Python, pkg-config templates; after a #! line)
 #
 # usage: scripts/lib/spdx.sh --check [FILE...]
 #        scripts/lib/spdx.sh --add [FILE...]
@@ -24,7 +24,7 @@ comment_leader() {
   base=${path##*/}
   case "$base" in
     *.cpp | *.cc | *.h | *.hpp | *.c | *.S) echo '//'; return 0 ;;
-    *.sh | *.py | *.cmake | CMakeLists.txt) echo '#'; return 0 ;;
+    *.sh | *.py | *.cmake | *.cmake.in | *.pc.in | CMakeLists.txt) echo '#'; return 0 ;;
     *.*) return 0 ;;
   esac
   # No extension: a script when its first line is a shell or Python #! line.

@@ -16,20 +16,23 @@ printf '#!/usr/bin/env bash\necho hi\n' >"$tmp/run"
 chmod 755 "$tmp/run"
 printf '#!/usr/bin/env python3\n"""Doc."""\n' >"$tmp/b.py"
 printf 'project(x)\n' >"$tmp/CMakeLists.txt"
+printf 'Name: x\n' >"$tmp/x.pc.in"
 printf '# notes\n' >"$tmp/README.md"
 printf 'plain data\n' >"$tmp/data"
 
 rc=0
-out=$(bash "$spdx" --check "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/README.md" "$tmp/data" 2>&1) || rc=$?
+out=$(bash "$spdx" --check "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/x.pc.in" "$tmp/README.md" \
+  "$tmp/data" 2>&1) || rc=$?
 ((rc == 1)) || fail "--check on files without the line exited $rc, not 1"
-for f in a.h run b.py CMakeLists.txt; do
+for f in a.h run b.py CMakeLists.txt x.pc.in; do
   grep -qF "$tmp/$f" <<<"$out" || fail "--check did not name $f: $out"
 done
 for f in README.md data; do
   ! grep -qF "$tmp/$f" <<<"$out" || fail "--check named $f, which is not a source file"
 done
 
-bash "$spdx" --add "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/README.md" "$tmp/data" >/dev/null
+bash "$spdx" --add "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/x.pc.in" "$tmp/README.md" "$tmp/data" \
+  >/dev/null
 [[ "$(head -n 1 "$tmp/a.h")" == "// $tag" ]] || fail "a.h: first line is '$(head -n 1 "$tmp/a.h")'"
 [[ "$(sed -n 2p "$tmp/a.h")" == '#pragma once' ]] || fail "a.h lost its first line"
 [[ "$(head -n 1 "$tmp/run")" == '#!/usr/bin/env bash' ]] || fail "run: the #! line moved"
@@ -37,6 +40,7 @@ bash "$spdx" --add "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp
 [[ -x "$tmp/run" ]] || fail "run is no longer executable"
 [[ "$(sed -n 2p "$tmp/b.py")" == "# $tag" ]] || fail "b.py: second line is '$(sed -n 2p "$tmp/b.py")'"
 [[ "$(head -n 1 "$tmp/CMakeLists.txt")" == "# $tag" ]] || fail "CMakeLists.txt: no line"
+[[ "$(head -n 1 "$tmp/x.pc.in")" == "# $tag" ]] || fail "x.pc.in: no line"
 [[ "$(cat "$tmp/README.md")" == '# notes' ]] || fail "README.md was changed"
 [[ "$(cat "$tmp/data")" == 'plain data' ]] || fail "data was changed"
 
