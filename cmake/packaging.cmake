@@ -21,6 +21,8 @@ set(CPACK_RESOURCE_FILE_LICENSE ${PROJECT_SOURCE_DIR}/LICENSE)
 set(CPACK_DEBIAN_FILE_NAME DEB-DEFAULT)
 set(CPACK_DEBIAN_PACKAGE_SECTION libdevel)
 set(CPACK_DEBIAN_PACKAGE_SHLIBDEPS ON)
+# A shlibs file for the libspindle_*.so.<major> it ships, and the ldconfig trigger that goes with it.
+set(CPACK_DEBIAN_PACKAGE_GENERATE_SHLIBS ON)
 set(_spindle_deb_depends "liburing-dev (>= 2.3), libhwloc-dev (>= 2.0), libfmt-dev, libunwind-dev, pkg-config")
 if(TARGET spindle_dpdk)
   string(APPEND _spindle_deb_depends ", libdpdk-dev (>= 22.11)")
