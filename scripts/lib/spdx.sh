@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks, or adds, the licence line that every spindle source file carries:
 #   // SPDX-License-Identifier: Apache-2.0      (C, C++, assembly)
-#   # SPDX-License-Identifier: Apache-2.0       (CMake, shell, Python, pkg-config templates; after a #! line)
+#   # SPDX-License-Identifier: Apache-2.0       (CMake, shell, Python, pkg-config templates)
+# as the first line, or, in a script with a #! line, after the comment block that follows it.
 #
 # usage: scripts/lib/spdx.sh --check [FILE...]
 #        scripts/lib/spdx.sh --add [FILE...]
@@ -15,7 +16,7 @@ set -euo pipefail
 readonly SPDX_TAG='SPDX-License-Identifier: Apache-2.0'
 
 usage() {
-  sed -n '2,12s/^# \{0,1\}//p' "${BASH_SOURCE[0]}"
+  awk 'NR == 1 { next } !/^#/ { exit } $0 != "# SPDX-License-Identifier: Apache-2.0" { sub(/^# ?/, ""); print }' "${BASH_SOURCE[0]}"
 }
 
 # Prints the comment leader for a file, "//" or "#", or nothing when the file is not a source file.
@@ -32,24 +33,28 @@ comment_leader() {
   if [[ "$first" =~ ^\#!.*(sh|bash|python3?)([[:space:]]|$) ]]; then echo '#'; fi
 }
 
-# Succeeds when the licence line is among the first three lines of the file.
+# Succeeds when the licence line is in the file's header: the lines from the top up to the first one
+# that is not a comment ("#..." or "//...").
 has_tag() {
-  head -n 3 -- "$1" | grep -qF -- "$SPDX_TAG"
+  awk -v tag="$SPDX_TAG" '
+    index($0, tag) { found = 1; exit }
+    !/^[[:space:]]*(#|\/\/)/ { exit }
+    END { exit !found }' "$1"
 }
 
-# Inserts the licence line: after a #! line when there is one, else as the first line.
+# Inserts the licence line: in a file with a #! line, after the comment block that follows it (so that
+# a script printing its own header as help, `sed -n 2,Np`, prints the same lines); else as line 1.
 add_tag() {
-  local path=$1 leader=$2 tmp first=""
+  local path=$1 leader=$2 tmp first="" at=0
   tmp=$(mktemp "${path}.spdx.XXXXXX") || return 1
   IFS= read -r first <"$path" || true
+  if [[ "$first" == '#!'* ]]; then
+    at=$(awk 'NR == 1 { next } !/^#/ { exit } { n = NR } END { print (n ? n : 1) }' "$path")
+  fi
   {
-    if [[ "$first" == '#!'* ]]; then
-      printf '%s\n%s %s\n' "$first" "$leader" "$SPDX_TAG"
-      tail -n +2 -- "$path"
-    else
-      printf '%s %s\n' "$leader" "$SPDX_TAG"
-      cat -- "$path"
-    fi
+    head -n "$at" -- "$path"
+    printf '%s %s\n' "$leader" "$SPDX_TAG"
+    tail -n +"$((at + 1))" -- "$path"
   } >"$tmp" || { rm -f -- "$tmp"; return 1; }
   # Keep the file's mode (scripts stay executable).
   chmod --reference="$path" -- "$tmp" && mv -- "$tmp" "$path"

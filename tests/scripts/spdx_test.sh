@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # scripts/lib/spdx.sh on files made here: --check fails on each kind of file without the licence line and
-# names it, --add puts the line in the right place (after a #! line) and keeps the mode, a second --add
+# names it, --add puts the line in the right place (after a #! line and its comment block) and keeps the
+# mode, a second --add
 # changes nothing, files that are not sources are left alone, and bad usage exits 2.
 # usage: spdx_test.sh PATH/TO/spdx.sh     Exit status: 0 pass, 1 fail.
 set -euo pipefail
@@ -17,22 +18,23 @@ chmod 755 "$tmp/run"
 printf '#!/usr/bin/env python3\n"""Doc."""\n' >"$tmp/b.py"
 printf 'project(x)\n' >"$tmp/CMakeLists.txt"
 printf 'Name: x\n' >"$tmp/x.pc.in"
+printf '#!/bin/sh\n# usage: tool\n# more help\necho hi\n' >"$tmp/tool.sh"
 printf '# notes\n' >"$tmp/README.md"
 printf 'plain data\n' >"$tmp/data"
 
 rc=0
-out=$(bash "$spdx" --check "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/x.pc.in" "$tmp/README.md" \
-  "$tmp/data" 2>&1) || rc=$?
+out=$(bash "$spdx" --check "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/x.pc.in" "$tmp/tool.sh" \
+  "$tmp/README.md" "$tmp/data" 2>&1) || rc=$?
 ((rc == 1)) || fail "--check on files without the line exited $rc, not 1"
-for f in a.h run b.py CMakeLists.txt x.pc.in; do
+for f in a.h run b.py CMakeLists.txt x.pc.in tool.sh; do
   grep -qF "$tmp/$f" <<<"$out" || fail "--check did not name $f: $out"
 done
 for f in README.md data; do
   ! grep -qF "$tmp/$f" <<<"$out" || fail "--check named $f, which is not a source file"
 done
 
-bash "$spdx" --add "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/x.pc.in" "$tmp/README.md" "$tmp/data" \
-  >/dev/null
+bash "$spdx" --add "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/x.pc.in" "$tmp/tool.sh" \
+  "$tmp/README.md" "$tmp/data" >/dev/null
 [[ "$(head -n 1 "$tmp/a.h")" == "// $tag" ]] || fail "a.h: first line is '$(head -n 1 "$tmp/a.h")'"
 [[ "$(sed -n 2p "$tmp/a.h")" == '#pragma once' ]] || fail "a.h lost its first line"
 [[ "$(head -n 1 "$tmp/run")" == '#!/usr/bin/env bash' ]] || fail "run: the #! line moved"
@@ -41,10 +43,15 @@ bash "$spdx" --add "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp
 [[ "$(sed -n 2p "$tmp/b.py")" == "# $tag" ]] || fail "b.py: second line is '$(sed -n 2p "$tmp/b.py")'"
 [[ "$(head -n 1 "$tmp/CMakeLists.txt")" == "# $tag" ]] || fail "CMakeLists.txt: no line"
 [[ "$(head -n 1 "$tmp/x.pc.in")" == "# $tag" ]] || fail "x.pc.in: no line"
+# After the #! line's comment block: `sed -n 2,3p` (a script's own help) still gives that block.
+[[ "$(sed -n 2,3p "$tmp/tool.sh")" == $'# usage: tool\n# more help' ]] || fail "tool.sh: its help block moved"
+[[ "$(sed -n 4p "$tmp/tool.sh")" == "# $tag" ]] || fail "tool.sh: fourth line is '$(sed -n 4p "$tmp/tool.sh")'"
+[[ "$(sed -n 5p "$tmp/tool.sh")" == 'echo hi' ]] || fail "tool.sh lost its code"
 [[ "$(cat "$tmp/README.md")" == '# notes' ]] || fail "README.md was changed"
 [[ "$(cat "$tmp/data")" == 'plain data' ]] || fail "data was changed"
 
-bash "$spdx" --check "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" || fail "--check after --add failed"
+bash "$spdx" --check "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/tool.sh" ||
+  fail "--check after --add failed"
 before=$(cat "$tmp/a.h" "$tmp/run")
 bash "$spdx" --add "$tmp/a.h" "$tmp/run" >/dev/null
 [[ "$(cat "$tmp/a.h" "$tmp/run")" == "$before" ]] || fail "a second --add changed the files"
