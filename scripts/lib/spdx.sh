@@ -64,7 +64,7 @@ mode=""
 case "${1:-}" in
   --check | --add) mode=${1#--}; shift ;;
   -h | --help) usage; exit 0 ;;
-  *) echo "spdx.sh: expected --check or --add${1:+, got '$1'}" >&2; usage >&2; exit 2 ;;
+  *) echo "spdx.sh: expected --check or --add${1:+, got \"$1\"}" >&2; usage >&2; exit 2 ;;
 esac
 
 files=()
