@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -93,10 +94,10 @@ TEST_F(IoTest, WritevAndReadvScatterAndGather) {
     const auto a = pattern(100, 3);
     const auto b = pattern(5000, 4);
     const auto c = pattern(17, 5);
-    std::vector<char> expected(10, '\0');  // the hole before offset 10 reads as zeros
-    expected.insert(expected.end(), a.begin(), a.end());
-    expected.insert(expected.end(), b.begin(), b.end());
-    expected.insert(expected.end(), c.begin(), c.end());
+    // Sized once and filled with std::copy: GCC 12 at -O3 takes inserts into a 10-byte vector for
+    // out-of-bounds copies (a false -Warray-bounds).
+    std::vector<char> expected(10 + a.size() + b.size() + c.size(), '\0');  // the hole before offset 10 reads as zeros
+    std::copy(c.begin(), c.end(), std::copy(b.begin(), b.end(), std::copy(a.begin(), a.end(), expected.begin() + 10)));
 
     const auto written = onFiber([&] {
         const iovec iov[3] = {{const_cast<char*>(a.data()), a.size()},
