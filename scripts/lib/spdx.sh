@@ -1,7 +1,6 @@
 #!/usr/bin/env bash
-# Checks, or adds, the licence line that every spindle source file carries:
-#   // SPDX-License-Identifier: Apache-2.0      (C, C++, assembly)
-#   # SPDX-License-Identifier: Apache-2.0       (CMake, shell, Python, pkg-config templates)
+# Checks, or adds, the licence line that every spindle source file carries: the SPDX identifier of the
+# Apache License 2.0 behind "//" (C, C++, assembly) or "#" (CMake, shell, Python, pkg-config templates),
 # as the first line, or, in a script with a #! line, after the comment block that follows it.
 #
 # usage: scripts/lib/spdx.sh --check [FILE...]
@@ -33,11 +32,11 @@ comment_leader() {
   if [[ "$first" =~ ^\#!.*(sh|bash|python3?)([[:space:]]|$) ]]; then echo '#'; fi
 }
 
-# Succeeds when the licence line is in the file's header: the lines from the top up to the first one
-# that is not a comment ("#..." or "//...").
+# Succeeds when the licence line, exactly, is in the file's header: the lines from the top up to the
+# first one that is not a comment ("#..." or "//...").
 has_tag() {
   awk -v tag="$SPDX_TAG" '
-    index($0, tag) { found = 1; exit }
+    $0 == "// " tag || $0 == "# " tag { found = 1; exit }
     !/^[[:space:]]*(#|\/\/)/ { exit }
     END { exit !found }' "$1"
 }

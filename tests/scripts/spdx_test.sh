@@ -19,14 +19,16 @@ printf '#!/usr/bin/env python3\n"""Doc."""\n' >"$tmp/b.py"
 printf 'project(x)\n' >"$tmp/CMakeLists.txt"
 printf 'Name: x\n' >"$tmp/x.pc.in"
 printf '#!/bin/sh\n# usage: tool\n# more help\necho hi\n' >"$tmp/tool.sh"
+# The identifier inside a sentence is not the licence line.
+printf '// mentions SPDX-License-Identifier: Apache-2.0 in passing\nint x;\n' >"$tmp/mention.cpp"
 printf '# notes\n' >"$tmp/README.md"
 printf 'plain data\n' >"$tmp/data"
 
 rc=0
 out=$(bash "$spdx" --check "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/x.pc.in" "$tmp/tool.sh" \
-  "$tmp/README.md" "$tmp/data" 2>&1) || rc=$?
+  "$tmp/mention.cpp" "$tmp/README.md" "$tmp/data" 2>&1) || rc=$?
 ((rc == 1)) || fail "--check on files without the line exited $rc, not 1"
-for f in a.h run b.py CMakeLists.txt x.pc.in tool.sh; do
+for f in a.h run b.py CMakeLists.txt x.pc.in tool.sh mention.cpp; do
   grep -qF "$tmp/$f" <<<"$out" || fail "--check did not name $f: $out"
 done
 for f in README.md data; do
