@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// SPINDLE_CHECK (every build) and SPINDLE_ASSERT (debug builds only): a failed
 /// condition is a bug, so the process prints where and why, then aborts.

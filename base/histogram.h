@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// LogLinearHistogram: counts of unsigned 64-bit values (latencies in ns, say) in log-linear buckets,
 /// HdrHistogram-style, for percentiles at a fixed relative precision in fixed memory.

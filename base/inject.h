@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Fault points: make the next N passes through a named site fail with a chosen
 /// errno, or misbehave in a chosen way, so tests can prove every error path

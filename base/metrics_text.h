@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// metrics::Writer: builds a page in the Prometheus text exposition format, version 0.0.4 (the one every
 /// Prometheus server and scraper reads, served as kContentType).

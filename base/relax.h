@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// spindle::cpuRelax(): the body of a spin-wait loop. It tells the CPU that the thread is polling a value
 /// another core will change, and it costs a short, bounded delay; it never blocks and has no effect on

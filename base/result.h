@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Result<T>: a value or an errno-valued error, shaped like std::expected<T, std::error_code>.
 ///

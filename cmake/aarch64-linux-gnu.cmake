@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # CMake toolchain file: builds spindle for AArch64 Linux on an x86-64 Debian 12 host, and runs what it builds
 # (the tests, gtest's test discovery) under qemu-user. The configure preset `aarch64` uses it;
 # scripts/lib/deps.sh's spindle_install_cross_deps installs what it needs.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # install() rules and the exported CMake package, included at the end of the top-level CMakeLists.txt.
 #
 # What `cmake --install` puts under the prefix (GNUInstallDirs names):

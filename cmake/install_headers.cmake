@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Installs the library's headers under <prefix>/<SPINDLE_INCLUDE_DEST>/spindle/, run by `cmake --install`
 # (an install(CODE) rule of cmake/install.cmake). Each header's includes of the library's own headers,
 # written from the repository root ("core/io.h"), become "spindle/core/io.h", so that the installed tree

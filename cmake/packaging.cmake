@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # CPack: one Debian package, spindle_<version>_<arch>.deb, with everything `cmake --install` installs
 # (cmake/install.cmake): the libraries, the headers, the CMake package, the pkg-config files, the programs
 # and the gdb extension. `cpack -G DEB` in a build tree configured without fault injection (the `package`

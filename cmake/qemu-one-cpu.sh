@@ -9,6 +9,7 @@
 # deque's stress test handed one item to two takers about once in six runs. On one CPU the threads
 # interleave but never run at the same time, and the reordering cannot be seen. Each program gets
 # one CPU of those allowed, by its process id, so that ctest's parallel tests still spread out.
+# SPDX-License-Identifier: Apache-2.0
 qemu="$1"
 shift
 allowed=$(taskset -pc $$ 2>/dev/null | sed 's/.*: //')

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Writes the header that gives spindle's programs their --version text, run by the build (the
 # spindle_version target of the top-level CMakeLists.txt) at every build, so that a new commit shows.
 # The text is the project's version from CMake, followed by `git describe --tags --always --dirty` in

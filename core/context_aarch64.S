@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The AArch64 (AAPCS64) context switch and the entry trampoline of a fresh context.
 // The contract, and the frame layout that makeContext() builds to match, are in core/internal/context.h;
 // core/context_x86_64.S is the same thing for x86-64, and the two export the same symbols.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The x86-64 System V context switch and the entry trampoline of a fresh context.
 // The contract, and the frame layout that makeContext() builds to match, are in core/internal/context.h.
 

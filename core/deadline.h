@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Deadline: the point on CLOCK_MONOTONIC at which a fiber-blocking call gives up with ETIMEDOUT.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/fair_fiber_mutex.h"
 
 #include "base/check.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FairFiberMutex: a first-come, first-served mutex for fibers and threads, a ticket lock over a
 /// FiberSequencer.

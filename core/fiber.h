@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Fibers: spawn options, the join handle, and what a fiber can ask about itself.
 ///

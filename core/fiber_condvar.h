@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FiberCondVar: a condition variable on which fibers and plain threads wait together, under any lock.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FiberEvent: a manual-reset event; set() releases every waiter, and the event stays set until reset().
 ///

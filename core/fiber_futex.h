@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FiberFutex: a 63-bit event counter that fibers and plain threads wait on until it reaches a value.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FiberFuture: a one-shot result slot for a single waiter, living in the waiter's frame.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FiberLocal<T>: one T per fiber, which moves with the fiber from carrier to carrier, and is destroyed
 /// when the fiber ends.

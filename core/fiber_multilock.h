@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FiberMultiLock: one lock object that gives mutual exclusion per uint64_t key, with each key granted
 /// to its contenders in arrival order.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FiberMutex: a reader-writer lock for fibers and plain threads that parks waiters instead of blocking
 /// their carrier, and prefers writers.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FiberSemaphore: a counting semaphore for fibers and plain threads, mostly to bound how many callers
 /// are inside some section at once.

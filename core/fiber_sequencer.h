@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// FiberSequencer: a 64-bit counter that only grows, with waiters that are released in token order once
 /// the counter reaches their token, and that may withdraw (cancel) before it does.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Registered resources: buffers and files the kernel knows in advance, so an I/O on them skips
 /// the per-call page pinning (buffers) and the fd-table lookup and reference count (files).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Seeing inside a running runtime: the fiber listing (Runtime::fibers, join()'s shutdown report,
 // SIGUSR1), backtraces unwound from a suspended fiber's saved context, and the stall detector.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Fiber-blocking I/O calls on the carrier's io_uring ring.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// offload(fn): runs a blocking call or long CPU work on the runtime's helper
 /// thread pool and parks the calling fiber until it is done, so the carrier

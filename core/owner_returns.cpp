@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/internal/owner_returns.h"
 
 #include <sched.h>

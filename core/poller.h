@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Poller: work a carrier runs on every turn of its loop, beside its fibers and its I/O driver.
 ///

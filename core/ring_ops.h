@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Driver operations for the layers above core (net/): one operation with its completion flags,
 /// multishot operations, and the current carrier's io_uring ring for registrations.

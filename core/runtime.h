@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Runtime: a group of carriers, one pinned thread and one io_uring ring each.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The runtime's counters as Prometheus metric families (base/metrics_text.h): one family per counter of
 /// CarrierStats, each with a sample per carrier labelled `carrier="<index>"`, plus the runtime-wide

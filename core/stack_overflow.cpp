@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/internal/stack_overflow.h"
 
 #include <signal.h>

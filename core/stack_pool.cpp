@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/internal/stack_pool.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/internal/waiter_table.h"
 
 #include <sys/sysinfo.h>

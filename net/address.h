@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// SocketAddress: an IPv4, IPv6 or Unix-domain socket address, parsed from and printed to text.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// BufferedReader and BufferedWriter: byte buffers between a TcpStream and a parser or a formatter.
 ///

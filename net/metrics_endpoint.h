@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// MetricsEndpoint: serves GET /metrics, the runtime's counters and a daemon's own in the Prometheus text
 /// format (base/metrics_text.h, core/runtime_metrics.h), over HTTP/1.1 on spindle's own sockets.

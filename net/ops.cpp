@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "net/internal/ops.h"
 
 #include <netinet/in.h>

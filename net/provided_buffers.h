@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// ProvidedBufferPool: receive buffers the kernel picks when data arrives (IORING_REGISTER_PBUF_RING,
 /// Linux 5.19), so a connection that waits holds no buffer of its own.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Socket: the descriptor that TcpStream and UdpSocket own, and what they share (close, addresses).
 ///

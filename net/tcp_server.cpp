@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "net/tcp_server.h"
 
 #include <sys/socket.h>

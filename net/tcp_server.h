@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// net::TcpServer: the skeleton the daemons share (listeners, pinned acceptors, a connection registry,
 /// graceful drain), with the per-connection work left to a handler.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// UdpSocket: datagrams on the carrier's io_uring ring.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Where carriers go: a policy that turns a topology and a carrier count into the PU (OS index)
 /// each carrier stands for. On a synthetic or XML topology the PUs may not exist on this host;

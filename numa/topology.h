@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The machine's shape as the runtime needs it: which PUs a carrier may run on, how far
 /// apart two PUs are, which NUMA node a PU belongs to; plus thread binding and

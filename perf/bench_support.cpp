@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "perf/bench_support.h"
 
 #include "testing/alloc_hook.h"

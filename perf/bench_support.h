@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Helpers shared by every benchmark program in perf/: a count of global heap allocations, so a benchmark
 /// can show that its measured loop allocates nothing.

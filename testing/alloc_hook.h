@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The process's replacement of the global operator new and delete, for the programs that must see
 /// allocations: the test suites that prove a path allocates nothing (or survives an allocation that

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// An environment variable set for one scope (a test), put back as it was, set or not, at its end.
 /// Thread-safety: none; setenv is not safe against a concurrent getenv, so set it before threads start.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The `--backend auto|io_uring|epoll` flag of every spindle app that starts a runtime
 /// (RuntimeOptions::backend).

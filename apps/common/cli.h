@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// How every spindle app reads its command line: CLI11, with the exit statuses the apps document, and
 /// the validators their numeric flags share.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// --metrics-port and --metrics-address, the flags with which a daemon serves GET /metrics
 /// (net/metrics_endpoint.h) on a port of its own, and the start-up that goes with them.

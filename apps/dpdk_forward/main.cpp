@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-dpdk-forward: a packet forwarder on one spindle fiber, for the per-packet floor of the
 // DPDK path: two ports (net_null by default), every burst received on one transmitted on the other,
 // both ways, as dpdk-testpmd's io forwarding does. Prints packets forwarded per second.

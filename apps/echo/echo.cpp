@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "apps/echo/echo.h"
 
 #include <sys/socket.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The echo server and the ping-pong load generator behind spindle-echo, as a library so that tests
 /// can run both in one process over loopback.

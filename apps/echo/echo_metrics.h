@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// spindle-echo's own metric families (README.md, "Metrics"): what EchoServer::stats() counts, the same
 /// numbers the server prints when it stops, for the page that --metrics-port serves.

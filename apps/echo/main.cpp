@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-echo: a TCP echo server on spindle fibers, and the ping-pong client that measures it (or
 // any other echo server). The logic lives in apps/echo/echo.{h,cpp}; this file parses flags.
 //

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The UDP echo behind `spindle-echo --udp`, over kernel sockets (through the carriers' I/O driver)
 /// or, with `--dpdk`, over spindle's DPDK stack; and the client that measures either, with the same

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-hello: the README's first program. Reads the start of a file from a fiber, through
 // io_uring or (where io_uring cannot be used, or SPINDLE_BACKEND says so) epoll, names the backend
 // that did it, and says why when it cannot.

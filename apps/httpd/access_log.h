@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// spindle-httpd's access log: one line per answered request in nginx's "combined" format,
 ///   127.0.0.1 - - [26/Nov/2026:02:57:54 +0000] "GET /a.html HTTP/1.1" 200 1234 "referer" "agent"

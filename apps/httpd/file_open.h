@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Opening a file under spindle-httpd's document root with a policy for symbolic links, through
 /// the runtime's I/O calls (so on the carrier's ring, or its epoll driver).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// What a static file's response is, decided from the request's headers and the file's size and
 /// modification time: validators (Last-Modified, ETag), conditional requests (RFC 9110 §13) and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "apps/httpd/http_parser.h"
 
 #include <algorithm>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// An incremental, zero-copy HTTP/1.1 request-head parser (RFC 9112) for spindle-httpd.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-httpd: an HTTP/1.1 server on spindle fibers (apps/httpd/server.h).
 //
 // With no flags it serves "Hello, World!" on 0.0.0.0:8080 with one carrier per core, on io_uring

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The Content-Type of a file by its extension, from a mime.types file (Debian's media-types package
 /// installs /etc/mime.types) with spindle-httpd's built-in table (contentTypeFor) as the fallback and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// spindle-httpd's server: HTTP/1.1 over spindle::net, share-nothing per carrier.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Mapping a request path to a file under the document root: percent-decoding, the refusal of
 /// anything that could leave the root, and the Content-Type of a file name.

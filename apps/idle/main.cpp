@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-idle: what an idle runtime costs in CPU in each poll mode. Starts a
 // runtime with N carriers in the chosen mode, optionally with one fiber per
 // carrier that wakes every T ms (a mostly idle daemon), sleeps D seconds, and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-iobench: a fio-like file I/O benchmark on spindle fibers.
 //
 // Each carrier runs `--depth` pinned fibers; each fiber loops: pick an offset (random and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// spindle-kv's own metric families (README.md, "Metrics"): what Server::stats() counts, the same
 /// numbers INFO reports and the server prints when it stops, for the page that --metrics-port serves.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-kv: a Redis-protocol key-value store on spindle fibers (apps/kv/server.h).
 //
 // With no flags it listens on 127.0.0.1:6379 with one carrier (and one shard) per core and keeps no

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The Redis wire protocol, both ways: a request parser (RESP multibulk arrays and inline commands,
 /// pipelined) and a reply writer for RESP2 and RESP3. No runtime: the fuzzer builds it alone.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// spindle-kv's server: the Redis protocol over net::TcpServer, a keyspace split into one shard per
 /// carrier, and a write-ahead log per shard.

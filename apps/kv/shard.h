@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// One shard of spindle-kv's keyspace: the string keys whose hash maps to it, their expiry times, and
 /// the log records of its mutations. A shard is touched by the thread of the carrier it belongs to

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "apps/kv/wal.h"
 
 #include <isa-l/crc.h>

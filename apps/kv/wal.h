@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// spindle-kv's write-ahead log: one file per shard, records framed with their length and CRC32C,
 /// appended by one writer fiber per shard through the runtime's I/O calls, with group commit.

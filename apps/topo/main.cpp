@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-topo: shows the topology the runtime sees, where each carrier sits and the order in which it
 // steals; `spindle-topo experiment` runs a skewed workload under each steal policy and prints the results
 // side by side (docs/RUNTIME.md, "Work stealing across NUMA nodes"; docs/PERFORMANCE.md).

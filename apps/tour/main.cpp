@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-tour: starts a runtime on every core, runs a fiber workload that reads
 // a file through its I/O backend (io_uring, or epoll where io_uring cannot be used
 // or --backend asks for it), and prints the backend, what this kernel's io_uring

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Backend selection: which I/O driver a runtime's carriers use, and why.
 ///

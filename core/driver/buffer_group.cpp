@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/driver/buffer_group.h"
 
 #include "base/check.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// BufferGroup: receive buffers that a readiness driver (the epoll driver) picks when a descriptor has
 /// data: the user-space counterpart of an io_uring provided-buffer ring. An op::kBufferSelect receive

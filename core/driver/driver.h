@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The I/O-driver seam: everything a carrier needs from the kernel, behind one interface.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/driver/epoll_driver.h"
 
 #include <fcntl.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// EpollDriver: the I/O driver where io_uring cannot be used (a seccomp filter, a disabled sysctl,
 /// qemu-user), on one epoll set per carrier.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// One I/O operation, described once and neutrally, for every driver (io_uring, epoll).
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "core/driver/uring_driver.h"
 
 #include <sys/eventfd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// UringDriver: the I/O driver on one io_uring ring (the default backend).
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The io_uring feature probe (core/driver/backend.h): each feature spindle uses, tried on this kernel.
 #include "core/driver/backend.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Carrier: one OS thread, bound to one PU, that runs fibers and owns one I/O driver.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The machine-level context switch: leaves one stack and resumes another on the same thread. Everything a
 /// fiber is, at this level, is one saved stack pointer; the carrier's scheduler and every fiber each own one.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// DeadlineHeap: a carrier's timer queue, an intrusive min-heap of HeapNodes
 /// ordered by deadline, with O(log n) push, pop and removal of any node.

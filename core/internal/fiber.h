@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The fiber control block and the scheduler entry points every primitive uses.
 ///

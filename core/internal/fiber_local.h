@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The machinery under FiberLocal<T> (core/fiber_local.h): process-wide keys, and the per-fiber table
 /// of values that detail::Fiber::locals_ points to.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// A carrier's registered resources (core/fixed.h): its pool of registered buffers and its table of
 /// registered files. Each Carrier holds one of each by value; both are set up on the carrier's thread

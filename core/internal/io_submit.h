@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The one path every fiber-blocking call takes through the carrier's I/O driver.
 

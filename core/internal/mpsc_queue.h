@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// IntrusiveMpscQueue: lock-free multi-producer, single-consumer queue of
 /// caller-owned nodes; a carrier's inbox for wake-ups and cross-carrier messages.

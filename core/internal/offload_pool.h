@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// OffloadPool: the plain threads that run offload() work for one Runtime.
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// OwnerReturns: ids (buffer ids) handed back to the one carrier allowed to reuse them, from any
 /// thread, without a lock.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// ProxyFiber: the stand-in fiber of a plain OS thread.
 ///

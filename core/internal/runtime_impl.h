@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The shared state of one Runtime: its carriers, the live-fiber count, and the
 /// idle-carrier bookkeeping used to wake a parked carrier when work piles up.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Stack-overflow reporting: the other half of the stack pool's guard page (core/internal/stack_pool.h).
 ///

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Per-carrier pool of fiber stacks: one size class per power of two from 16 KiB to 8 MiB, each
 /// stack below a guard page, stacks carved from slabs that share one mapping.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The steal policy (RuntimeOptions::stealPolicy), written once: which of its victims a thief looks at,
 /// in what order, and whether it may take from one. Carrier::trySteal (the thief), Carrier::canStealAny

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Pieces shared by the blocking primitives (the waiter table's buckets, FiberCondVar, FiberMultiLock,
 /// FiberSemaphore): a tiny spin lock that guards their waiter lists, and the clamping of a user's timeout

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// WaiterTable: the process-wide table of parked waiters, keyed by address, on which FiberFutex and
 /// FiberMutex are built, as the kernel's futex hash is for pthreads.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// DPDK's Environment Abstraction Layer, set up for spindle: once per process, from options whose
 /// defaults work on a machine with no hugepages and no NIC.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Packet buffers (rte_mbuf) taken from and given back to their pools, with what ThreadSanitizer
 /// needs to know about them.

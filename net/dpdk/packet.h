@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The wire formats of spindle's small stack: Ethernet II, ARP, IPv4, ICMP echo and UDP. Frames are
 /// read and written as bytes (no DPDK types), so the parser is fuzzed and tested without EAL.

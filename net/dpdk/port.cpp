@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "net/dpdk/port.h"
 
 #include <rte_bus_vdev.h>

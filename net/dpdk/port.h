@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Port: one DPDK Ethernet port, its RX/TX queue pairs polled by spindle's carriers.
 ///

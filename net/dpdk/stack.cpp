@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #include "net/dpdk/stack.h"
 
 #include <rte_mbuf.h>

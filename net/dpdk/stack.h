@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Interface and UdpSocket: spindle's small IPv4/UDP stack on the queues of a DPDK Port.
 ///

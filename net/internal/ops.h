@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The socket operations net/ submits through the carrier's driver, shared by TcpStream, TcpListener and UdpSocket.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FiberLocal<T> (core/fiber_local.h): what an access costs once the value exists, against Boost.Fiber's
 // fiber_specific_ptr measured in the same run, and what a fiber's first access adds to spawn plus join
 // (the table, the value, and their destruction as the fiber ends), against spawn plus join alone.

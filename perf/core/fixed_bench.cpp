@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // 4 KiB reads from a page-cache file on one carrier: read() into a FixedBuffer's memory, read_fixed()
 // (IORING_OP_READ_FIXED), and read() through a FixedFile plus read_fixed (both registrations), in the
 // same run. Arg: fibers in flight. Each reads the same 4 KiB-aligned offsets of a 64 MiB file that was

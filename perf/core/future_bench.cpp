@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // FiberFuture set -> wake latency, as a ping-pong round trip (A sets B's future
 // and waits on its own; B does the reverse), against std::promise/std::future
 // between two threads doing the same. Each round is a new one-shot result on

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // NOPs through fibers (prepare, park, batch submit, reap, wake) against a raw
 // liburing loop that submits the same NOPs in batches of the same size, on a
 // ring with the same set-up flags, in the same binary.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // offload() round trip: a fiber pinned to carrier 0 offloads an empty function and waits for it (queue push,
 // pool thread wake-up, FiberFuture set back to the carrier), against std::async(std::launch::async, fn).get()
 // from a plain thread (a new thread and a shared state per call) in the same run. Ours allocates nothing per

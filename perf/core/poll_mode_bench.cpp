@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What spinning buys: cross-carrier round trips with each poll mode
 // (RuntimeOptions::pollMode). Two carriers, one fiber pinned on each:
 //   - FutureRoundTrip: A sets B's FiberFuture and waits on its own, B the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Scheduler costs, each against its peer in the same binary:
 //   - a yield round trip between two fibers on one carrier, against Boost.Fiber's
 //     this_fiber::yield() between two fibers on one thread;

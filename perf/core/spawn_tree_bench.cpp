@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A tree of spawn+join (issue 17, item 2): every fiber spawns kFanOut children, joins them, and returns;
 // kDepth levels below the root, 1 + 10 + ... + 10^6 = 1,111,111 fibers in all. It measures the stack pool
 // under a load that keeps a few dozen fibers alive at a time and ends one every ~0.5 µs:

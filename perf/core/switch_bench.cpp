@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The raw cost of a context switch: spindle_context_switch against Boost.Context's jump_fcontext, measured in
 // the same run (DESIGN.md: a fiber switch costs no more than jump_fcontext). Both ping-pong between the
 // benchmark thread and one context on a 64 KiB mmap'd stack; an iteration is a round trip, two switches.

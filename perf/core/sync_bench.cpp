@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Sync primitives against their peers, in the same binary:
 //   - FiberMutex uncontended lock+unlock against std::mutex (one thread, no waiters);
 //   - FiberMutex and FairFiberMutex hand-off among 4 fibers on one carrier against

@@ -13,6 +13,7 @@
 #   --filter RE     --benchmark_filter for every binary (default: the issue-14 set: switch, yield,
 #                   spawn+join, NOP through 1/8/64 fibers and raw liburing, future round trips)
 #   --no-build      reuse both builds as they are
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

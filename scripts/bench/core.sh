@@ -9,6 +9,7 @@
 #   --repetitions N  runs of each benchmark; the median is reported (default 5)
 #   --cpu C          CPU the benchmark process is confined to (default 1)
 #   --min-time S     Google Benchmark's --benchmark_min_time (default 0.3)
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -29,6 +29,7 @@
 #   --no-build         use the existing build/release and build/bench-dpdk/udp_echo
 # Needs root (EAL without hugepages still locks memory; taskset). Exit status: 0; 1 on a failed run;
 # 2 on bad usage.
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 
 script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -38,6 +38,7 @@
 # epoll_echo / spindle for CPU per message (>1: spindle cheaper); for the epoll backend, the same
 # messages/s ratio and spindle epoll CPU/msg ÷ epoll_echo CPU/msg (the loop it should cost no more
 # than: target <= 1.10).
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * epoll_echo: the reference TCP echo server that spindle-echo is measured against (scripts/bench/echo.sh).
  * One thread, one epoll set, nonblocking sockets; the usual tuning of a hand-written C event loop:

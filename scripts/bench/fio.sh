@@ -22,6 +22,7 @@
 # the carrier count, so both keep depth x carriers I/Os in flight. Latency p99 is spindle's
 # call-to-return time against fio's total latency (lat = slat + clat; clat is shown too).
 # "p99 ratio" is fio / spindle: above 1 favours spindle; "IOPS ratio" is spindle / fio.
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -34,6 +34,7 @@
 #                     raw_http.c needs cc and liburing-dev)
 #   --rss             memory mode (see above)
 #   --rss-connections N  connections in memory mode (default 10000)
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """Holds idle HTTP keep-alive connections open, for scripts/bench/http.sh --rss.
 
 usage: http_idle_clients.py PORT N READY RELEASE

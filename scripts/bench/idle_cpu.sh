@@ -14,6 +14,7 @@
 #   --tick-ms T      period of the per-carrier ticker in the second pass (default 1)
 #   --repetitions R  repetitions of each latency benchmark; the median is reported (default 5)
 #   --no-latency     skip the latency benchmark
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

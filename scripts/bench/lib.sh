@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # Helpers for benchmark scripts: source this file, then call bench_build, bench_machine_line, ratio.
 

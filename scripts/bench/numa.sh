@@ -10,6 +10,7 @@
 #   --repetitions R  runs per policy; spindle-topo shows the median makespan (default 5)
 #   --policy LIST    comma-separated policies (default numa,random,none)
 #   --skew S         one-carrier or hot-node (default one-carrier)
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 /*
  * raw_http: the floor under scripts/bench/http.sh. A single-threaded loop that answers every request
  * on a connection with spindle-httpd's exact hello response (same headers, same Date, same 13-byte

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The reference UDP echo for scripts/bench/dpdk.sh: one thread, one socket, epoll, each datagram sent
 // back to its sender unchanged. Draining with recvfrom until EAGAIN after each readiness event.
 //

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # Sourced helper: spindle_install_deps installs the Debian 12 packages spindle needs to build,
 # test and benchmark, and only those that are missing. spindle_install_cross_deps (below) adds what

@@ -10,6 +10,7 @@
 # merge it can simply be run again.
 # Exit status: 0 when every file has the line (--check) or now has it (--add); 1 when --check finds a
 # file without it (each one named on stderr) or a file cannot be read or written; 2 on bad usage.
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 
 readonly SPDX_TAG='SPDX-License-Identifier: Apache-2.0'

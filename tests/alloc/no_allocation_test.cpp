@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The hot paths allocate nothing once warm (issue 17, item 12): spawn and join on a carrier and across
 // carriers, the I/O calls (with and without a deadline), sleeps, and wake-ups from another thread. This
 // program counts every allocation made in the process (testing/alloc_hook.h) while a test looks; the

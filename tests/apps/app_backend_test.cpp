@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The epoll fallback end to end, in the real binaries: spindle-hello and spindle-httpd run in a child
 // whose io_uring_setup a seccomp filter answers with EPERM (as a container's profile or
 // kernel.io_uring_disabled would), and must then run on epoll, say why once, and exit 0; with

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Every app's command line, in the real binaries (apps/common/cli.h): a number out of its flag's range,
 // or no number at all, ends the program with status 2 before it starts anything, and stderr begins with
 // the flag's name; --help exits 0 and shows the ranges; a run with flags in range works.

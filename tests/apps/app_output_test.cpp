@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the programs print, in the real binaries: every app's --version (exit 0, "<name> <version>" from
 // CMake and git describe, nothing on stderr), spindle-hello's usage errors (exit 2), and spindle-iobench
 // --json, which must stay valid JSON whatever the file's name holds (quotes, backslashes, a newline).

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Runs an app binary as a child of the test, the way a user runs it, and collects its stdout, stderr
 /// and exit status. Shared by tests/apps/app_backend_test.cpp and tests/apps/app_flags_test.cpp.

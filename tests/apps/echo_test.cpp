@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-echo's server and client (apps/echo/echo.h) in one process over loopback: the server on one
 // runtime, the client on another, as the two programs would run. Every check is on counts and bytes
 // (the client compares each echo with what it sent); the runs are bounded by message counts, not by

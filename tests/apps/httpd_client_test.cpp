@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-httpd serving files to the clients people use: the real binary (SPINDLE_HTTPD_BIN) on
 // 127.0.0.1, talked to by curl and wget as a user would run them (`curl -C -`, `curl -z`, curl's
 // ETag cache, `wget -c`), and beside nginx on the same files where nginx is installed: for the

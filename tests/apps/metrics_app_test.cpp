@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // --metrics-port in the real daemons (apps/common/metrics_flag.h): spindle-echo and spindle-httpd start
 // with it, do some work for a client, and curl scrapes /metrics as an operator would; the page is valid,
 // carries the runtime's per-carrier families and the daemon's own, and its counters follow the work. A

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // Checks a page against the Prometheus text exposition format 0.0.4, independently of the writer that made
 // it: every line is a HELP, a TYPE or a sample; each family's HELP comes first, then its TYPE, then its

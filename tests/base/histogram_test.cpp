@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for LogLinearHistogram: bucket boundaries, the edge cases (empty, one value, the largest
 // value), and percentiles on random data checked against a sorted-vector reference.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// Reads spindle's log lines back (base/log.h) for the tests that check their shape: one regular
 /// expression for the whole line, so a change of format fails here first.

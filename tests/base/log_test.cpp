@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for base/log.h: the shape of a line (UTC timestamp with microseconds, thread, level, text),
 // the thread tag, SPINDLE_LOG and SPINDLE_LOG_TIME (including values they do not know), the level
 // filter, errno kept, and lines from many threads at once each written whole. Carrier threads'

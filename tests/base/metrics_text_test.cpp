@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // metrics::Writer: the exact text of families and samples, escaping, value forms, the order of what is
 // written, and every refusal (bad names, counters without _total, repeated families and series).
 #include "base/metrics_text.h"

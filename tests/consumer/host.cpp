@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Loads the consumer built as a module (argv[1]) with dlopen and runs it (scripts/consumer-check): the
 // case that needs position-independent spindle libraries and a thread-local storage model that works in
 // a dlopen'ed object. Exit status: that of spindle_consumer_run(), or 1 when loading fails, 2 on usage.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // What the out-of-tree consumers of an installed spindle run (scripts/consumer-check): the headers as a
 // user includes them, a runtime, a fiber-blocking read and write on a pipe, the per-fiber storage, and a
 // TCP round trip on loopback. main.cpp calls it in a program; host.cpp calls it in a dlopen'ed module,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for backend selection (core/driver/backend.h, RuntimeOptions::backend): the names, the io_uring
 // feature probe, and the fallbacks, each proven in a forked child whose process io_uring has been taken
 // from (a seccomp filter, RLIMIT_MEMLOCK without CAP_IPC_LOCK) or whose environment names a backend.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of the epoll driver's receive-buffer group (core/driver/buffer_group.h): every buffer
 // once, most recently returned first, -1 when all are out, returns from another thread (queued without a
 // lock, drained by the owner), and a buffer given back that is not out caught. Then the registration with a carrier's driver and the ops the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Deadlines (linked timeouts) and FiberHandle::cancel(): a pipe read that never completes times out and
 // the fiber goes on; a deadline already passed has no side effect; a fiber blocked in each kind of wait
 // (I/O, sleep, a primitive's timed wait) is cancelled from a thread, from a fiber on another carrier and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for ChaseLevDeque: single-threaded order and growth, then concurrent
 // conservation (every pushed item is taken exactly once, by the owner or by
 // exactly one thief). Verdicts never depend on timing; the stress tests only

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the raw context switch (core/internal/context.h): values and registers survive, floating-point
 // control state is per context, fresh contexts start aligned, and contexts can switch among themselves.
 

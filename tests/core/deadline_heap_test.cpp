@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for DeadlineHeap: ordering, FIFO ties, removal from every position,
 // index bookkeeping, and a long random run checked against a std::multiset model.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The seccomp filter the fallback tests install: io_uring_setup(2) fails with EPERM, as under a
 /// container's default profile (Docker's). Shared by tests/core/backend_test.cpp and

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FairFiberMutex (core/fair_fiber_mutex.h): lock/unlock/try_lock, the standard lock types, FIFO
 // order among fibers queued on one pinned carrier and among fibers and threads queued through lock(Future*),
 // the async form with waitWithTimeout(), try_lock() refusing to barge past a queue, and the last owner

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Error paths that a healthy kernel never takes, driven by the fault points in
 // uring/inject.h: a ring that cannot be set up (io_uring disabled, memlock) and a
 // stack that cannot be mapped. Each must come back as a clear errno, leave the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FiberCondVar (core/fiber_condvar.h): notify_one wakes one waiter, oldest first; notify_all wakes
 // the current waiters and not later ones; timed waits time out holding the lock again (also when the runtime
 // shuts down); the predicate forms; odd durations and deadlines; the lock types it accepts; fibers on two

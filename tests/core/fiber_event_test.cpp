@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FiberEvent (core/fiber_event.h): set/reset/isSet, waiters that arrive after set() return at once
 // and after reset() block, set() releasing fibers on both carriers and plain threads together, a set/reset
 // pulse not being missed, the async form with cancel() and waitWithTimeout(), ping-pong over two events, and

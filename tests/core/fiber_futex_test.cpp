@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FiberFutex (core/fiber_futex.h): the counter, wait() returning at once when the counter is already
 // there, post() waking every waiter (fibers on two carriers and plain threads), waits for several posts, waitFor
 // timing out with -ETIMEDOUT and leaving the waiter table, waitFor woken in time, and the post-versus-park race

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FiberFuture (core/fiber_future.h): set before and after wait, from the same carrier, the other
 // carrier and a plain thread; a thread waiting (proxy fiber); reset and reuse; waitForMultiple and the
 // detaching of the futures it did not return; waitWithTimeout on fibers and threads; and the set-versus-park

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FiberLocal<T> (core/fiber_local.h): a value per fiber, value-initialised on first access;
 // isolation between many fibers running at once; a value that follows its fiber from carrier to carrier;
 // destructors that run once, on the ending fiber, newest first, also when the fiber throws, and for

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FiberMultiLock (core/fiber_multilock.h): the ScopedLock life cycle, try_lock, per-key FIFO
 // hand-off (with the queue moving intact from holder to holder), distinct keys proceeding independently,
 // many keys held at once (the treap), 64 keys under many contending fibers and threads with a per-key

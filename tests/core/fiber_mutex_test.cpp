@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FiberMutex (core/fiber_mutex.h): try_lock and try_lock_shared against every kind of holder, shared
 // holders together, writer preference (a waiting writer keeps new readers out), unlock and unlock_shared waking
 // parked fibers and threads, the standard lock wrappers, a thread and fibers on two carriers sharing one mutex,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FiberSemaphore (core/fiber_semaphore.h): counting, FIFO hand-off to queued waiters with no
 // barging by try_acquire, release(n) spread over several waiters, timed acquires that time out leaving no
 // trace and losing no permit (also when they race releases, fibers and threads mixed), odd durations,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for FiberSequencer (core/fiber_sequencer.h): the counter, registrations satisfied at once, wake-up
 // in token order (futures on one thread, and 1,000 fibers), advance() past several tokens, cancellation
 // before and after the token is reached and of waiters in the middle of the heap, cancel() racing an

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for core/fixed.h: registered buffers (read_fixed/write_fixed) and registered files (FixedFile).
 //
 // Every transfer is checked against the kernel's own view (::pread/::pwrite on the same file), and the

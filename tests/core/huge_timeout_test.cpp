@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Timeouts too large to add to the clock (nanoseconds::max() and the like) mean "no timeout": the
 // waits below must park until they are woken or cancelled, not compute now() + d, wrap round to the
 // past and return at once. FiberCondVar and FiberSemaphore are covered in their own tests.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for seeing inside a running runtime (core/introspect.cpp): Runtime::fibers() lists every live
 // fiber with what it waits for and a backtrace unwound from its saved context; a carrier that does not
 // pause is named rather than waited for; join() after shutdown() reports the fibers that keep it waiting,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // I/O fault classes applied inside uring::Ring (uring/inject.h), driven through the public calls: a
 // submission that fails with an errno and no side effect (alone, in a chain with a deadline, and amid
 // a hundred fibers), short reads and writes that a loop recovers from, an SQ that behaves as full,

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the file-system, poll and splice calls of core/io.h: each call's effect checked against the
 // kernel's own view (::stat, ::lstat, ::access, ::pread), each call's main errors passed through, the null-path
 // EFAULT, poll woken by a write that comes before or after the poller parked, and every call once from a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the fiber-blocking I/O calls (core/io.h): results checked against the kernel's own view of the
 // file, errors passed through, the file position, the off-fiber path, a ring much smaller than the I/O in
 // flight, shutdown with sleepers and readers in flight, sleep order and bounds, and descriptor numbers

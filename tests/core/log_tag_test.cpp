@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the carrier tag in log lines (base/log.h, set by core/carrier.cpp): a line logged on
 // carrier N's thread, by the carrier itself or by a fiber running there, says `c<N>`; a plain thread's
 // line says `t<tid>`, before and after a runtime ran.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for IntrusiveMpscQueue: FIFO batches, the was-empty signal, exactly-once
 // delivery with per-producer order under four producers, and the Dekker park
 // protocol the carrier builds on push()/empty().

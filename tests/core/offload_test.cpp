@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for offload() (core/offload.h): the value and void forms; exception propagation; the caller's carrier
 // keeps running other fibers while the offloaded call blocks (it blocks until a fiber pinned to the same carrier
 // releases it, so a stalled carrier deadlocks, caught by the watchdog); many concurrent offloads never run more

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The runtime's NUMA wiring: each placement policy on a synthetic topology shows up as each
 // carrier's logicalPu in Runtime::stats(); SPINDLE_TOPOLOGY picks the topology when the option
 // is empty; bad placements fail start(); node-local memory on this machine, and its fallbacks

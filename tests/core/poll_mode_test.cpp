@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the poll modes (RuntimeOptions::pollMode, sqpoll): every mode runs I/O (pipes, nop, timers),
 // cross-carrier spawns and wake-ups, and stealing correctly; a spinning runtime shuts down; a spinning carrier
 // never parks and is never sent a wake-up; a hybrid one parks once its spin window has passed; SQPOLL rings

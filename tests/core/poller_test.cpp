@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the carriers' poller hook (core/poller.h) and Runtime::runOnCarrier (core/runtime.h): a
 // poller runs on its carrier's thread every loop turn, can wake a fiber that nothing else would, keeps
 // its carrier from parking while it says so, and stops once removed; runOnCarrier runs on the carrier

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The runtime's metric families (core/runtime_metrics.h): one sample per carrier with its index as the
 // `carrier` label, steals by distance class, the page valid in the text format, counters that move with
 // the work the carriers do, and, where Debian's prometheus package put promtool on the PATH, promtool's

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the runtime and its fibers (core/runtime.h, core/fiber.h): run() and start(), option and spawn
 // errors, many fibers across carriers, exceptions through join, joins from threads and fibers, yield, waking a
 // parked carrier, detach, this_fiber, and the counters.

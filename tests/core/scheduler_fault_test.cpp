@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The scheduler's own allocations failing (issue 17, item 8), through the kGrowFail fault point: a run deque
 // that cannot grow must still run every fiber woken (a wake-up cannot fail; it used to terminate the
 // process from a noexcept path), a timer heap that cannot grow fails the sleep with ENOMEM, and a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Death test for stack-overflow reporting (core/stack_overflow.cpp): a fiber that runs off the end of its stack hits
 // the guard page, and the fault handler names the fiber and its id before the process aborts.
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The fiber stack pool (core/stack_pool.cpp, issue 17 items 1 and 2): size classes, slabs under one
 // mapping with guard pages that still fault, reuse most-recent-first, scavenging least-recently-used
 // first and only after a whole idle period, spares for other threads; and, through a runtime, a

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Steal policies on synthetic topologies (carriers run unbound, "simulation mode"): the victim order each
 // carrier gets, the threshold rule of kNuma against kRandom's free crossing, kLocalOnly and kNone, and
 // pinned fibers under every policy. No verdict here depends on timing: every assertion is on a counter or a

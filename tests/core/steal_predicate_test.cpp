@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of the steal policy written once (core/internal/steal_policy.h): stealAllowed() for each
 // policy and distance, and the order in which stealPass() visits victims, which victims it never reads,
 // and where it stops. Fake victims (index-only carriers) and queue lengths; no runtime.

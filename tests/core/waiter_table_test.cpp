@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Tests for the waiter table (core/internal/waiter_table.h): its shape (power of two, at least 64 and 4 per PU,
 // groups of 4 on their PU's node), release of every waiter of a key and of the oldest one, FIFO order, keys that
 // share a bucket, removal racing with release, and fibers on two carriers and plain threads parked in it.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The fixture and helpers the core and stress tests share (STYLE snippet 5): a runtime of two carriers
 /// (two even on a one-core machine, so that the cross-carrier paths always run), a TearDown that fails the

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle's DPDK stack against the kernel's own: a net_tap port (and, second variant, a net_af_packet
 // port on a veth pair) whose kernel end sits in a network namespace the test creates, with an
 // address in 198.18.0.0/15 (nothing leaves the namespace). The kernel's ping is answered, a kernel

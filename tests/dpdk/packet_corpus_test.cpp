@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Feeds every frame of the fuzzing seed corpus (tests/fuzz/corpus/packet/) through the DPDK stack's
 // parser, in every build flavour, and checks the invariants the fuzzer checks; the corpus holds
 // each verdict the parser can give.

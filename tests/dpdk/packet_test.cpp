@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The stack's wire formats (net/dpdk/packet.h), without EAL: frames built by the builders parse back
 // to what was put in; every kind of bad frame is dropped with its reason; no prefix of a valid frame
 // is read past its end (ASan) or taken for a whole one.

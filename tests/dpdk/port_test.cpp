@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // dpdk::startEal and dpdk::Port: EAL's arguments and its one-start rule, ports opened by vdev string
 // and attached by id, their errors, and frames carried between two net_ring ports wired back to back
 // and polled by fibers on different carriers, with no frame lost and no mbuf leaked.

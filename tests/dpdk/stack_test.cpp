@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // dpdk::Interface and dpdk::UdpSocket over two net_ring ports wired back to back, each interface run
 // by its own carrier: ARP resolution on the first send, a UDP exchange between fibers on different
 // carriers, ping answered, bad frames dropped and counted, and every error path of the sockets.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// EAL for the DPDK test suites: started once per test process (ctest runs each test in its own),
 /// quietly, with spindle's defaults.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the spindle-httpd request parser and path resolver: every input is parsed
 // under the default limits and under tight ones, and the invariants of http_parser_invariants.h
 // must hold. Seed corpus: tests/fuzz/corpus/http/.

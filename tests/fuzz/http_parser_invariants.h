@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The properties every parse must have, whatever the input: shared by the libFuzzer target
 /// (tests/fuzz/http_parser_fuzz.cpp), which aborts on a violation, and the corpus test

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The properties every parse of a frame must have, whatever its bytes: shared by the libFuzzer
 /// target (tests/fuzz/packet_parser_fuzz.cpp), which aborts on a violation, and the corpus test

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for the DPDK stack's frame parser (net/dpdk/packet.h): every input is parsed as a
 // frame for the corpus interface, and the invariants of packet_invariants.h must hold (replies built
 // from what it accepts parse back at the sender). Seed corpus: tests/fuzz/corpus/packet/.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // libFuzzer target for spindle-kv's RESP request parser: every input is parsed under the default limits
 // and under tight ones, and the invariants of resp_parser_invariants.h must hold.
 // Seed corpus: tests/fuzz/corpus/resp/.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // What must hold for any input to spindle-kv's RESP parser (apps/kv/resp.h), checked by the libFuzzer
 // target and by the corpus test in every build. Each check returns "" or a description of what broke.

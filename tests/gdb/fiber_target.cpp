@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The program tests/gdb/spindle_gdb_test.py looks into with gdb: two fibers suspended in known waits, a
 // line "ready <reader id> <sleeper id>" on stdout once the runtime lists both as suspended, then, when
 // stdin closes, both waits ended and a clean exit (status 0 only if the fibers saw what they should:

@@ -1,4 +1,5 @@
 #!/usr/bin/env python3
+# SPDX-License-Identifier: Apache-2.0
 """The gdb extension (tools/gdb/spindle.py) against a live spindle program and a core file of it.
 
 Usage: spindle_gdb_test.py TARGET SCRIPT [--no-core]. Runs TARGET (tests/gdb/fiber_target.cpp), which prints

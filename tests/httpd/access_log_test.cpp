@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of spindle-httpd's access-log line (apps/httpd/access_log.h): nginx's combined format,
 // its escapes, and the cut of an overlong line.
 #include <unistd.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Feeds every file of the fuzzing seed corpus (tests/fuzz/corpus/http/) through the parser, in every
 // build flavour, and checks the invariants the fuzzer checks.
 #include <gtest/gtest.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of the static file response's decisions (apps/httpd/file_response.h): HTTP-dates in
 // their three forms, nginx's ETag, Range (RFC 9110 §14) and the preconditions in §13.2.2's order.
 #include <gtest/gtest.h>

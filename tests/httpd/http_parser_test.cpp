@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of the spindle-httpd request parser (apps/httpd/http_parser.h) and path helpers
 // (apps/httpd/static_path.h): the happy paths, every error status, limits, and incremental feeding.
 #include <gtest/gtest.h>

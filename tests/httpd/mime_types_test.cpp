@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests of spindle-httpd's Content-Type table (apps/httpd/mime_types.h).
 #include <gtest/gtest.h>
 

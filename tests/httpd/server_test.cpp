@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Conformance tests of spindle-httpd's server (apps/httpd/server.h): the server runs in-process on a
 // runtime of two carriers, listening on 127.0.0.1 port 0; the client end is plain blocking sockets on
 // the test thread. Timeouts are generous (sanitizer builds are slow); no test passes or fails on timing

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // The spindle-kv binary as users run it: Debian's redis-cli against it (skipped where redis-cli is not
 // installed), and crash safety: writers on several connections with --appendfsync always, the server
 // killed with SIGKILL at a random moment, restarted on the same directory, and every acknowledged write

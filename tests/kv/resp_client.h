@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A blocking RESP client for the kv tests (plain POSIX sockets on the test's thread): sends commands
 // as arrays (or raw bytes) and reads one whole reply back as its raw bytes, so that a test compares

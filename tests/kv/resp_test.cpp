@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-kv's RESP parser and reply writer: arrays, inline commands with Redis's quoting, pipelining,
 // the limits with Redis's exact error texts, the unknown-command text, and the seed corpus of the
 // fuzzer (tests/fuzz/corpus/resp/) replayed with the fuzzer's invariants.

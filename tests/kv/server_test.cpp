@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-kv's server in process over loopback: command semantics and exact replies, expiry (lazy
 // and active), connection commands, protocol errors and limits, pipelining, large and binary values,
 // AUTH, maxclients, maxmemory, and durability across a restart on the same data directory (with a

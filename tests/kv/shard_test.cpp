@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // A spindle-kv shard on its own (no runtime, no log): KEYS's glob, lazy and active expiry, the memory
 // and key counts INFO reports, and the fixed key hash that maps keys to shards.
 #include "apps/kv/shard.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // spindle-kv's write-ahead log: CRC32C, framing, recovery of a torn tail cut at every byte of the last
 // record, refusal on a flipped bit in the middle, shard records replayed into the same keyspace, group
 // commit (concurrent writers share fdatasyncs), and a failing fdatasync that stops acknowledgements.

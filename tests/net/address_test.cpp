@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // SocketAddress: parsing and printing of IPv4, IPv6 and Unix addresses, and the errors for bad text.
 #include "net/address.h"
 

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // BufferedReader/BufferedWriter and ProvidedBufferPool: parsing in place, messages split across
 // receives, idle readers holding no memory with a pool, the heap fallback (refused registration,
 // exhausted ring, plain threads), and the writer's coalescing.

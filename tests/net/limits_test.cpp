@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Resource limits: accept under EMFILE (RLIMIT_NOFILE lowered) backs off and recovers, and one
 // carrier holds 5,000 concurrent connections with both ends in this process.
 #include <dirent.h>

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 #pragma once
 // A connected TCP pair over IPv4 loopback for the net tests: the listener (kept so its port stays
 // bound), the connecting end and the accepted end. Aborts the test binary when the loopback itself

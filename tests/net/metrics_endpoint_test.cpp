@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MetricsEndpoint over loopback, scraped by a plain blocking socket as Prometheus would: the page and
 // its Content-Type, counters that move between scrapes, a daemon's own families, keep-alive and close
 // (HTTP/1.1 and 1.0, pipelined requests), HEAD, 404, 405, 400, 431 for an oversized head, 408, idle

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // MultishotReceiver: one armed receive for a connection's life. Order and completeness of the bytes
 // (through the inline queue, its spill and the high-water pause), end of stream, peer reset,
 // deadlines and cancellation (pinned on the operation's carrier, where a cancel cancels the

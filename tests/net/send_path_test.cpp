@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // How a send leaves: a direct send(2) when the fiber is all its carrier has to do, the ring when
 // other fibers are ready (batching), the ring again when the socket is full; cancellation and past
 // deadlines behave the same on every path.

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // net::TcpServer over loopback: a handler per connection on every carrier, exclusive ports (EADDRINUSE
 // for a second server unless sharing is asked for), one listener dealt round robin, and the drain
 // (idle connections at once, busy ones allowed to finish, then cut after drainTimeout).

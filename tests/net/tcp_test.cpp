@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // TcpListener and TcpStream over loopback: accept/connect/recv/send, deadlines, reset, half-close,
 // listener close, cancellation, and the plain-thread path.
 #include "net/tcp.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // UdpSocket over loopback: sendTo/recvFrom, connected send/recv, sendMsg/recvMsg with truncation,
 // deadlines, and bad arguments.
 #include "net/udp.h"

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests for numa/placement.h: every policy on synthetic shapes, the explicit list's
 // errors, and the text form apps use.
 #include "numa/placement.h"

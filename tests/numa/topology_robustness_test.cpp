@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // numa::Topology where detection goes wrong or says more than the basics: the spec string,
 // hwloc's distance matrix, memory-less NUMA nodes (from XML files written here), a smaller
 // cpuset, hwloc failing to load (injected), and memory binding (area and thread).

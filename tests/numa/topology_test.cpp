@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Unit tests for numa::Topology: synthetic shapes for everything that must not depend
 // on the host, the live machine for binding and node-local memory.
 #include "numa/topology.h"

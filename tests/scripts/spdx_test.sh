@@ -4,6 +4,7 @@
 # mode, a second --add
 # changes nothing, files that are not sources are left alone, and bad usage exits 2.
 # usage: spdx_test.sh PATH/TO/spdx.sh     Exit status: 0 pass, 1 fail.
+# SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 
 spdx=$1

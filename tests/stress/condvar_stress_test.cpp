@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stress tests for FiberCondVar (core/fiber_condvar.h) with fibers on two carriers and plain threads mixed:
 // a bounded queue built on two condition variables delivers every item exactly once, under a fiber-aware
 // lock and under a std::mutex, with untimed and timed consumers; and timed waiters racing notify_one()

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stress tests for FiberMutex and FiberFutex with invariants: fibers on two carriers and plain threads increment a
 // plain counter under the mutex and the total is exact; readers under lock_shared never see a writer's two fields
 // differ; producers and consumers meeting through a futex never lose a post (a lost one hangs, and the watchdog

@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // Stress tests for FiberSequencer and the primitives on it: the combiner under many fibers and threads
 // registering, cancelling, timing out, incrementing and advancing at once (every future set exactly once,
 // with a result that fits what its owner did); FairFiberMutex mutual exclusion with fibers on two carriers

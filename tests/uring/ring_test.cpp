@@ -1,3 +1,4 @@
+// SPDX-License-Identifier: Apache-2.0
 // uring::Ring on its own, without a runtime: set-up and what it reports, NOPs out and back with
 // their user_data, the SQ-full path, a reserved chain, a timed wait, registered buffers and files
 // with their error paths, and the two fault points that act on the ring itself (kRingSetup,

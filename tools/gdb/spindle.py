@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # gdb commands for spindle programs: the fibers of a live process or a core file, and the frames of a
 # suspended fiber.
 #
