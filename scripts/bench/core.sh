@@ -22,7 +22,7 @@ while (($# > 0)); do
     --repetitions) reps="$2"; shift ;;
     --cpu) cpu="$2"; shift ;;
     --min-time) min_time="$2"; shift ;;
-    -h|--help) sed -n '2,11p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "core.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift

@@ -47,7 +47,7 @@ while (($# > 0)); do
     --size) size=$2; shift ;;
     --forward-seconds) forward_seconds=$2; shift ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "dpdk.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
   shift

@@ -75,7 +75,7 @@ while (($# > 0)); do
     --client-cpu) client_cpu="$2"; shift ;;
     --nice) nice="$2"; shift ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,40p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "echo.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift

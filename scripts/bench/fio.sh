@@ -49,7 +49,7 @@ while (($# > 0)); do
     --fixed-buffers) fixed=1 ;;
     --no-direct) direct=0 ;;
     --no-build) build=0 ;;
-    -h|--help) sed -n '2,26p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "fio.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift

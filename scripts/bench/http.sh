@@ -61,7 +61,7 @@ while (($# > 0)); do
     --floor) floor=1 ;;
     --backends) backends="$2"; shift ;;
     --rss-connections) rss_conns="$2"; shift ;;
-    -h|--help) sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "http.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift

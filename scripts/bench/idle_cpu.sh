@@ -31,7 +31,7 @@ while (($# > 0)); do
     --tick-ms) tick="$2"; shift ;;
     --repetitions) reps="$2"; shift ;;
     --no-latency) latency=0 ;;
-    -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "idle_cpu.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift

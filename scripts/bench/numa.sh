@@ -27,7 +27,7 @@ while (($# > 0)); do
     --repetitions) reps="$2"; shift ;;
     --policy) policy="$2"; shift ;;
     --skew) skew="$2"; shift ;;
-    -h|--help) sed -n '2,13p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "numa.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
