@@ -24,6 +24,7 @@ struct Out {
     char* end;
     void put(std::string_view s) noexcept {
         const size_t n = std::min(s.size(), static_cast<size_t>(end - p));
+        if (n == 0) { return; }  // an empty view may have no data() at all (memcpy from null is UB)
         std::memcpy(p, s.data(), n);
         p += n;
     }

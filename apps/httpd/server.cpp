@@ -119,6 +119,7 @@ public:
     void clear() noexcept { len_ = 0; }
     /// Precondition: room() >= s.size().
     void put(std::string_view s) noexcept {
+        if (s.empty()) { return; }  // an empty view may have no data() at all (memcpy from null is UB)
         std::memcpy(buf_.data() + len_, s.data(), s.size());
         len_ += s.size();
     }
@@ -574,6 +575,7 @@ private:
         char* const start = out().tail();
         char* p = start;
         auto put = [&p](std::string_view s) noexcept {
+            if (s.empty()) { return; }  // an empty view may have no data() at all (memcpy from null is UB)
             std::memcpy(p, s.data(), s.size());
             p += s.size();
         };
