@@ -43,6 +43,7 @@
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
 #include "apps/common/metrics_flag.h"
+#include "apps/common/stop_signals.h"
 #include "apps/echo/echo.h"
 #include "apps/echo/echo_metrics.h"
 #include "apps/echo/udp_echo.h"
@@ -118,36 +119,10 @@ std::optional<spindle::net::SocketAddress> parseAddress(const std::string& host,
 }
 
 
-// Blocks SIGINT and SIGTERM (before the carriers start, so every thread inherits the mask) and returns
-// a signalfd for them, or -1.
-int blockStopSignals() {
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    if (::pthread_sigmask(SIG_BLOCK, &signals, nullptr) != 0) {
-        std::perror("spindle-echo: pthread_sigmask");
-        return -1;
-    }
-    const int sfd = ::signalfd(-1, &signals, SFD_CLOEXEC | SFD_NONBLOCK);
-    if (sfd < 0) { std::perror("spindle-echo: signalfd"); }
-    return sfd;
-}
-
-// Waits on a fiber for a signal from `sfd`; returns its number (0 when the runtime went down).
+// Waits on a fiber for a signal from `sfd` (apps/common/stop_signals.h); returns its number (0 when the
+// runtime went down first).
 int waitForStopSignal(spindle::Runtime& rt, int sfd) {
-    auto waiter = rt.spawn(
-        [sfd]() -> int {
-            for (;;) {
-                auto ready = spindle::poll(sfd, POLLIN);
-                if (!ready) { return 0; }  // ECANCELED: the runtime is going down anyway
-                signalfd_siginfo info{};
-                if (::read(sfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
-                    return static_cast<int>(info.ssi_signo);
-                }
-            }
-        },
-        spindle::SpawnOptions{.name = "echo-signals"});
+    auto waiter = spindle::apps::watchStopSignals(rt, sfd, "spindle-echo", "stopping", [] {});
     if (!waiter) {
         std::fprintf(stderr, "spindle-echo: spawn: %s\n", waiter.error().message().c_str());
         return 0;
@@ -328,7 +303,7 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
     auto address = parseAddress(host, port);
     if (!address) { return kExitUsage; }
     // Before the carriers start, so that every thread inherits the mask and the signalfd is their only way in.
-    const int sfd = blockStopSignals();
+    const int sfd = spindle::apps::blockStopSignals("spindle-echo");
     if (sfd < 0) { return kExitFailure; }
     auto rt = spindle::Runtime::start(rtFlags.options());
     if (!rt) {
@@ -427,7 +402,7 @@ struct DpdkFlagsArg {
 #endif
 
 int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, const DpdkFlagsArg& dpdkFlags) {
-    const int sfd = blockStopSignals();
+    const int sfd = spindle::apps::blockStopSignals("spindle-echo");
     if (sfd < 0) { return kExitFailure; }
 #if defined(SPINDLE_HAVE_DPDK)
     spindle::dpdk::InterfaceOptions io;

@@ -23,6 +23,7 @@
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
 #include "apps/common/metrics_flag.h"
+#include "apps/common/stop_signals.h"
 #include "apps/httpd/httpd_metrics.h"
 #include "apps/httpd/server.h"
 #include "core/io.h"
@@ -122,19 +123,11 @@ int main(int argc, char** argv) {
         return 2;
     }
 
-    // Block the signals before the carriers start, so that every thread inherits the mask and they
-    // arrive only through the signalfd.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    // Before the carriers start, so that every thread inherits the mask and the signals arrive only
+    // through the signalfd.
     ::signal(SIGPIPE, SIG_IGN);
-    const int sfd = ::signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (sfd < 0) {
-        std::perror("spindle-httpd: signalfd");
-        return 1;
-    }
+    const int sfd = spindle::apps::blockStopSignals("spindle-httpd");
+    if (sfd < 0) { return 1; }
 
     spindle::RuntimeOptions ro;
     ro.carriers = carriers;
@@ -194,20 +187,7 @@ int main(int argc, char** argv) {
     }
 
     // The signal watcher: one poll on the signalfd through the backend.
-    auto watcher = rt->spawn(
-        [s, sfd] {
-            for (;;) {
-                auto ready = spindle::poll(sfd, POLLIN);
-                if (!ready) { return; }  // the runtime is shutting down
-                signalfd_siginfo info{};
-                if (::read(sfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
-                    std::fprintf(stderr, "spindle-httpd: signal %u, draining\n", info.ssi_signo);
-                    s->stop();
-                    return;
-                }
-            }
-        },
-        spindle::SpawnOptions{.name = "signals"});
+    auto watcher = spindle::apps::watchStopSignals(*rt, sfd, "spindle-httpd", "draining", [s] { s->stop(); });
     if (!watcher) {
         std::fprintf(stderr, "spindle-httpd: cannot watch signals: %s\n", watcher.error().message().c_str());
         s->stop();
@@ -216,7 +196,7 @@ int main(int argc, char** argv) {
     metrics.endpoint.reset();  // before the server its collector reads
     const spindle::httpd::ServerStats st = s->stats();
     server->reset();
-    if (watcher) { watcher->join(); }
+    if (watcher) { (void)watcher->join(); }
     rt->shutdown();
     rt->join();
     ::close(sfd);

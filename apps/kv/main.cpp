@@ -22,6 +22,7 @@
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
 #include "apps/common/metrics_flag.h"
+#include "apps/common/stop_signals.h"
 #include "apps/kv/kv_metrics.h"
 #include "apps/kv/server.h"
 #include "core/io.h"
@@ -85,18 +86,10 @@ int main(int argc, char** argv) {
         return spindle::apps::kExitUsage;
     }
 
-    // Block the signals before the carriers start, so that they arrive only through the signalfd.
-    sigset_t signals;
-    sigemptyset(&signals);
-    sigaddset(&signals, SIGINT);
-    sigaddset(&signals, SIGTERM);
-    ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+    // Before the carriers start, so that they arrive only through the signalfd.
     ::signal(SIGPIPE, SIG_IGN);
-    const int sfd = ::signalfd(-1, &signals, SFD_NONBLOCK | SFD_CLOEXEC);
-    if (sfd < 0) {
-        std::perror("spindle-kv: signalfd");
-        return spindle::apps::kExitFailure;
-    }
+    const int sfd = spindle::apps::blockStopSignals("spindle-kv");
+    if (sfd < 0) { return spindle::apps::kExitFailure; }
 
     spindle::RuntimeOptions ro;
     ro.carriers = carriers;
@@ -149,20 +142,7 @@ int main(int argc, char** argv) {
                              dir.empty() ? std::string("no log") : "log in " + dir + ", appendfsync " + appendFsync)
                      .c_str());
 
-    auto watcher = rt->spawn(
-        [s, sfd] {
-            for (;;) {
-                auto ready = spindle::poll(sfd, POLLIN);
-                if (!ready) { return; }  // the runtime is shutting down
-                signalfd_siginfo info{};
-                if (::read(sfd, &info, sizeof info) == static_cast<ssize_t>(sizeof info)) {
-                    std::fprintf(stderr, "spindle-kv: signal %u, stopping\n", info.ssi_signo);
-                    s->stop();
-                    return;
-                }
-            }
-        },
-        spindle::SpawnOptions{.name = "signals"});
+    auto watcher = spindle::apps::watchStopSignals(*rt, sfd, "spindle-kv", "stopping", [s] { s->stop(); });
     if (!watcher) {
         std::fprintf(stderr, "spindle-kv: cannot watch signals: %s\n", watcher.error().message().c_str());
         s->stop();
@@ -173,7 +153,7 @@ int main(int argc, char** argv) {
     server->reset();
     if (watcher) {
         watcher->cancel();  // after SHUTDOWN no signal came
-        watcher->join();
+        (void)watcher->join();
     }
     rt->shutdown();
     rt->join();
