@@ -569,6 +569,35 @@ void cmdStrlen(Ctx& x) {
     });
 }
 
+// EX, PX, EXAT or PXAT (`opt`, lower case), the options SET and GETEX share.
+bool isExpireOption(const std::string& opt) { return opt == "ex" || opt == "px" || opt == "exat" || opt == "pxat"; }
+
+// The absolute expiry in ms that `opt` with its argument `text` names, in *atMs. Errors: false after
+// writing Redis's reply: not an integer, or "invalid expire time in '<command>' command" for a time
+// that is not positive or does not fit in milliseconds (relative ones counted from now).
+bool parseExpireOption(Ctx& x, const std::string& opt, std::string_view text, const char* command, int64_t* atMs) {
+    int64_t v = 0;
+    if (!parseInt64(text, v)) {
+        x.w.error(kNotInteger);
+        return false;
+    }
+    const bool seconds = opt == "ex" || opt == "exat";
+    const bool relative = opt == "ex" || opt == "px";
+    bool valid = v > 0 && !(seconds && v > INT64_MAX / 1000);
+    if (valid && seconds) { v *= 1000; }
+    if (valid && relative) {
+        const int64_t now = nowMs();
+        valid = v <= INT64_MAX - now;
+        if (valid) { v += now; }
+    }
+    if (!valid) {
+        x.w.error(fmt::format("ERR invalid expire time in '{}' command", command));
+        return false;
+    }
+    *atMs = v;
+    return true;
+}
+
 // SET key value [NX|XX] [GET] [EX s|PX ms|EXAT t|PXAT tms|KEEPTTL]
 void cmdSet(Ctx& x) {
     bool nx = false, xx = false, get = false, keepTtl = false;
@@ -586,27 +615,8 @@ void cmdSet(Ctx& x) {
             get = true;
         } else if (opt == "keepttl" && !haveExpire) {
             keepTtl = true;
-        } else if ((opt == "ex" || opt == "px" || opt == "exat" || opt == "pxat") && !keepTtl && !haveExpire && hasNext) {
-            int64_t v = 0;
-            if (!parseInt64(x.arg(i + 1), v)) {
-                x.w.error(kNotInteger);
-                return;
-            }
-            const bool seconds = opt == "ex" || opt == "exat";
-            if (v <= 0 || (seconds && v > INT64_MAX / 1000)) {
-                x.w.error("ERR invalid expire time in 'set' command");
-                return;
-            }
-            if (seconds) { v *= 1000; }
-            if (opt == "ex" || opt == "px") {
-                const int64_t now = nowMs();
-                if (v > INT64_MAX - now) {
-                    x.w.error("ERR invalid expire time in 'set' command");
-                    return;
-                }
-                v += now;
-            }
-            expireAt = v;
+        } else if (isExpireOption(opt) && !keepTtl && !haveExpire && hasNext) {
+            if (!parseExpireOption(x, opt, x.arg(i + 1), "set", &expireAt)) { return; }
             haveExpire = true;
             ++i;
         } else {
@@ -698,20 +708,8 @@ void cmdGetex(Ctx& x) {
         toLower(x.arg(2), opt);
         if (opt == "persist" && x.argc() == 3) {
             at = 0;
-        } else if ((opt == "ex" || opt == "px" || opt == "exat" || opt == "pxat") && x.argc() == 4) {
-            int64_t v = 0;
-            if (!parseInt64(x.arg(3), v)) {
-                x.w.error(kNotInteger);
-                return;
-            }
-            const bool seconds = opt == "ex" || opt == "exat";
-            if (v <= 0 || (seconds && v > INT64_MAX / 1000)) {
-                x.w.error("ERR invalid expire time in 'getex' command");
-                return;
-            }
-            if (seconds) { v *= 1000; }
-            if (opt == "ex" || opt == "px") { v += nowMs(); }
-            at = v;
+        } else if (isExpireOption(opt) && x.argc() == 4) {
+            if (!parseExpireOption(x, opt, x.arg(3), "getex", &at)) { return; }
         } else {
             x.w.error(kSyntax);
             return;

@@ -165,6 +165,12 @@ TEST_F(KvServer, ExpiryLazyAndActive) {
     EXPECT_LE(std::atoi(pttl.c_str() + 1), 40);
     EXPECT_EQ(c.call({"SETEX", "r", "100", "v"}), kOk);
     EXPECT_EQ(c.call({"GETEX", "r", "PERSIST"}), bulk("v"));
+    // A relative time that passes INT64_MAX ms once now is added: refused, as SET refuses it (GETEX
+    // once wrapped it into the past).
+    EXPECT_EQ(c.call({"GETEX", "r", "PX", "9223372036854775807"}), "-ERR invalid expire time in 'getex' command\r\n");
+    EXPECT_EQ(c.call({"SET", "r", "v", "PX", "9223372036854775807"}), "-ERR invalid expire time in 'set' command\r\n");
+    EXPECT_EQ(c.call({"GETEX", "r", "EX", "0"}), "-ERR invalid expire time in 'getex' command\r\n");
+    EXPECT_EQ(c.call({"GET", "r"}), bulk("v"));
     EXPECT_EQ(c.call({"TTL", "r"}), ":-1\r\n");
     EXPECT_EQ(c.call({"SETEX", "r", "0", "v"}), "-ERR invalid expire time in 'setex' command\r\n");
     std::this_thread::sleep_for(60ms);
