@@ -30,6 +30,12 @@ inline CLI::Option* addBackendFlag(CLI::App& app, std::string& name) {
     return backend ? *backend : Backend::kAuto;
 }
 
+/// The poll mode a --poll-mode value spells (block, spin, hybrid, as the apps' flags check them);
+/// kBlock for any other text.
+[[nodiscard]] inline PollMode pollModeFromFlag(const std::string& name) noexcept {
+    return name == "spin" ? PollMode::kSpin : name == "hybrid" ? PollMode::kHybrid : PollMode::kBlock;
+}
+
 /// What an app adds to "the runtime did not start: <error>": with `--backend io_uring`, that no
 /// fallback to epoll was allowed (Runtime::start has logged why io_uring could not be set up); else "".
 [[nodiscard]] inline std::string startFailureNote(const std::string& name) {

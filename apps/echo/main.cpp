@@ -87,9 +87,7 @@ struct RuntimeFlags {
     spindle::RuntimeOptions options() const {
         spindle::RuntimeOptions o;
         o.carriers = carriers;
-        o.pollMode = pollMode == "spin"     ? spindle::PollMode::kSpin
-                     : pollMode == "hybrid" ? spindle::PollMode::kHybrid
-                                            : spindle::PollMode::kBlock;
+        o.pollMode = spindle::apps::pollModeFromFlag(pollMode);
         o.spinMicros = spinMicros;
         o.ringEntries = ringEntries;
         o.bindCarriers = !noBind;

@@ -132,9 +132,7 @@ int main(int argc, char** argv) {
     spindle::RuntimeOptions ro;
     ro.carriers = carriers;
     ro.ringEntries = ringEntries;  // thousands of connections keep a receive each in flight
-    ro.pollMode = pollMode == "spin"     ? spindle::PollMode::kSpin
-                  : pollMode == "hybrid" ? spindle::PollMode::kHybrid
-                                         : spindle::PollMode::kBlock;
+    ro.pollMode = spindle::apps::pollModeFromFlag(pollMode);
     ro.spinMicros = spinMicros;
     ro.backend = spindle::apps::backendFromFlag(backend);
     auto rt = spindle::Runtime::start(ro);

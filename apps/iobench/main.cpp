@@ -428,9 +428,7 @@ int main(int argc, char** argv) {
     ro.bindCarriers = !o.noBind;
     ro.deferTaskrun = !o.noDeferTaskrun;
     ro.backend = spindle::apps::backendFromFlag(o.backend);
-    ro.pollMode = o.pollMode == "spin"     ? spindle::PollMode::kSpin
-                  : o.pollMode == "hybrid" ? spindle::PollMode::kHybrid
-                                           : spindle::PollMode::kBlock;
+    ro.pollMode = spindle::apps::pollModeFromFlag(o.pollMode);
     ro.ringEntries = std::max(256u, std::bit_ceil(o.depth + 16));  // a whole depth fits in one batch
     if (o.fixedBuffers) {
         // One registered buffer per fiber in flight on each carrier, rounded up to whole pages.

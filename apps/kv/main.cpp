@@ -94,9 +94,7 @@ int main(int argc, char** argv) {
     spindle::RuntimeOptions ro;
     ro.carriers = carriers;
     ro.ringEntries = ringEntries;
-    ro.pollMode = pollMode == "spin"     ? spindle::PollMode::kSpin
-                  : pollMode == "hybrid" ? spindle::PollMode::kHybrid
-                                         : spindle::PollMode::kBlock;
+    ro.pollMode = spindle::apps::pollModeFromFlag(pollMode);
     ro.spinMicros = spinMicros;
     ro.backend = spindle::apps::backendFromFlag(backend);
     auto rt = spindle::Runtime::start(ro);
