@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 
 #include "spindle_version.h"
+#include "testing/scratch_dir.h"
 #include "tests/apps/child_process.h"
 
 #if !defined(SPINDLE_HELLO_BIN) || !defined(SPINDLE_HTTPD_BIN) || !defined(SPINDLE_ECHO_BIN) || \
@@ -64,23 +65,10 @@ TEST(AppOutput, HelloRefusesABadCommandLine) {
     }
 }
 
-// A scratch directory removed at the end of the test.
-struct ScratchDir {
-    ScratchDir() {
-        std::string pattern = (std::filesystem::temp_directory_path() / "spindle-app-output.XXXXXX").string();
-        if (::mkdtemp(pattern.data()) != nullptr) { path = pattern; }
-    }
-    ~ScratchDir() {
-        std::error_code ec;
-        if (!path.empty()) { std::filesystem::remove_all(path, ec); }
-    }
-    std::filesystem::path path;
-};
-
 TEST(AppOutput, IobenchJsonIsValidForAnyFileName) {
-    ScratchDir dir;
-    ASSERT_FALSE(dir.path.empty()) << "mkdtemp failed";
-    const std::string file = (dir.path / "a \"quoted\" back\\slash\tand\nnewline").string();
+    const spindle::testing_support::ScratchDir dir;
+    ASSERT_TRUE(dir.ok()) << "mkdtemp under " << std::filesystem::temp_directory_path();
+    const std::string file = dir.path("a \"quoted\" back\\slash\tand\nnewline");
     Child child;
     ASSERT_NO_FATAL_FAILURE(spawn(child,
                                   {SPINDLE_IOBENCH_BIN, "--file", file, "--size", "64k", "--bs", "4k", "--duration",

@@ -32,6 +32,7 @@
 #include "core/internal/waiter_table.h"
 #include "core/driver/backend.h"
 #include "core/runtime.h"
+#include "testing/scratch_dir.h"
 
 namespace spindle::testing_support {
 
@@ -208,31 +209,6 @@ inline std::vector<char> pattern(size_t n, unsigned seed) {
     }
     return v;
 }
-
-/// A fresh directory under the temporary directory, removed with everything in it on destruction.
-class ScratchDir {
-public:
-    ScratchDir() {
-        std::string tmpl = (std::filesystem::temp_directory_path() / "spindle-test-XXXXXX").string();
-        if (::mkdtemp(tmpl.data()) != nullptr) { dir_ = tmpl; }
-    }
-    ~ScratchDir() {
-        if (!dir_.empty()) {
-            std::error_code ec;
-            std::filesystem::remove_all(dir_, ec);
-        }
-    }
-    ScratchDir(const ScratchDir&) = delete;
-    ScratchDir& operator=(const ScratchDir&) = delete;
-
-    /// Whether the directory was made (mkdtemp's errno is lost by then; it is rare enough).
-    [[nodiscard]] bool ok() const { return !dir_.empty(); }
-    [[nodiscard]] const std::string& dir() const { return dir_; }
-    [[nodiscard]] std::string path(const char* name) const { return dir_ + "/" + name; }
-
-private:
-    std::string dir_;  // empty when mkdtemp failed
-};
 
 /// WithRuntime plus a scratch directory that outlives the runtime's TearDown check.
 class WithScratchDir : public WithRuntime {

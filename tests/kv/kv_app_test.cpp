@@ -21,6 +21,7 @@
 #include <thread>
 #include <vector>
 
+#include "testing/scratch_dir.h"
 #include "tests/apps/child_process.h"
 #include "tests/kv/resp_client.h"
 
@@ -51,13 +52,11 @@ std::optional<std::string> run(const std::string& command);
 class KvApp : public testing::Test {
 protected:
     void SetUp() override {
-        char tmpl[] = "/tmp/spindle-kv-app-XXXXXX";
-        ASSERT_NE(::mkdtemp(tmpl), nullptr);
-        dir_ = tmpl;
+        ASSERT_TRUE(scratch_.ok()) << "mkdtemp under " << std::filesystem::temp_directory_path();
+        dir_ = scratch_.dir();
         port_ = freePort();
         ASSERT_NE(port_, 0);
     }
-    void TearDown() override { std::filesystem::remove_all(dir_); }
 
     // Starts the binary and waits until it answers PING. A server killed a moment ago may still hold
     // the port while the kernel tears its io_uring down (the ring's in-flight operations keep the
@@ -92,6 +91,7 @@ protected:
         }
     }
 
+    spindle::testing_support::ScratchDir scratch_;  // removed with the fixture
     std::string dir_;
     uint16_t port_ = 0;
 };

@@ -33,13 +33,12 @@ class KvServer : public spindle::testing_support::WithRuntime {
 protected:
     void SetUp() override {
         WithRuntime::SetUp();
-        char tmpl[] = "/tmp/spindle-kv-test-XXXXXX";
-        ASSERT_NE(::mkdtemp(tmpl), nullptr);
-        dir_ = tmpl;
+        if (HasFatalFailure()) { return; }
+        ASSERT_TRUE(scratch_.ok()) << "mkdtemp under " << std::filesystem::temp_directory_path();
+        dir_ = scratch_.dir();
     }
     void TearDown() override {
         server_.reset();
-        std::filesystem::remove_all(dir_);
         WithRuntime::TearDown();
     }
 
@@ -59,6 +58,7 @@ protected:
 
     std::unique_ptr<Server> server_;
     uint16_t port_ = 0;
+    spindle::testing_support::ScratchDir scratch_;  // removed with the fixture, after TearDown
     std::string dir_;
 };
 
