@@ -494,6 +494,25 @@ TEST_F(Tcp, Ipv6AndUnixStreamsWork) {
     });
 }
 
+// close() from a plain thread once the runtime's shutdown has begun: home can no longer be reached
+// through its inbox (runOnCarrier refuses with ECANCELED), so close() ends the multishot with
+// shutdown(2) and waits for its last completion all the same, then closes the descriptor.
+TEST(TcpShutdown, CloseAfterTheRuntimeBeganShuttingDownStillEndsTheMultishot) {
+    auto rt = Runtime::start(testing_support::withCarriers(2));
+    ASSERT_TRUE(rt) << rt.error().message();
+    auto l = TcpListener::bind(SocketAddress::ipv4Loopback(0));
+    ASSERT_TRUE(l);
+    auto acceptor = rt->spawn([&] { return l->accept().errorCode(); }, SpawnOptions{.carrier = 1}).value();
+    while (l->stats().multishotArms == 0) { std::this_thread::sleep_for(1ms); }
+    rt->shutdown();
+    EXPECT_EQ(acceptor.join(), ECANCELED);
+    const auto begin = std::chrono::steady_clock::now();
+    l->close();
+    EXPECT_LT(std::chrono::steady_clock::now() - begin, 2s);
+    EXPECT_FALSE(l->isOpen());
+    rt->join();
+}
+
 TEST(TcpOffFiber, PlainThreadsUseTheirOwnRing) {
     auto l = TcpListener::bind(SocketAddress::ipv4Loopback(0));
     ASSERT_TRUE(l);
