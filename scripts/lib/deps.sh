@@ -17,7 +17,8 @@ SPINDLE_DEB_PACKAGES=(
   libfmt-dev libcli11-dev nlohmann-json3-dev python3 libunwind-dev gdb
   libdpdk-dev iproute2 iputils-ping ethtool
   media-types curl wget nginx-light
-  libisal-dev redis-tools redis-server
+  libisal-dev redis-tools redis-server python3-redis
+  doxygen help2man python3-matplotlib
 )
 
 # Prints, on one line, those of the named packages that dpkg does not list as installed.
