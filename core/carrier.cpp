@@ -775,7 +775,10 @@ void Carrier::park() noexcept {
         addIdle(parkedAt);
     }
     parked_.store(false, std::memory_order_seq_cst);
-    runtime_->parkedCount_.fetch_sub(1, std::memory_order_relaxed);
+    // seq_cst, then the load: pairs with the stall monitor's store-then-load before it sleeps (one of
+    // the two sees the other), so a carrier that may run a fiber again never leaves it asleep.
+    runtime_->parkedCount_.fetch_sub(1, std::memory_order_seq_cst);
+    if (runtime_->stallMonitorAsleep_.load(std::memory_order_seq_cst) != 0) { runtime_->wakeStallMonitor(); }
     inMaintenance_ = true;
     if (owed && timeout == 0) {
         driver_->poll(true);  // the collecting enter maintenance left to the park

@@ -548,6 +548,8 @@ void StallMonitor::stop() noexcept {
         std::lock_guard lock(mutex_);
         stop_ = true;
     }
+    stopAsleep_.store(true, std::memory_order_seq_cst);
+    rt_->wakeStallMonitor();
     cv_.notify_all();
     if (thread_.joinable()) { thread_.join(); }
 }
@@ -574,7 +576,30 @@ void StallMonitor::run() noexcept {
                 report(c, now - w.since);
             }
         }
+        sleepWhileAllParked();
         lock.lock();
+    }
+}
+
+void StallMonitor::sleepWhileAllParked() noexcept {
+    // Only a carrier running a fiber can stall, and a parked carrier runs none: while every carrier is
+    // parked, looking every half threshold would only cost an idle daemon a wake-up of this thread 200
+    // times a second. Store, then look again (seq_cst both): a carrier leaving park() decrements the
+    // count, then loads the flag, so either we see it unparked here or it sees us asleep and wakes us.
+    const auto carriers = static_cast<uint32_t>(rt_->carriers().size());
+    if (rt_->parkedCount_.load(std::memory_order_seq_cst) != carriers) { return; }
+    rt_->stallMonitorAsleep_.store(1, std::memory_order_seq_cst);
+    if (rt_->parkedCount_.load(std::memory_order_seq_cst) == carriers &&
+        !stopAsleep_.load(std::memory_order_seq_cst)) {
+        rt_->stallMonitorAsleep_.wait(1, std::memory_order_seq_cst);
+    }
+    rt_->stallMonitorAsleep_.store(0, std::memory_order_relaxed);
+    // Whatever ran before the sleep is history: start every carrier's watch afresh.
+    const uint64_t now = nowNs();
+    const auto& all = rt_->carriers();
+    for (size_t i = 0; i < all.size(); ++i) {
+        watch_[i].run = all[i]->stats().fibersRun.load(std::memory_order_relaxed);
+        watch_[i].since = now;
     }
 }
 

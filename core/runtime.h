@@ -129,7 +129,8 @@ struct RuntimeOptions {
     // The stall detector (docs/RUNTIME.md, "Seeing inside"): a fiber that runs this long without
     // switching out is logged once per stall with its name, id, carrier, run time and backtrace, taken
     // on its own stack (0: off; 1..60,000). The SPINDLE_STALL_MS environment variable, when set,
-    // overrides this. A monitor thread per runtime wakes every max(1, stallThresholdMs / 2) ms.
+    // overrides this. A monitor thread per runtime wakes every max(1, stallThresholdMs / 2) ms while
+    // a carrier is awake, and sleeps while every carrier is parked (a parked carrier runs no fiber).
     unsigned stallThresholdMs = 10;
     // join() logs the fibers still alive (Runtime::fibers, with backtraces) once this long after it began
     // waiting for them, then waits on (0: never; at most 3,600,000). Runtime::joinFor returns instead.

@@ -47,6 +47,8 @@ private:
     static constexpr uint64_t kWindowNs = 10'000'000'000;       // 10 s
     void run() noexcept;
     void report(Carrier* c, uint64_t ranNs) noexcept;
+    // Blocks while every carrier is parked (until one leaves park() or stop()); see run().
+    void sleepWhileAllParked() noexcept;
 
     RuntimeImpl* rt_;
     uint64_t thresholdNs_;
@@ -57,6 +59,7 @@ private:
     std::mutex mutex_;
     std::condition_variable cv_;
     bool stop_ = false;                   // guarded by mutex_
+    std::atomic<bool> stopAsleep_{false}; // stop_, for the sleep without the mutex (see run())
     std::thread thread_;
 };
 
@@ -109,6 +112,14 @@ public:
     void wakeAll() noexcept;
 
     std::atomic<uint32_t> parkedCount_{0};
+    /// 1 while the stall monitor sleeps because every carrier was parked (no fiber can stall then); a
+    /// carrier leaving park() clears it and wakes the monitor (wakeStallMonitor). Beside parkedCount_,
+    /// whose line a carrier leaving park() has just written.
+    std::atomic<uint32_t> stallMonitorAsleep_{0};
+    /// Clears stallMonitorAsleep_ and wakes the monitor if it was set. Any thread.
+    void wakeStallMonitor() noexcept {
+        if (stallMonitorAsleep_.exchange(0, std::memory_order_seq_cst) != 0) { stallMonitorAsleep_.notify_one(); }
+    }
     /// Carriers idle but spinning (kSpin, kHybrid): they steal, and need no wake-up.
     std::atomic<uint32_t> spinningCount_{0};
 

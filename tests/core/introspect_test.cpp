@@ -15,6 +15,8 @@
 #include <atomic>
 #include <chrono>
 #include <cstdint>
+#include <dirent.h>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -300,6 +302,54 @@ TEST(StallDetector, ReportsAFiberThatRunsWithoutYieldingOnceWithItsBacktrace) {
     const auto stats = rt->stats();
     EXPECT_EQ(stats[1].stalls, 1u);
     EXPECT_EQ(stats[0].stalls, 0u);
+}
+
+// The voluntary context switches of this process's thread named `name` (-1: none such, or several).
+long voluntarySwitchesOf(const std::string& name) {
+    long found = -1;
+    int matches = 0;
+    DIR* dir = ::opendir("/proc/self/task");
+    if (dir == nullptr) { return -1; }
+    while (dirent* e = ::readdir(dir)) {
+        if (e->d_name[0] == '.') { continue; }
+        const std::string task = std::string("/proc/self/task/") + e->d_name;
+        std::string comm;
+        std::getline(std::ifstream(task + "/comm"), comm);
+        if (comm != name) { continue; }
+        ++matches;
+        std::ifstream status(task + "/status");
+        for (std::string line; std::getline(status, line);) {
+            if (line.rfind("voluntary_ctxt_switches:", 0) == 0) { found = std::stol(line.substr(24)); }
+        }
+    }
+    ::closedir(dir);
+    return matches == 1 ? found : -1;
+}
+
+TEST(StallDetector, TheMonitorSleepsWhileEveryCarrierIsParkedAndStillCatchesTheNextStall) {
+    RuntimeOptions o;
+    o.carriers = 2;
+    o.stallThresholdMs = 10;  // a look every 5 ms while a carrier is awake
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt);
+    // Let start-up settle (first parks, the stack pool's scavenger), then count the monitor's wake-ups
+    // over 500 ms of nothing: 100 if it looked every 5 ms, a handful if it sleeps.
+    std::this_thread::sleep_for(300ms);
+    const long before = voluntarySwitchesOf("spindle-stall");
+    ASSERT_GE(before, 0) << "no single thread named spindle-stall";
+    std::this_thread::sleep_for(500ms);
+    const long idleWakes = voluntarySwitchesOf("spindle-stall") - before;
+    EXPECT_LE(idleWakes, 20) << "the monitor kept looking at parked carriers";
+    // A fiber that hogs a carrier right after the idle spell is still reported.
+    testing::internal::CaptureStderr();
+    auto h = rt->spawn([] { spinWithoutYielding(300ms); }, SpawnOptions{.name = "late-hog", .carrier = 0});
+    ASSERT_TRUE(h);
+    h->join();
+    const std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_NE(logged.find("stall: fiber 'late-hog'"), std::string::npos) << logged;
+    EXPECT_EQ(rt->stats()[0].stalls, 1u);
+    rt->shutdown();
+    rt->join();
 }
 
 TEST(StallDetector, OffMeansNoMonitorAndNoReport) {
