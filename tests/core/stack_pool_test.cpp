@@ -215,6 +215,7 @@ uint64_t residentBytes() {
 // guard mprotect failed"), two mappings per stack against vm.max_map_count = 65,530. A million idle fibers must
 // start and finish on one carrier, at about one page of memory each.
 TEST(StackPoolRuntime, AMillionIdleFibersStartAndFinishOnOneCarrier) {
+    SPINDLE_ONE_BACKEND_ENOUGH("a million fibers waiting on FiberEvents, no I/O (20 s per run)");
     if (!StackPool::guardRegions()) {
         GTEST_SKIP() << "no guard regions here (Linux 6.13's MADV_GUARD_INSTALL; qemu-user ignores it): "
                         "each stack costs two mappings and vm.max_map_count bounds the fibers";

@@ -57,6 +57,18 @@ inline Backend testBackend() { return detail::threadBackend(); }
         }                                                                                               \
     } while (0)
 
+/// Skips the calling test on every backend but io_uring when what it exercises does not depend on the
+/// backend (the stack pool, the scheduler without I/O) and it is too long to run twice for nothing; where
+/// io_uring cannot be set up at all (qemu-user) it runs on what there is. The skip message starts with
+/// "backend-independent".
+#define SPINDLE_ONE_BACKEND_ENOUGH(what)                                                                  \
+    do {                                                                                                \
+        if (::spindle::testing_support::testBackend() != ::spindle::Backend::kUring &&                  \
+            ::spindle::detail::probeUring().setupError == 0) {                                           \
+            GTEST_SKIP() << "backend-independent: " << (what) << "; run on io_uring";                   \
+        }                                                                                               \
+    } while (0)
+
 /// Options for a runtime of `n` carriers and defaults otherwise.
 inline RuntimeOptions withCarriers(unsigned n) {
     RuntimeOptions o;
