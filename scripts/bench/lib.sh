@@ -1,21 +1,125 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
-# Helpers for benchmark scripts: source this file, then call bench_build, bench_machine_line, ratio.
+# Helpers for benchmark scripts: source this file (from the script's top level, before it parses its
+# arguments: bench_argv keeps them for meta.json), then call bench_build, bench_machine_line, ratio, and
+# for --out DIR, --no-build and progress lines: bench_out_init, bench_row, bench_save, bench_out_finish,
+# bench_require, bench_progress_start, bench_step, bench_progress_end.
 
 SPINDLE_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+_bench_lib_dir="$SPINDLE_REPO_ROOT/scripts/bench"
+# The calling script's name and arguments (source without arguments keeps the caller's), for meta.json.
+bench_who=$(basename "$0")
+bench_argv=("$@")
+bench_out=""
 # shellcheck source-path=SCRIPTDIR source=../lib/deps.sh
 source "$SPINDLE_REPO_ROOT/scripts/lib/deps.sh"
 
-# Installs missing packages, then configures and builds the release preset with perf/ enabled.
+# Installs missing packages, then configures the release preset with perf/ enabled and builds the
+# named targets (every target when none is named). CMAKE_BUILD_PARALLEL_LEVEL sets the build's jobs.
 # Build output goes to stderr so a caller's stdout stays data only.
 # Errors: returns non-zero when any step fails.
 bench_build() {
+  local -a targets=()
+  (($# == 0)) || targets=(--target "$@")
   (
     cd "$SPINDLE_REPO_ROOT" &&
       spindle_install_deps &&
       cmake --preset release -DSPINDLE_BUILD_PERF=ON &&
-      cmake --build --preset release
+      cmake --build --preset release "${targets[@]}"
   ) >&2
+}
+
+# bench_require FILE...: for --no-build, exits (status 1) naming the first of the programs that is
+# missing or not executable, and how to get it.
+bench_require() {
+  local f
+  for f in "$@"; do
+    [[ -x "$f" ]] || { echo "$bench_who: $f is missing; build it, or run without --no-build" >&2; exit 1; }
+  done
+}
+
+# ---- --out DIR: raw results beside a description of the run ---------------------------------------
+# bench_out_init DIR: with a non-empty DIR, creates it, sets bench_out to its absolute path and writes
+# DIR/meta.json (script, arguments, commit from git describe --always --dirty, CPU model, CPUs, kernel,
+# memory, virtualization, start time, load average). With an empty DIR it only clears bench_out, and
+# bench_row, bench_kvrow, bench_save and bench_out_finish then do nothing.
+# Errors: exits with status 1 when DIR cannot be made or written, or python3 is missing.
+bench_out_init() {
+  bench_out=""
+  [[ -n "$1" ]] || return 0
+  command -v python3 >/dev/null || { echo "$bench_who: python3 is needed for --out" >&2; exit 1; }
+  mkdir -p "$1" || { echo "$bench_who: cannot create --out $1" >&2; exit 1; }
+  bench_out=$(cd "$1" && pwd)
+  python3 "$_bench_lib_dir/benchdata.py" meta "$bench_out" "$bench_who" "${bench_argv[@]}" ||
+    { echo "$bench_who: cannot write $bench_out/meta.json" >&2; exit 1; }
+}
+
+# bench_row FILE COLUMNS VALUE...: appends one row to the CSV file FILE in --out (COLUMNS: names
+# separated by commas; the header is written with the first row).
+bench_row() {
+  [[ -n "$bench_out" ]] || return 0
+  python3 "$_bench_lib_dir/benchdata.py" row "$bench_out/$1" "${@:2}"
+}
+
+# bench_rows FILE COLUMNS [PREFIX...]: appends a CSV row per line of stdin to FILE in --out: the
+# PREFIX values, then the line's whitespace-separated fields.
+bench_rows() {
+  if [[ -z "$bench_out" ]]; then cat >/dev/null; return 0; fi
+  python3 "$_bench_lib_dir/benchdata.py" rows "$bench_out/$1" "${@:2}"
+}
+
+# bench_kvrow FILE LINE [KEY=VALUE...]: appends the pairs of a "key=value key=value" line as one CSV
+# row (the extra pairs first, e.g. repetition=2).
+bench_kvrow() {
+  [[ -n "$bench_out" ]] || return 0
+  python3 "$_bench_lib_dir/benchdata.py" kvrow "$bench_out/$1" "$2" "${@:3}"
+}
+
+# bench_save SRC NAME: copies a raw result file (e.g. Google Benchmark's JSON) into --out as NAME.
+bench_save() {
+  [[ -z "$bench_out" ]] || cp -- "$1" "$bench_out/$2"
+}
+
+# bench_out_finish: records the end time, the load average and the files written in meta.json, and
+# says where the results are (stderr).
+bench_out_finish() {
+  [[ -n "$bench_out" ]] || return 0
+  python3 "$_bench_lib_dir/benchdata.py" finish "$bench_out" &&
+    echo "$bench_who: results in $bench_out (plot them with scripts/bench/plot $bench_out)" >&2
+}
+
+# ---- progress on stderr, one line per step ---------------------------------------------------------
+# bench_progress_start STEPS SECONDS: a run of STEPS steps, expected to take about SECONDS in all.
+bench_progress_start() {
+  _bench_steps=$1 _bench_est_total=$2 _bench_step=0 _bench_est_done=0 _bench_est_cur=0
+  _bench_t0=$EPOCHREALTIME
+}
+
+# bench_step SECONDS LABEL: starts the next step (expected to take about SECONDS) and prints
+# "[i/N] LABEL, ~T left". T is the estimate of what is left, scaled by how the finished steps compared
+# with their estimates.
+bench_step() {
+  local left
+  _bench_est_done=$(awk -v a="$_bench_est_done" -v b="$_bench_est_cur" 'BEGIN { print a + b }')
+  _bench_est_cur=$1
+  _bench_step=$((_bench_step + 1))
+  left=$(awk -v total="$_bench_est_total" -v done="$_bench_est_done" -v t0="$_bench_t0" -v now="$EPOCHREALTIME" '
+    BEGIN { el = now - t0; scale = (done > 0 && el > 0) ? el / done : 1; print (total - done) * scale }')
+  printf '[%d/%d] %s, ~%s left\n' "$_bench_step" "$_bench_steps" "$2" "$(bench_duration "$left")" >&2
+}
+
+# bench_progress_end: prints how long the steps took.
+bench_progress_end() {
+  printf '%s: %d steps in %s\n' "$bench_who" "$_bench_step" \
+    "$(bench_duration "$(awk -v t0="$_bench_t0" -v now="$EPOCHREALTIME" 'BEGIN { print now - t0 }')")" >&2
+}
+
+# bench_duration SECONDS: prints e.g. 45s, 2m10s, 1h05m.
+bench_duration() {
+  awk -v s="$1" 'BEGIN {
+    s = int(s + 0.5)
+    if (s < 60) printf "%ds", s; else if (s < 3600) printf "%dm%02ds", s / 60, s % 60
+    else printf "%dh%02dm", s / 3600, (s % 3600) / 60 }'
 }
 
 # Installs the Debian packages behind the peer tools a script runs, where a command is missing,
