@@ -5,10 +5,14 @@
 # peer: switch, yield, spawn, NOP, futures, mutexes, condition variables, the
 # sequencer.
 #
-# usage: scripts/bench/core.sh [--repetitions N] [--cpu C] [--min-time S]
+# usage: scripts/bench/core.sh [--repetitions N] [--cpu C] [--min-time S] [--out DIR] [--no-build]
 #   --repetitions N  runs of each benchmark; the median is reported (default 5)
 #   --cpu C          CPU the benchmark process is confined to (default 1)
 #   --min-time S     Google Benchmark's --benchmark_min_time (default 0.3)
+#   --out DIR        also keep the results in DIR: Google Benchmark's JSON of each binary
+#                    (core-<name>.json; core-wide-future.json for the two-CPU run) and meta.json (the
+#                    machine and the commit); scripts/bench/plot DIR draws them
+#   --no-build       use the existing build/release/perf binaries
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -17,11 +21,15 @@ source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 reps=5
 cpu=1
 min_time=0.3
+out_dir=""
+build=1
 while (($# > 0)); do
   case "$1" in
     --repetitions) reps="$2"; shift ;;
     --cpu) cpu="$2"; shift ;;
     --min-time) min_time="$2"; shift ;;
+    --out) out_dir="$2"; shift ;;
+    --no-build) build=0 ;;
     -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "core.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -29,24 +37,47 @@ while (($# > 0)); do
 done
 command -v python3 >/dev/null || { echo "core.sh: python3 is needed to read the JSON results" >&2; exit 1; }
 
-bench_build
 bin="$SPINDLE_REPO_ROOT/build/release/perf"
+benches=(switch scheduler nop future sync offload)
+targets=()
+for b in "${benches[@]}"; do targets+=("spindle_${b}_bench"); done
+if ((build)); then bench_build "${targets[@]}"; fi
+bench_require "${targets[@]/#/$bin/}"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+bench_out_init "$out_dir"
 
 echo "machine: $(bench_machine_line)"
 echo "pinned to CPU $cpu, $reps repetitions each, median reported"
-for b in switch scheduler nop future sync offload; do
+# The estimate for the progress lines: each benchmark runs about --min-time per repetition.
+wide_filter='AcrossCarriers|StdPromise'
+declare -A count=()
+total=0
+for b in "${benches[@]}"; do
+  count[$b]=$("$bin/spindle_${b}_bench" --benchmark_list_tests | wc -l)
+  total=$((total + count[$b]))
+done
+count[wide]=$("$bin/spindle_future_bench" --benchmark_list_tests --benchmark_filter="$wide_filter" | wc -l)
+total=$((total + count[wide]))
+step_s() { awk -v n="$1" -v r="$reps" -v t="$min_time" 'BEGIN { print n * r * (t + 0.05) }'; }
+bench_progress_start $((${#benches[@]} + 1)) "$(step_s "$total")"
+for b in "${benches[@]}"; do
+  bench_step "$(step_s "${count[$b]}")" "core spindle_${b}_bench, ${count[$b]} benchmarks x $reps"
   taskset -c "$cpu" "$bin/spindle_${b}_bench" --benchmark_repetitions="$reps" \
     --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out="$out/$b.json" \
     --benchmark_out_format=json >/dev/null
+  bench_save "$out/$b.json" "core-$b.json"
 done
 # The cross-carrier future round trip once more with both CPUs (two carriers,
 # two threads for std::promise): each hand-off then wakes a halted vCPU.
 mkdir -p "$out/wide"
-"$bin/spindle_future_bench" --benchmark_filter='AcrossCarriers|StdPromise' --benchmark_repetitions="$reps" \
+bench_step "$(step_s "${count[wide]}")" "core spindle_future_bench on every CPU, ${count[wide]} benchmarks x $reps"
+"$bin/spindle_future_bench" --benchmark_filter="$wide_filter" --benchmark_repetitions="$reps" \
   --benchmark_min_time="$min_time" --benchmark_format=json --benchmark_out="$out/wide/future.json" \
   --benchmark_out_format=json >/dev/null
+bench_save "$out/wide/future.json" core-wide-future.json
+bench_progress_end
+bench_out_finish
 
 python3 - "$out" <<'PY'
 import json, sys, os, statistics
