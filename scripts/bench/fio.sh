@@ -7,6 +7,7 @@
 #
 # usage: scripts/bench/fio.sh [--repetitions N] [--duration S] [--ramp S] [--file PATH] [--size SIZE]
 #                             [--depths "1 16 128"] [--nice N] [--fixed-buffers] [--no-direct] [--no-build]
+#                             [--out DIR]
 #   --repetitions N  A/B rounds per configuration; the median is reported (default 3)
 #   --duration S     measured seconds per run, after the ramp (default 3)
 #   --ramp S         warm-up seconds per run, not counted (default 1)
@@ -17,6 +18,8 @@
 #   --fixed-buffers  spindle uses registered buffers (core/fixed.h) and the matched fio run --fixedbufs
 #   --no-direct      skip the O_DIRECT runs
 #   --no-build       use the existing build/release (do not configure and build first)
+#   --out DIR        also keep the results in DIR: fio.csv (one row per run and tool: IOPS, p99 and
+#                    clat p99) and meta.json (the machine and the commit); scripts/bench/plot DIR draws them
 #
 # Conventions: depth is per carrier for spindle and per job (iodepth) for fio, and --numjobs equals
 # the carrier count, so both keep depth x carriers I/Os in flight. Latency p99 is spindle's
@@ -37,6 +40,7 @@ fixed=0
 nice=0
 direct=1
 build=1
+out_dir=""
 while (($# > 0)); do
   case "$1" in
     --repetitions) reps="$2"; shift ;;
@@ -49,6 +53,7 @@ while (($# > 0)); do
     --fixed-buffers) fixed=1 ;;
     --no-direct) direct=0 ;;
     --no-build) build=0 ;;
+    --out) out_dir="$2"; shift ;;
     -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "fio.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -61,9 +66,10 @@ done
 bench_install_tools fio.sh fio=fio || exit 1
 command -v python3 >/dev/null || { echo "fio.sh: python3 is needed to read the JSON results" >&2; exit 1; }
 
-if ((build)); then bench_build; fi
+if ((build)); then bench_build spindle-iobench; fi
 bin="$SPINDLE_REPO_ROOT/build/release/apps/spindle-iobench"
-[[ -x "$bin" ]] || { echo "fio.sh: $bin is missing; build the release preset" >&2; exit 1; }
+bench_require "$bin"
+bench_out_init "$out_dir"
 if [[ -z "$file" ]]; then
   mkdir -p "$SPINDLE_REPO_ROOT/build/bench-fio"
   file="$SPINDLE_REPO_ROOT/build/bench-fio/iobench.dat"
@@ -129,12 +135,17 @@ run_fio() {  # carriers depth direct cpus outfile extra...
     --clat_percentiles=1 --lat_percentiles=1 --output-format=json "$@" >"$o"
 }
 
+read -r -a depth_list <<<"$depths"
+round_s=$(awk -v d="$duration" -v r="$ramp" 'BEGIN { print 3 * (d + r + 0.3) }')
+steps=$((${#modes[@]} * 2 * ${#depth_list[@]} * reps))
+bench_progress_start "$steps" "$(awk -v n="$steps" -v s="$round_s" 'BEGIN { print n * s }')"
 for dir in "${modes[@]}"; do
   for c in 1 "$ncpu"; do
     if ((c == 1)); then cpus=$one_cpu; else cpus=$all_cpus; fi
     for d in $depths; do
       for ((r = 1; r <= reps; ++r)); do
         tag="dir${dir}_c${c}_d${d}_r${r}"
+        bench_step "$round_s" "fio $( ((dir)) && echo direct || echo 'page cache') carriers=$c QD=$d, round $r/$reps"
         run_spindle "$c" "$d" "$dir" "$cpus" "$out/$tag.spindle.json"
         run_fio "$c" "$d" "$dir" "$cpus" "$out/$tag.fio.json" "${fio_fixed[@]}"
         run_fio "$c" "$d" "$dir" "$cpus" "$out/$tag.fioreg.json" --registerfiles --fixedbufs
@@ -144,10 +155,12 @@ for dir in "${modes[@]}"; do
   done
 done
 
+bench_progress_end
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$out" "$reps" "$depths" "$ncpu" "${modes[*]}" <<'PY'
-import json, os, statistics, sys
+python3 - "$out" "$reps" "$depths" "$ncpu" "${modes[*]}" "$bench_out" <<'PY'
+import csv, json, os, statistics, sys
 out, reps, depths, ncpu, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4]), sys.argv[5].split()
+keep = sys.argv[6]
 
 def spindle(path):
     j = json.load(open(path))
@@ -162,6 +175,20 @@ def fio(path):
 
 def stats(vals):
     return statistics.median(vals), min(vals), max(vals)
+
+if keep:  # --out: every run of each tool, as measured
+    with open(os.path.join(keep, "fio.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["direct", "carriers", "depth", "round", "tool", "iops", "p99_us", "clat_p99_us"])
+        for dir in modes:
+            for c in (1, ncpu):
+                for d in depths:
+                    for r in range(1, reps + 1):
+                        tag = os.path.join(out, f"dir{dir}_c{c}_d{d}_r{r}")
+                        iops, p99 = spindle(tag + ".spindle.json")
+                        w.writerow([dir, c, d, r, "spindle", iops, p99, ""])
+                        for tool, suffix in (("fio", ".fio.json"), ("fio+reg", ".fioreg.json")):
+                            w.writerow([dir, c, d, r, tool, *fio(tag + suffix)])
 
 hdr = (f"{'config':24s} {'spindle IOPS':>26s} {'fio IOPS':>9s} {'ratio':>6s} {'fio+reg':>9s} {'ratio':>6s}"
        f" {'spindle p99':>11s} {'fio p99':>8s} {'(clat)':>8s} {'p99 ratio':>9s}")
@@ -188,3 +215,4 @@ print()
 print("IOPS ratio = spindle / fio (medians); p99 ratio = fio lat p99 / spindle p99 (>1: spindle better);")
 print("QD is per carrier (spindle) and per job (fio iodepth); c carriers = c fio jobs.")
 PY
+bench_out_finish
