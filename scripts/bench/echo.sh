@@ -10,6 +10,7 @@
 #                              [--size BYTES] [--port N] [--poll-mode block|spin|hybrid] [--epoll-mode lt|et]
 #                              [--epoll-busy-poll-us N] [--backends "io_uring epoll"]
 #                              [--server-flags "..."] [--server-cpu N] [--client-cpu N] [--nice N] [--no-build]
+#                              [--out DIR]
 #   --repetitions N   rounds per connection count, each running every server once; medians are reported
 #                     (default 3)
 #   --duration S      measured seconds per run, after the warm-up (default 5)
@@ -29,6 +30,10 @@
 #   --client-cpu N    CPU the client is pinned to (default 1)
 #   --nice N          run servers and client under `nice -n N` (e.g. -20 on a shared machine)
 #   --no-build        use the existing build/release and build/bench-echo/epoll_echo
+#   --out DIR         also keep the results in DIR: echo.csv, one row per run (server, connections,
+#                     round, msg/s, the client's latency percentiles p50/p99/p99.9/max and mean, the
+#                     server's CPU ticks and CPU per message) and meta.json (the machine and the commit);
+#                     scripts/bench/plot DIR draws them
 #
 # Rows, one per server and connection count: messages/s (round trips completed in the measured window
 # / its length), p99 round-trip latency as the client sees it, and server CPU per message: the server's
@@ -58,6 +63,7 @@ server_cpu=0
 client_cpu=1
 nice=0
 build=1
+out_dir=""
 while (($# > 0)); do
   case "$1" in
     --repetitions) reps="$2"; shift ;;
@@ -75,6 +81,7 @@ while (($# > 0)); do
     --client-cpu) client_cpu="$2"; shift ;;
     --nice) nice="$2"; shift ;;
     --no-build) build=0 ;;
+    --out) out_dir="$2"; shift ;;
     -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "echo.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -104,8 +111,8 @@ if ((build)); then
   mkdir -p "$root/build/bench-echo"
   cc -O2 -o "$epoll_bin" "$root/scripts/bench/epoll_echo.c"
 fi
-[[ -x "$bin" ]] || { echo "echo.sh: $bin is missing; build the release preset" >&2; exit 1; }
-[[ -x "$epoll_bin" ]] || { echo "echo.sh: $epoll_bin is missing; run without --no-build" >&2; exit 1; }
+bench_require "$bin" "$epoll_bin"
+bench_out_init "$out_dir"
 
 # A thousand connections take two descriptors each when both ends live on this machine.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -176,6 +183,10 @@ if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
   exit 1
 fi
 
+read -r -a conn_list <<<"$connections"
+run_s=$(awk -v d="$duration" -v w="$warmup" 'BEGIN { print d + w + 0.5 }')
+steps=$((${#conn_list[@]} * reps * ${#impls[@]}))
+bench_progress_start "$steps" "$(awk -v n="$steps" -v s="$run_s" 'BEGIN { print n * s }')"
 for c in $connections; do
   for ((r = 1; r <= reps; ++r)); do
     # Forward on odd rounds, backward on even ones, so no server always follows the same one.
@@ -184,16 +195,20 @@ for c in $connections; do
       order=()
       for ((i = ${#impls[@]} - 1; i >= 0; i--)); do order+=("${impls[i]}"); done
     fi
-    for impl in "${order[@]}"; do run_one "$impl" "$c" "${impl}_c${c}_r${r}"; done
+    for impl in "${order[@]}"; do
+      bench_step "$run_s" "echo $impl $c conns, round $r"
+      run_one "$impl" "$c" "${impl}_c${c}_r${r}"
+    done
   done
   echo "  done: $c connections" >&2
 done
 
+bench_progress_end
 echo "load average at end: $(cut -d' ' -f1-3 /proc/loadavg)"
-python3 - "$out" "$reps" "$connections" "$(getconf CLK_TCK)" "${impls[*]}" <<'PY'
-import json, os, statistics, sys
+python3 - "$out" "$reps" "$connections" "$(getconf CLK_TCK)" "${impls[*]}" "$bench_out" <<'PY'
+import csv, json, os, statistics, sys
 out, reps, conns, hz = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4])
-impls = sys.argv[5].split()
+impls, keep = sys.argv[5].split(), sys.argv[6]
 names = {"spindle-io_uring": "spindle io_uring", "spindle-epoll": "spindle epoll", "epoll_echo": "epoll_echo"}
 
 def run(impl, c, r):
@@ -208,6 +223,24 @@ def med(vals):
 
 def ratio(a, b):
     return f"{a / b:.3f}" if b else "n/a"
+
+if keep:  # --out: every run, as measured
+    with open(os.path.join(keep, "echo.csv"), "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["server", "connections", "round", "size", "msg_per_s", "total_messages", "p50_us", "p99_us",
+                    "p999_us", "max_us", "mean_us", "server_utime_ticks", "server_stime_ticks", "clk_tck",
+                    "cpu_us_per_msg", "user_us_per_msg", "sys_us_per_msg"])
+        for c in conns:
+            for impl in impls:
+                for r in range(1, reps + 1):
+                    tag = os.path.join(out, f"{impl}_c{c}_r{r}")
+                    j = json.load(open(tag + ".json"))
+                    ticks = open(tag + ".ticks").read().split()
+                    _, _, cpu, user, system = run(impl, c, r)
+                    lat = j["lat_us"]
+                    w.writerow([impl, c, r, j["size"], j["msg_per_s"], j["total_messages"], lat["p50"], lat["p99"],
+                                lat["p999"], lat["max"], lat["mean"], ticks[0], ticks[1], hz, f"{cpu:.4f}",
+                                f"{user:.4f}", f"{system:.4f}"])
 
 hdr = (f"{'conns':>5s} {'server':<16s} {'msg/s median [min..max]':>30s} {'p99':>10s} {'CPU/msg':>10s}"
        f" {'user':>8s} {'sys':>8s}")
@@ -238,3 +271,4 @@ print("CPU/msg: server utime+stime over the whole client run (warm-up included) 
 print("user, sys: its two parts (medians of each). User time is the server's own work and varies far less")
 print("between runs on a VM than system time, which carries the kernel's TCP and scheduling noise.")
 PY
+bench_out_finish
