@@ -21,7 +21,8 @@
 #
 # usage: scripts/bench/http.sh [--connections "10 100 1000 10000"] [--duration D] [--warmup W]
 #                              [--repetitions R] [--server-cpu C] [--client-cpu C] [--floor]
-#                              [--backends "io_uring epoll"] [--rss [--rss-connections N]]
+#                              [--backends "io_uring epoll"] [--rss [--rss-connections N]] [--out DIR]
+#                              [--no-build]
 #   --connections L   connection counts to sweep (default "10 100 1000 10000")
 #   --duration D      seconds per measured run (default 10)
 #   --warmup W        seconds of the warm-up run per server and N (default 3)
@@ -34,6 +35,12 @@
 #                     raw_http.c needs cc and liburing-dev)
 #   --rss             memory mode (see above)
 #   --rss-connections N  connections in memory mode (default 10000)
+#   --out DIR         also keep the results in DIR: http.csv (one row per measured run: req/s, requests,
+#                     errors, CPU and user µs per request, p99), http-latency.csv (wrk's latency
+#                     percentiles of each measured run, from scripts/bench/wrk_percentiles.lua), in
+#                     memory mode http-rss.csv, and meta.json (the machine and the commit);
+#                     scripts/bench/plot DIR draws them
+#   --no-build        use the existing build/release/apps/spindle-httpd and build/bench-http/raw_http
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -49,6 +56,8 @@ rss=0
 rss_conns=10000
 floor=0
 backends="io_uring epoll"
+out_dir=""
+build=1
 while (($# > 0)); do
   case "$1" in
     --connections) conns="$2"; shift ;;
@@ -61,6 +70,8 @@ while (($# > 0)); do
     --floor) floor=1 ;;
     --backends) backends="$2"; shift ;;
     --rss-connections) rss_conns="$2"; shift ;;
+    --out) out_dir="$2"; shift ;;
+    --no-build) build=0 ;;
     -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "http.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -96,9 +107,9 @@ build_httpd() {
 }
 
 install_bench_tools
-build_httpd
+if ((build)); then build_httpd; fi
 httpd="$SPINDLE_REPO_ROOT/build/release/apps/spindle-httpd"
-[[ -x "$httpd" ]] || { echo "http.sh: $httpd was not built" >&2; exit 1; }
+bench_require "$httpd"
 raw_http="$SPINDLE_REPO_ROOT/build/bench-http/raw_http"
 # The raw loops: raw-epoll is the epoll backend's reference, raw-uring only the floor. Memory mode
 # measures spindle-httpd and nginx only.
@@ -107,11 +118,13 @@ if ((!rss)); then
   if ((floor)) || [[ -n "${seen_backend[epoll]:-}" ]]; then raw_modes+=(epoll); fi
   if ((floor)); then raw_modes+=(uring); fi
 fi
-if ((${#raw_modes[@]} > 0)); then
+if ((${#raw_modes[@]} > 0 && build)); then
   mkdir -p "$(dirname "$raw_http")"
   cc -O2 -o "$raw_http" "$SPINDLE_REPO_ROOT/scripts/bench/raw_http.c" -luring ||
     { echo "http.sh: cannot build scripts/bench/raw_http.c" >&2; exit 1; }
 fi
+((${#raw_modes[@]} == 0)) || bench_require "$raw_http"
+bench_out_init "$out_dir"
 
 # 10,000 connections need as many descriptors in wrk and in each server.
 hard=$(ulimit -Hn)
@@ -217,7 +230,9 @@ echo "spindle-httpd: ${spindle_pids}$(nginx -v 2>&1) pid $nginx_pid; servers on 
 
 if ((rss)); then
   command -v python3 >/dev/null || { echo "http.sh: python3 is needed for --rss" >&2; exit 1; }
+  bench_progress_start $((${#spindle_servers[@]} + 1)) $(((${#spindle_servers[@]} + 1) * 8))
   for server in "${spindle_servers[@]}" nginx; do
+    bench_step 8 "http --rss $server, $rss_conns idle connections"
     pid=${pid_of[$server]} port=${port_of[$server]}
     before=$(rss_kib "$pid")
     rm -f "$tmp/ready" "$tmp/release"
@@ -237,17 +252,25 @@ if ((rss)); then
     awk -v s="$server" -v n="$rss_conns" -v b="$before" -v a="$after" 'BEGIN {
       printf "%-13s %6d idle keep-alive connections: VmRSS %d KiB -> %d KiB, %.2f KiB per connection\n",
              s, n, b, a, (a - b) / n }'
+    bench_row http-rss.csv server,connections,rss_before_kib,rss_after_kib,kib_per_connection "$server" "$rss_conns" \
+      "$before" "$after" "$(awk -v n="$rss_conns" -v b="$before" -v a="$after" 'BEGIN { printf "%.3f", (a - b) / n }')"
     sleep 2
   done
+  bench_progress_end
+  bench_out_finish
   exit 0
 fi
 
 # One wrk run: prints "requests_per_s cpu_us_per_request p99_us requests errors user_us_per_request".
+# With a fifth argument, also leaves wrk's whole output in that file (its latency percentiles
+# included: the "cdf PERCENT US" lines of wrk_percentiles.lua, which only runs after the measurement).
 run_wrk() {
-  local pid=$1 port=$2 n=$3 d=$4 u0 s0 u1 s1 out
+  local pid=$1 port=$2 n=$3 d=$4 keep=${5:-} u0 s0 u1 s1 out
   read -r u0 s0 < <(cpu_ticks "$pid")
-  out=$(taskset -c "$client_cpu" wrk -t1 -c"$n" -d"${d}s" --latency "http://127.0.0.1:$port/hello")
+  out=$(taskset -c "$client_cpu" wrk -t1 -c"$n" -d"${d}s" --latency -s "$SPINDLE_REPO_ROOT/scripts/bench/wrk_percentiles.lua" \
+    "http://127.0.0.1:$port/hello")
   read -r u1 s1 < <(cpu_ticks "$pid")
+  [[ -z "$keep" ]] || printf '%s\n' "$out" >"$keep"
   awk -v c0="$((u0 + s0))" -v c1="$((u1 + s1))" -v u="$((u1 - u0))" -v hz="$(getconf CLK_TCK)" '
     function us(v) {
       if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1e6; return v
@@ -267,8 +290,15 @@ run_wrk() {
 # stats V...: "median min max" of the values.
 stats() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%s %s %s\n", v[int((NR + 1) / 2)], v[1], v[NR] }'; }
 
+read -r -a conn_list <<<"$conns"
+run_s=$(awk -v d="$duration" 'BEGIN { print d + 0.3 }')
+warm_s=$(awk -v w="$warmup" -v n="${#servers[@]}" 'BEGIN { print (w + 0.3) * n }')
+steps=$((${#conn_list[@]} * (1 + reps * ${#servers[@]})))
+bench_progress_start "$steps" "$(awk -v c="${#conn_list[@]}" -v w="$warm_s" -v r="$((reps * ${#servers[@]}))" -v s="$run_s" \
+  'BEGIN { print c * (w + r * s) }')"
 printf '%-6s %-13s %28s %10s %9s %10s %7s\n' N server "req/s median [min..max]" "cpu us/req" "user us" "p99 us" errors
 for n in $conns; do
+  bench_step "$warm_s" "http warm-up of ${#servers[@]} servers, $n conns"
   for server in "${servers[@]}"; do run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$warmup" >/dev/null; done
   declare -A rps=() cpu=() user=() p99=() errs=()
   for ((r = 1; r <= reps; r++)); do
@@ -279,7 +309,12 @@ for n in $conns; do
       for ((i = ${#servers[@]} - 1; i >= 0; i--)); do order+=("${servers[i]}"); done
     fi
     for server in "${order[@]}"; do
-      read -r a b c _ e f < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration")
+      bench_step "$run_s" "http $server $n conns, run $r/$reps"
+      read -r a b c d e f < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration" "$tmp/wrk.out")
+      bench_row http.csv server,connections,round,duration_s,requests_per_s,requests,errors,cpu_us_per_request,user_us_per_request,p99_us \
+        "$server" "$n" "$r" "$duration" "$a" "$d" "$e" "$b" "$f" "$c"
+      awk '$1 == "cdf" { print $2, $3 }' "$tmp/wrk.out" |
+        bench_rows http-latency.csv server,connections,round,percentile,latency_us "$server" "$n" "$r"
       rps[$server]+="$a " cpu[$server]+="$b " user[$server]+="$f " p99[$server]+="$c "
       errs[$server]=$((${errs[$server]:-0} + e))
     done
@@ -317,3 +352,5 @@ for n in $conns; do
   fi
   unset rps cpu user p99 errs med medcpu
 done
+bench_progress_end
+bench_out_finish
