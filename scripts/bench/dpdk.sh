@@ -19,7 +19,7 @@
 # uses in each poll mode.
 #
 # usage: scripts/bench/dpdk.sh [--repetitions N] [--duration S] [--warmup S] [--windows "1 8 64"]
-#                              [--size BYTES] [--forward-seconds S] [--no-build]
+#                              [--size BYTES] [--forward-seconds S] [--no-build] [--out DIR]
 #   --repetitions N    rounds per window (default 3)
 #   --duration S       measured seconds per run, after the warm-up (default 3)
 #   --warmup S         seconds of load before measuring (default 1)
@@ -27,6 +27,9 @@
 #   --size BYTES       datagram size (default 64; 16..1472)
 #   --forward-seconds S  seconds of each forwarding run (default 5)
 #   --no-build         use the existing build/release and build/bench-dpdk/udp_echo
+#   --out DIR          also keep the results in DIR: dpdk-udp.csv (one row per run: msg/s, p50, p99, CPU
+#                      per message), dpdk-forward.csv (pps of testpmd and of spindle), dpdk-idle.csv (idle
+#                      CPU per poll mode) and meta.json (the machine and the commit)
 # Needs root (EAL without hugepages still locks memory; taskset). Exit status: 0; 1 on a failed run;
 # 2 on bad usage.
 # SPDX-License-Identifier: Apache-2.0
@@ -37,7 +40,7 @@ script_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 source "$script_dir/lib.sh"
 root="$SPINDLE_REPO_ROOT"
 
-reps=3 duration=3 warmup=1 windows="1 8 64" size=64 forward_seconds=5 build=1
+reps=3 duration=3 warmup=1 windows="1 8 64" size=64 forward_seconds=5 build=1 out_dir=""
 while (($# > 0)); do
   case "$1" in
     --repetitions) reps=$2; shift ;;
@@ -47,6 +50,7 @@ while (($# > 0)); do
     --size) size=$2; shift ;;
     --forward-seconds) forward_seconds=$2; shift ;;
     --no-build) build=0 ;;
+    --out) out_dir=$2; shift ;;
     -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "dpdk.sh: unknown argument '$1'" >&2; exit 2 ;;
   esac
@@ -58,14 +62,12 @@ echo_bin="$root/build/release/apps/spindle-echo"
 forward_bin="$root/build/release/apps/spindle-dpdk-forward"
 udp_bin="$root/build/bench-dpdk/udp_echo"
 if ((build)); then
-  bench_build
+  bench_build spindle-echo spindle-dpdk-forward
   bench_install_tools dpdk.sh dpdk-testpmd=dpdk-dev
   mkdir -p "$root/build/bench-dpdk"
   cc -O2 -o "$udp_bin" "$root/scripts/bench/udp_echo.c"
 fi
-for b in "$echo_bin" "$forward_bin" "$udp_bin"; do
-  [[ -x "$b" ]] || { echo "dpdk.sh: $b is missing (run without --no-build)" >&2; exit 1; }
-done
+bench_require "$echo_bin" "$forward_bin" "$udp_bin"
 command -v dpdk-testpmd >/dev/null || { echo "dpdk.sh: dpdk-testpmd is missing (apt-get install dpdk-dev)" >&2; exit 1; }
 
 clk_tck=$(getconf CLK_TCK)
@@ -99,18 +101,30 @@ run_one() {  # run_one KIND WINDOW REP
   p50[$kind,$w]+="$(field p50_us "$line") "
   p99[$kind,$w]+="$(field p99_us "$line") "
   cpu[$kind,$w]+="$(awk -v c="$cpu_s" -v n="$total" 'BEGIN { printf "%.3f", (n > 0 ? c * 1e6 / n : 0) }') "
+  bench_row dpdk-udp.csv kind,window,round,size,msg_per_s,total_messages,p50_us,p99_us,cpu_s,cpu_us_per_msg \
+    "$kind" "$w" "$rep" "$size" "$(field msg_per_s "$line")" "$total" "$(field p50_us "$line")" "$(field p99_us "$line")" \
+    "$cpu_s" "$(awk -v c="$cpu_s" -v n="$total" 'BEGIN { printf "%.3f", (n > 0 ? c * 1e6 / n : 0) }')"
 }
 
 # stats "v1 v2 ...": "median [min..max]"
 stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.4g [%.4g..%.4g]", m, v[1], v[NR] }'; }
 median() { stats "$1" | awk '{ print $1 }'; }
 
+bench_out_init "$out_dir"
 bench_machine_line
 echo "datagrams of $size bytes; $reps repetitions of $duration s (+ $warmup s warm-up); windows: $windows"
+read -r -a window_list <<<"$windows"
+run_s=$(awk -v d="$duration" -v w="$warmup" 'BEGIN { print d + w + 0.5 }')
+steps=$((${#window_list[@]} * reps * 3 + 2 + 3))
+bench_progress_start "$steps" "$(awk -v n="$((steps - 5))" -v s="$run_s" -v f="$forward_seconds" \
+  'BEGIN { print n * s + 2 * f + 4 + 3 * 4 }')"
 for w in $windows; do
   for ((r = 1; r <= reps; ++r)); do
     if ((r % 2)); then order="dpdk kernel epoll"; else order="epoll kernel dpdk"; fi
-    for k in $order; do run_one "$k" "$w" "$r"; done
+    for k in $order; do
+      bench_step "$run_s" "dpdk $k window $w, round $r/$reps"
+      run_one "$k" "$w" "$r"
+    done
   done
 done
 
@@ -134,6 +148,7 @@ done
 echo
 # With --stats-period testpmd prints each port's rates every second until it gets SIGINT; the seconds
 # before forwarding starts print 0 and the last may be cut short: both are left out.
+bench_step "$((forward_seconds + 4))" "dpdk dpdk-testpmd io forwarding"
 testpmd_pps=$(timeout -s INT $((forward_seconds + 4)) dpdk-testpmd --no-huge -m 1024 --no-pci \
   --vdev net_null0 --vdev net_null1 -l 0,1 --file-prefix "bench-testpmd-$$" --no-telemetry --log-level='*:error' -- \
   --forward-mode=io --no-mlockall --nb-cores=1 --burst=32 --total-num-mbufs=16384 --stats-period=1 </dev/null 2>/dev/null |
@@ -141,12 +156,16 @@ testpmd_pps=$(timeout -s INT $((forward_seconds + 4)) dpdk-testpmd --no-huge -m 
   awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }' || true)
 rm -rf "/var/run/dpdk/bench-testpmd-$$"  # testpmd's runtime directory (it ends on a signal)
 [[ -n "$testpmd_pps" ]] || { echo "dpdk.sh: dpdk-testpmd printed no rates" >&2; exit 1; }
+bench_step "$forward_seconds" "dpdk spindle-dpdk-forward"
 spindle_pps=$(taskset -c 1 "$forward_bin" --duration "$forward_seconds" 2>/dev/null | sed -n 's/.*pps=\([0-9.]*\).*/\1/p')
 echo "forwarding between two net_null ports on one core: dpdk-testpmd io ${testpmd_pps} pps, spindle fiber ${spindle_pps} pps," \
   "ratio $(ratio "$spindle_pps" "$testpmd_pps") (target >= 0.8)"
+bench_row dpdk-forward.csv forwarder,pps,seconds dpdk-testpmd "$testpmd_pps" "$forward_seconds"
+bench_row dpdk-forward.csv forwarder,pps,seconds spindle "$spindle_pps" "$forward_seconds"
 
 # ---- idle CPU of a carrier polling a quiet port --------------------------------------------------
 for mode in block hybrid spin; do
+  bench_step 4 "dpdk idle carrier, poll mode $mode"
   taskset -c 0 "$echo_bin" server --udp --dpdk --dpdk-port "net_ring$RANDOM" --ip 198.18.0.1/24 --port 7 \
     --carriers 1 --poll-mode "$mode" 2>/dev/null &
   pid=$!
@@ -155,5 +174,9 @@ for mode in block hybrid spin; do
   sleep 3
   c1=$(cpu_of "$pid")
   kill -INT "$pid"; wait "$pid" 2>/dev/null || true
-  echo "idle carrier polling a quiet net_ring port, poll mode $mode: $(awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.0f", (b - a) / 3 * 100 }') % of a CPU"
+  pct=$(awk -v a="$c0" -v b="$c1" 'BEGIN { printf "%.0f", (b - a) / 3 * 100 }')
+  echo "idle carrier polling a quiet net_ring port, poll mode $mode: $pct % of a CPU"
+  bench_row dpdk-idle.csv poll_mode,cpu_pct "$mode" "$pct"
 done
+bench_progress_end
+bench_out_finish
