@@ -6,6 +6,7 @@
 # time per iteration (< 1: faster now). A change is outside the noise when the ranges do not overlap.
 #
 # usage: scripts/bench/compare.sh [--ref REV] [--rounds N] [--cpu C] [--min-time S] [--filter RE] [--no-build]
+#                                 [--out DIR]
 #   --ref REV       the commit to compare against (default: HEAD~1)
 #   --rounds N      A/B rounds; each round runs every binary once per side (default 5)
 #   --cpu C         CPU both sides are confined to (default 1)
@@ -13,6 +14,9 @@
 #   --filter RE     --benchmark_filter for every binary (default: the issue-14 set: switch, yield,
 #                   spawn+join, NOP through 1/8/64 fibers and raw liburing, future round trips)
 #   --no-build      reuse both builds as they are
+#   --out DIR       also keep the results in DIR: compare.csv (one row per benchmark, side and round: ns per
+#                   iteration), compare-ref.json (the commit compared against) and meta.json (the machine
+#                   and the working tree's commit)
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -24,6 +28,7 @@ cpu=1
 min_time=0.2
 filter='BM_SpindleSwitch|BM_BoostJumpFcontext|BM_SpindleYieldRoundTrip|BM_SpindleSpawnJoin|BM_SpindleFiberNop|BM_RawLiburingNop|BM_FiberFutureRoundTrip'
 build=1
+out_dir=""
 while (($# > 0)); do
   case "$1" in
     --ref) ref="$2"; shift ;;
@@ -32,6 +37,7 @@ while (($# > 0)); do
     --min-time) min_time="$2"; shift ;;
     --filter) filter="$2"; shift ;;
     --no-build) build=0 ;;
+    --out) out_dir="$2"; shift ;;
     -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "compare.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -43,8 +49,11 @@ command -v python3 >/dev/null || { echo "compare.sh: python3 is needed to read t
 root="$SPINDLE_REPO_ROOT"
 refdir="$root/build/bench-ref/src"
 refsha=$(git -C "$root" rev-parse --verify "$ref^{commit}") || { echo "compare.sh: no commit '$ref'" >&2; exit 2; }
+benches=(switch scheduler nop future)
+targets=()
+for b in "${benches[@]}"; do targets+=("spindle_${b}_bench"); done
 if ((build)); then
-  bench_build
+  bench_build "${targets[@]}"
   if [[ -d "$refdir" ]]; then
     git -C "$refdir" checkout -q --detach "$refsha"
   else
@@ -53,32 +62,41 @@ if ((build)); then
   fi
   cmake -S "$refdir" -B "$refdir/build" -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DSPINDLE_BUILD_TESTS=OFF \
     -DSPINDLE_BUILD_APPS=OFF >/dev/null
-  cmake --build "$refdir/build" -j "$(nproc)" >/dev/null
+  cmake --build "$refdir/build" -j "${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}" --target "${targets[@]}" >/dev/null
 fi
 new="$root/build/release/perf"
 old="$refdir/build/perf"
+for b in "${benches[@]}"; do bench_require "$new/spindle_${b}_bench" "$old/spindle_${b}_bench"; done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
+bench_out_init "$out_dir"
 
 echo "machine: $(bench_machine_line)"
 echo "before: $(git -C "$refdir" log -1 --format='%h %s' | cut -c1-100)"
 echo "after:  working tree at $(git -C "$root" log -1 --format='%h %s' | cut -c1-90)"
 echo "CPU $cpu, $rounds rounds alternating, median [min..max] per side"
+# A guess for the progress lines: a second per binary beyond --min-time per benchmark.
+step_s=$(awk -v t="$min_time" 'BEGIN { print 1 + 10 * t }')
+bench_progress_start $((rounds * 2 * ${#benches[@]})) "$(awk -v n="$((rounds * 2 * ${#benches[@]}))" -v s="$step_s" \
+  'BEGIN { print n * s }')"
 for ((r = 0; r < rounds; r++)); do
   if ((r % 2 == 0)); then order="old new"; else order="new old"; fi
   for side in $order; do
     dir=$old; [[ $side == new ]] && dir=$new
-    for b in switch scheduler nop future; do
+    for b in "${benches[@]}"; do
+      bench_step "$step_s" "compare round $((r + 1))/$rounds, $side spindle_${b}_bench"
       taskset -c "$cpu" "$dir/spindle_${b}_bench" --benchmark_filter="$filter" --benchmark_min_time="$min_time" \
         --benchmark_format=json --benchmark_out="$out/$side-$b-$r.json" --benchmark_out_format=json >/dev/null
     done
   done
 done
 
-python3 - "$out" <<'PY'
-import json, os, statistics, sys
-out = sys.argv[1]
+bench_progress_end
+python3 - "$out" "$bench_out" "$refsha" "$(git -C "$root" describe --always "$refsha")" <<'PY'
+import csv, json, os, statistics, sys
+out, keep = sys.argv[1], sys.argv[2]
 runs = {"old": {}, "new": {}}
+rows = []
 for f in sorted(os.listdir(out)):
     side = f.split("-")[0]
     try:
@@ -91,6 +109,14 @@ for f in sorted(os.listdir(out)):
         # The switch is timed on the thread's CPU clock (ns/switch); everything else by real time.
         v = b.get("ns/switch", b["real_time"])
         runs[side].setdefault(b["run_name"], []).append(v)
+        rows.append([b["run_name"], "before" if side == "old" else "after", f.split("-")[-1].split(".")[0], v])
+if keep:  # --out: every figure, and which commit "before" is
+    with open(os.path.join(keep, "compare.csv"), "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["benchmark", "side", "round", "ns_per_iteration"])
+        w.writerows(sorted(rows))
+    with open(os.path.join(keep, "compare-ref.json"), "w") as fh:
+        json.dump({"ref_sha": sys.argv[3], "ref": sys.argv[4]}, fh, indent=2)
 names = sorted(set(runs["old"]) & set(runs["new"]))
 print(f"\n{'benchmark':52s} {'before ns':>22s} {'after ns':>22s} {'after/before':>12s}")
 for n in names:
@@ -100,3 +126,4 @@ for n in names:
     note = "" if overlap else ("  faster" if mw < mo else "  SLOWER")
     print(f"{n:52s} {mo:9.1f} [{min(o):.1f}..{max(o):.1f}] {mw:9.1f} [{min(w):.1f}..{max(w):.1f}] {mw / mo:11.3f}{note}")
 PY
+bench_out_finish
