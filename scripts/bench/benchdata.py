@@ -114,7 +114,7 @@ def cmd_finish(args):
         meta = json.load(f)
     meta["finished_utc"] = _now()
     meta["load_average_end"] = _loadavg()
-    meta["files"] = sorted(f for f in os.listdir(args[0]) if f != "meta.json")
+    meta["files"] = sorted(f for f in os.listdir(args[0]) if f != "meta.json" and not f.endswith((".png", ".tmp")))
     _write_json(path, meta)
 
 
