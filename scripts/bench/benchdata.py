@@ -2,9 +2,13 @@
 # SPDX-License-Identifier: Apache-2.0
 """Writes the result files of scripts/bench/*.sh --out DIR: the run's description and CSV rows.
 
-usage: benchdata.py meta DIR SCRIPT [ARG...]     DIR/meta.json: the script, its arguments, the commit
-                                                  (git describe --always --dirty), this machine, the start
-       benchdata.py finish DIR                   adds the end time, the load average then, and the files
+usage: benchdata.py meta DIR SCRIPT FILES [ARG...]  DIR/meta-<script>.json (e.g. meta-echo.json for echo.sh):
+                                                  the script, its arguments, the commit (git describe
+                                                  --always --dirty), this machine, the start; FILES
+                                                  (comma-separated) are the files the script writes: any
+                                                  left from an earlier run in DIR are removed first
+       benchdata.py finish DIR SCRIPT            adds the end time, the load average then, and which of
+                                                  the files were written
        benchdata.py row FILE COLUMNS VALUE...    appends one CSV row (COLUMNS: comma-separated names; the
                                                   header is written when FILE is new, and must match if not)
        benchdata.py rows FILE COLUMNS [PREFIX...]  appends a row per line of stdin: the PREFIX values, then
@@ -89,32 +93,43 @@ def machine():
     }
 
 
+def meta_path(out, script):
+    """DIR/meta-<script>.json: one per script, so that several scripts can share a DIR."""
+    stem = os.path.basename(script)
+    stem = stem[:-3] if stem.endswith(".sh") else stem
+    return os.path.join(out, f"meta-{stem}.json")
+
+
 def cmd_meta(args):
-    if len(args) < 2:
+    if len(args) < 3:
         raise SystemExit(2)
-    out, script, argv = args[0], args[1], args[2:]
+    out, script, files, argv = args[0], args[1], [f for f in args[2].split(",") if f], args[3:]
     os.makedirs(out, exist_ok=True)
+    for f in files:  # a series appended row by row must not carry an earlier run's rows
+        if os.path.exists(os.path.join(out, f)):
+            os.remove(os.path.join(out, f))
     meta = {
         "script": script,
         "arguments": argv,
+        "files": files,
         "commit": _git("describe", "--always", "--dirty"),
         "commit_sha": _git("rev-parse", "HEAD"),
         "started_utc": _now(),
         "load_average_start": _loadavg(),
         "machine": machine(),
     }
-    _write_json(os.path.join(out, "meta.json"), meta)
+    _write_json(meta_path(out, script), meta)
 
 
 def cmd_finish(args):
-    if len(args) != 1:
+    if len(args) != 2:
         raise SystemExit(2)
-    path = os.path.join(args[0], "meta.json")
+    path = meta_path(args[0], args[1])
     with open(path, encoding="utf-8") as f:
         meta = json.load(f)
     meta["finished_utc"] = _now()
     meta["load_average_end"] = _loadavg()
-    meta["files"] = sorted(f for f in os.listdir(args[0]) if f != "meta.json" and not f.endswith((".png", ".tmp")))
+    meta["files"] = [f for f in meta.get("files", []) if os.path.exists(os.path.join(args[0], f))]
     _write_json(path, meta)
 
 

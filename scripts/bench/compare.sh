@@ -15,7 +15,7 @@
 #                   spawn+join, NOP through 1/8/64 fibers and raw liburing, future round trips)
 #   --no-build      reuse both builds as they are
 #   --out DIR       also keep the results in DIR: compare.csv (one row per benchmark, side and round: ns per
-#                   iteration), compare-ref.json (the commit compared against) and meta.json (the machine
+#                   iteration), compare-ref.json (the commit compared against) and meta-compare.json (the machine
 #                   and the working tree's commit)
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
@@ -69,7 +69,7 @@ old="$refdir/build/perf"
 for b in "${benches[@]}"; do bench_require "$new/spindle_${b}_bench" "$old/spindle_${b}_bench"; done
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-bench_out_init "$out_dir"
+bench_out_init "$out_dir" compare.csv compare-ref.json
 
 echo "machine: $(bench_machine_line)"
 echo "before: $(git -C "$refdir" log -1 --format='%h %s' | cut -c1-100)"

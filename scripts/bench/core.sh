@@ -10,7 +10,7 @@
 #   --cpu C          CPU the benchmark process is confined to (default 1)
 #   --min-time S     Google Benchmark's --benchmark_min_time (default 0.3)
 #   --out DIR        also keep the results in DIR: Google Benchmark's JSON of each binary
-#                    (core-<name>.json; core-wide-future.json for the two-CPU run) and meta.json (the
+#                    (core-<name>.json; core-wide-future.json for the two-CPU run) and meta-core.json (the
 #                    machine and the commit); scripts/bench/plot DIR draws them
 #   --no-build       use the existing build/release/perf binaries
 # SPDX-License-Identifier: Apache-2.0
@@ -45,7 +45,9 @@ if ((build)); then bench_build "${targets[@]}"; fi
 bench_require "${targets[@]/#/$bin/}"
 out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
-bench_out_init "$out_dir"
+series=()
+for b in "${benches[@]}"; do series+=("core-$b.json"); done
+bench_out_init "$out_dir" "${series[@]}" core-wide-future.json
 
 echo "machine: $(bench_machine_line)"
 echo "pinned to CPU $cpu, $reps repetitions each, median reported"

@@ -29,7 +29,7 @@
 #   --no-build         use the existing build/release and build/bench-dpdk/udp_echo
 #   --out DIR          also keep the results in DIR: dpdk-udp.csv (one row per run: msg/s, p50, p99, CPU
 #                      per message), dpdk-forward.csv (pps of testpmd and of spindle), dpdk-idle.csv (idle
-#                      CPU per poll mode) and meta.json (the machine and the commit)
+#                      CPU per poll mode) and meta-dpdk.json (the machine and the commit)
 # Needs root (EAL without hugepages still locks memory; taskset). Exit status: 0; 1 on a failed run;
 # 2 on bad usage.
 # SPDX-License-Identifier: Apache-2.0
@@ -110,7 +110,7 @@ run_one() {  # run_one KIND WINDOW REP
 stats() { tr ' ' '\n' <<<"$1" | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { m = (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2; printf "%.4g [%.4g..%.4g]", m, v[1], v[NR] }'; }
 median() { stats "$1" | awk '{ print $1 }'; }
 
-bench_out_init "$out_dir"
+bench_out_init "$out_dir" dpdk-udp.csv dpdk-forward.csv dpdk-idle.csv
 bench_machine_line
 echo "datagrams of $size bytes; $reps repetitions of $duration s (+ $warmup s warm-up); windows: $windows"
 read -r -a window_list <<<"$windows"

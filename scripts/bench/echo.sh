@@ -32,7 +32,7 @@
 #   --no-build        use the existing build/release and build/bench-echo/epoll_echo
 #   --out DIR         also keep the results in DIR: echo.csv, one row per run (server, connections,
 #                     round, msg/s, the client's latency percentiles p50/p99/p99.9/max and mean, the
-#                     server's CPU ticks and CPU per message) and meta.json (the machine and the commit);
+#                     server's CPU ticks and CPU per message) and meta-echo.json (the machine and the commit);
 #                     scripts/bench/plot DIR draws them
 #
 # Rows, one per server and connection count: messages/s (round trips completed in the measured window
@@ -112,7 +112,7 @@ if ((build)); then
   cc -O2 -o "$epoll_bin" "$root/scripts/bench/epoll_echo.c"
 fi
 bench_require "$bin" "$epoll_bin"
-bench_out_init "$out_dir"
+bench_out_init "$out_dir" echo.csv
 
 # A thousand connections take two descriptors each when both ends live on this machine.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true

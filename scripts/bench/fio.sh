@@ -19,7 +19,7 @@
 #   --no-direct      skip the O_DIRECT runs
 #   --no-build       use the existing build/release (do not configure and build first)
 #   --out DIR        also keep the results in DIR: fio.csv (one row per run and tool: IOPS, p99 and
-#                    clat p99) and meta.json (the machine and the commit); scripts/bench/plot DIR draws them
+#                    clat p99) and meta-fio.json (the machine and the commit); scripts/bench/plot DIR draws them
 #
 # Conventions: depth is per carrier for spindle and per job (iodepth) for fio, and --numjobs equals
 # the carrier count, so both keep depth x carriers I/Os in flight. Latency p99 is spindle's
@@ -69,7 +69,7 @@ command -v python3 >/dev/null || { echo "fio.sh: python3 is needed to read the J
 if ((build)); then bench_build spindle-iobench; fi
 bin="$SPINDLE_REPO_ROOT/build/release/apps/spindle-iobench"
 bench_require "$bin"
-bench_out_init "$out_dir"
+bench_out_init "$out_dir" fio.csv
 if [[ -z "$file" ]]; then
   mkdir -p "$SPINDLE_REPO_ROOT/build/bench-fio"
   file="$SPINDLE_REPO_ROOT/build/bench-fio/iobench.dat"

@@ -38,7 +38,7 @@
 #   --out DIR         also keep the results in DIR: http.csv (one row per measured run: req/s, requests,
 #                     errors, CPU and user µs per request, p99), http-latency.csv (wrk's latency
 #                     percentiles of each measured run, from scripts/bench/wrk_percentiles.lua), in
-#                     memory mode http-rss.csv, and meta.json (the machine and the commit);
+#                     memory mode http-rss.csv, and meta-http.json (the machine and the commit);
 #                     scripts/bench/plot DIR draws them
 #   --no-build        use the existing build/release/apps/spindle-httpd and build/bench-http/raw_http
 # SPDX-License-Identifier: Apache-2.0
@@ -124,7 +124,7 @@ if ((${#raw_modes[@]} > 0 && build)); then
     { echo "http.sh: cannot build scripts/bench/raw_http.c" >&2; exit 1; }
 fi
 ((${#raw_modes[@]} == 0)) || bench_require "$raw_http"
-bench_out_init "$out_dir"
+if ((rss)); then bench_out_init "$out_dir" http-rss.csv; else bench_out_init "$out_dir" http.csv http-latency.csv; fi
 
 # 10,000 connections need as many descriptors in wrk and in each server.
 hard=$(ulimit -Hn)

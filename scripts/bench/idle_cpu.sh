@@ -17,7 +17,7 @@
 #   --no-latency     skip the latency benchmark
 #   --out DIR        also keep the results in DIR: idle-cpu.csv (spindle-idle's line for each
 #                    configuration, field by field), idle-poll-latency.json (the latency benchmark's
-#                    Google Benchmark JSON) and meta.json (the machine and the commit);
+#                    Google Benchmark JSON) and meta-idle_cpu.json (the machine and the commit);
 #                    scripts/bench/plot DIR draws them
 #   --no-build       use the existing build/release binaries
 # SPDX-License-Identifier: Apache-2.0
@@ -52,7 +52,7 @@ idle="$SPINDLE_REPO_ROOT/build/release/apps/spindle-idle"
 bench="$SPINDLE_REPO_ROOT/build/release/perf/spindle_poll_mode_bench"
 bench_require "$idle"
 ((!latency)) || bench_require "$bench"
-bench_out_init "$out_dir"
+bench_out_init "$out_dir" idle-cpu.csv idle-poll-latency.json
 configs=("block" "hybrid" "spin" "block --sqpoll" "spin --sqpoll")
 run_s=$(awk -v s="$seconds" 'BEGIN { print s + 0.2 }')
 # The latency benchmark: 2 runs of about a second each per benchmark and repetition, a guess.

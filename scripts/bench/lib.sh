@@ -1,13 +1,13 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
 # Helpers for benchmark scripts: source this file (from the script's top level, before it parses its
-# arguments: bench_argv keeps them for meta.json), then call bench_build, bench_machine_line, ratio, and
+# arguments: bench_argv keeps them for meta-<script>.json), then call bench_build, bench_machine_line, ratio, and
 # for --out DIR, --no-build and progress lines: bench_out_init, bench_row, bench_save, bench_out_finish,
 # bench_require, bench_progress_start, bench_step, bench_progress_end.
 
 SPINDLE_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 _bench_lib_dir="$SPINDLE_REPO_ROOT/scripts/bench"
-# The calling script's name and arguments (source without arguments keeps the caller's), for meta.json.
+# The calling script's name and arguments (source without arguments keeps the caller's), for meta-<script>.json.
 bench_who=$(basename "$0")
 bench_argv=("$@")
 bench_out=""
@@ -39,10 +39,12 @@ bench_require() {
 }
 
 # ---- --out DIR: raw results beside a description of the run ---------------------------------------
-# bench_out_init DIR: with a non-empty DIR, creates it, sets bench_out to its absolute path and writes
-# DIR/meta.json (script, arguments, commit from git describe --always --dirty, CPU model, CPUs, kernel,
-# memory, virtualization, start time, load average). With an empty DIR it only clears bench_out, and
-# bench_row, bench_kvrow, bench_save and bench_out_finish then do nothing.
+# bench_out_init DIR FILE...: with a non-empty DIR, creates it, sets bench_out to its absolute path,
+# removes the FILEs (the series this script writes) left there by an earlier run, and writes
+# DIR/meta-<script>.json (script, arguments, the FILEs, commit from git describe --always --dirty, CPU
+# model, CPUs, kernel, memory, virtualization, start time, load average): several scripts can share a
+# DIR. With an empty DIR it only clears bench_out, and bench_row, bench_rows, bench_kvrow, bench_save
+# and bench_out_finish then do nothing.
 # Errors: exits with status 1 when DIR cannot be made or written, or python3 is missing.
 bench_out_init() {
   bench_out=""
@@ -50,8 +52,9 @@ bench_out_init() {
   command -v python3 >/dev/null || { echo "$bench_who: python3 is needed for --out" >&2; exit 1; }
   mkdir -p "$1" || { echo "$bench_who: cannot create --out $1" >&2; exit 1; }
   bench_out=$(cd "$1" && pwd)
-  python3 "$_bench_lib_dir/benchdata.py" meta "$bench_out" "$bench_who" "${bench_argv[@]}" ||
-    { echo "$bench_who: cannot write $bench_out/meta.json" >&2; exit 1; }
+  local IFS=,
+  python3 "$_bench_lib_dir/benchdata.py" meta "$bench_out" "$bench_who" "${*:2}" "${bench_argv[@]}" ||
+    { echo "$bench_who: cannot write the description of the run in $bench_out" >&2; exit 1; }
 }
 
 # bench_row FILE COLUMNS VALUE...: appends one row to the CSV file FILE in --out (COLUMNS: names
@@ -80,11 +83,11 @@ bench_save() {
   [[ -z "$bench_out" ]] || cp -- "$1" "$bench_out/$2"
 }
 
-# bench_out_finish: records the end time, the load average and the files written in meta.json, and
-# says where the results are (stderr).
+# bench_out_finish: records the end time, the load average and the files written in
+# meta-<script>.json, and says where the results are (stderr).
 bench_out_finish() {
   [[ -n "$bench_out" ]] || return 0
-  python3 "$_bench_lib_dir/benchdata.py" finish "$bench_out" &&
+  python3 "$_bench_lib_dir/benchdata.py" finish "$bench_out" "$bench_who" &&
     echo "$bench_who: results in $bench_out (plot them with scripts/bench/plot $bench_out)" >&2
 }
 

@@ -12,7 +12,7 @@
 #   --policy LIST    comma-separated policies (default numa,random,none)
 #   --skew S         one-carrier or hot-node (default one-carrier)
 #   --out DIR        also keep the results in DIR: numa.csv (each table cell: topology, policy, metric,
-#                    value; the steals per distance class among them) and meta.json (the machine and the
+#                    value; the steals per distance class among them) and meta-numa.json (the machine and the
 #                    commit); scripts/bench/plot DIR draws them
 #   --no-build       use the existing build/release/apps/spindle-topo
 # SPDX-License-Identifier: Apache-2.0
@@ -47,7 +47,7 @@ if ((build)); then
 fi
 topo="$SPINDLE_REPO_ROOT/build/release/apps/spindle-topo"
 bench_require "$topo"
-bench_out_init "$out_dir"
+bench_out_init "$out_dir" numa.csv
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
 bench_machine_line
