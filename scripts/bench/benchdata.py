@@ -2,12 +2,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """Writes the result files of scripts/bench/*.sh --out DIR: the run's description and CSV rows.
 
-usage: benchdata.py meta DIR SCRIPT FILES [ARG...]  DIR/meta-<script>.json (e.g. meta-echo.json for echo.sh):
-                                                  the script, its arguments, the commit (git describe
-                                                  --always --dirty), this machine, the start; FILES
-                                                  (comma-separated) are the files the script writes: any
-                                                  left from an earlier run in DIR are removed first
-       benchdata.py finish DIR SCRIPT            adds the end time, the load average then, and which of
+usage: benchdata.py meta DIR NAME SCRIPT FILES [ARG...]  DIR/meta-NAME.json (e.g. meta-echo.json for
+                                                  echo.sh): the script, its arguments, the commit (git
+                                                  describe --always --dirty), this machine, the start;
+                                                  FILES (comma-separated) are the files the run writes:
+                                                  any left from an earlier run in DIR are removed first
+       benchdata.py finish DIR NAME              adds the end time, the load average then, and which of
                                                   the files were written
        benchdata.py row FILE COLUMNS VALUE...    appends one CSV row (COLUMNS: comma-separated names; the
                                                   header is written when FILE is new, and must match if not)
@@ -93,17 +93,15 @@ def machine():
     }
 
 
-def meta_path(out, script):
-    """DIR/meta-<script>.json: one per script, so that several scripts can share a DIR."""
-    stem = os.path.basename(script)
-    stem = stem[:-3] if stem.endswith(".sh") else stem
-    return os.path.join(out, f"meta-{stem}.json")
+def meta_path(out, name):
+    """DIR/meta-NAME.json: one per kind of run (a script, or one of its modes), so that runs can share a DIR."""
+    return os.path.join(out, f"meta-{name}.json")
 
 
 def cmd_meta(args):
-    if len(args) < 3:
+    if len(args) < 4:
         raise SystemExit(2)
-    out, script, files, argv = args[0], args[1], [f for f in args[2].split(",") if f], args[3:]
+    out, name, script, files, argv = args[0], args[1], args[2], [f for f in args[3].split(",") if f], args[4:]
     os.makedirs(out, exist_ok=True)
     for f in files:  # a series appended row by row must not carry an earlier run's rows
         if os.path.exists(os.path.join(out, f)):
@@ -118,7 +116,7 @@ def cmd_meta(args):
         "load_average_start": _loadavg(),
         "machine": machine(),
     }
-    _write_json(meta_path(out, script), meta)
+    _write_json(meta_path(out, name), meta)
 
 
 def cmd_finish(args):

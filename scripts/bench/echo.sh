@@ -112,7 +112,6 @@ if ((build)); then
   cc -O2 -o "$epoll_bin" "$root/scripts/bench/epoll_echo.c"
 fi
 bench_require "$bin" "$epoll_bin"
-bench_out_init "$out_dir" echo.csv
 
 # A thousand connections take two descriptors each when both ends live on this machine.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
@@ -182,6 +181,7 @@ if (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; then
   echo "echo.sh: something already listens on port $port; stop it first" >&2
   exit 1
 fi
+bench_out_init "$out_dir" echo.csv
 
 read -r -a conn_list <<<"$connections"
 run_s=$(awk -v d="$duration" -v w="$warmup" 'BEGIN { print d + w + 0.5 }')

@@ -38,8 +38,8 @@
 #   --out DIR         also keep the results in DIR: http.csv (one row per measured run: req/s, requests,
 #                     errors, CPU and user µs per request, p99), http-latency.csv (wrk's latency
 #                     percentiles of each measured run, from scripts/bench/wrk_percentiles.lua), in
-#                     memory mode http-rss.csv, and meta-http.json (the machine and the commit);
-#                     scripts/bench/plot DIR draws them
+#                     memory mode http-rss.csv, and meta-http.json (meta-http-rss.json in memory mode):
+#                     the machine and the commit; scripts/bench/plot DIR draws them
 #   --no-build        use the existing build/release/apps/spindle-httpd and build/bench-http/raw_http
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
@@ -124,7 +124,6 @@ if ((${#raw_modes[@]} > 0 && build)); then
     { echo "http.sh: cannot build scripts/bench/raw_http.c" >&2; exit 1; }
 fi
 ((${#raw_modes[@]} == 0)) || bench_require "$raw_http"
-if ((rss)); then bench_out_init "$out_dir" http-rss.csv; else bench_out_init "$out_dir" http.csv http-latency.csv; fi
 
 # 10,000 connections need as many descriptors in wrk and in each server.
 hard=$(ulimit -Hn)
@@ -223,6 +222,13 @@ fi
 cpu_ticks() { awk '{ print $14, $15 }' "/proc/$1/stat"; }
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
+# Every server is up: from here on there is something to keep.
+if ((rss)); then
+  bench_run_name=http-rss  # meta-http-rss.json: beside a sweep's meta-http.json
+  bench_out_init "$out_dir" http-rss.csv
+else
+  bench_out_init "$out_dir" http.csv http-latency.csv
+fi
 echo "machine: $(bench_machine_line)"
 spindle_pids=""
 for name in "${spindle_servers[@]}"; do spindle_pids+="$name pid ${pid_of[$name]}, "; done

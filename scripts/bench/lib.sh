@@ -9,6 +9,9 @@ SPINDLE_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 _bench_lib_dir="$SPINDLE_REPO_ROOT/scripts/bench"
 # The calling script's name and arguments (source without arguments keeps the caller's), for meta-<script>.json.
 bench_who=$(basename "$0")
+# The name of the run's description in --out, meta-<name>.json: the script's (echo for echo.sh), unless
+# the script sets another for a mode whose results sit beside the default mode's (http.sh --rss).
+bench_run_name=${bench_who%.sh}
 bench_argv=("$@")
 bench_out=""
 # shellcheck source-path=SCRIPTDIR source=../lib/deps.sh
@@ -41,7 +44,7 @@ bench_require() {
 # ---- --out DIR: raw results beside a description of the run ---------------------------------------
 # bench_out_init DIR FILE...: with a non-empty DIR, creates it, sets bench_out to its absolute path,
 # removes the FILEs (the series this script writes) left there by an earlier run, and writes
-# DIR/meta-<script>.json (script, arguments, the FILEs, commit from git describe --always --dirty, CPU
+# DIR/meta-$bench_run_name.json (script, arguments, the FILEs, commit from git describe --always --dirty, CPU
 # model, CPUs, kernel, memory, virtualization, start time, load average): several scripts can share a
 # DIR. With an empty DIR it only clears bench_out, and bench_row, bench_rows, bench_kvrow, bench_save
 # and bench_out_finish then do nothing.
@@ -53,7 +56,7 @@ bench_out_init() {
   mkdir -p "$1" || { echo "$bench_who: cannot create --out $1" >&2; exit 1; }
   bench_out=$(cd "$1" && pwd)
   local IFS=,
-  python3 "$_bench_lib_dir/benchdata.py" meta "$bench_out" "$bench_who" "${*:2}" "${bench_argv[@]}" ||
+  python3 "$_bench_lib_dir/benchdata.py" meta "$bench_out" "$bench_run_name" "$bench_who" "${*:2}" "${bench_argv[@]}" ||
     { echo "$bench_who: cannot write the description of the run in $bench_out" >&2; exit 1; }
 }
 
@@ -87,7 +90,7 @@ bench_save() {
 # meta-<script>.json, and says where the results are (stderr).
 bench_out_finish() {
   [[ -n "$bench_out" ]] || return 0
-  python3 "$_bench_lib_dir/benchdata.py" finish "$bench_out" "$bench_who" &&
+  python3 "$_bench_lib_dir/benchdata.py" finish "$bench_out" "$bench_run_name" &&
     echo "$bench_who: results in $bench_out (plot them with scripts/bench/plot $bench_out)" >&2
 }
 
