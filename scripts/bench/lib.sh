@@ -1,13 +1,14 @@
 # SPDX-License-Identifier: Apache-2.0
 # shellcheck shell=bash
-# Helpers for benchmark scripts: source this file (from the script's top level, before it parses its
-# arguments: bench_argv keeps them for meta-<script>.json), then call bench_build, bench_machine_line, ratio, and
-# for --out DIR, --no-build and progress lines: bench_out_init, bench_row, bench_save, bench_out_finish,
-# bench_require, bench_progress_start, bench_step, bench_progress_end.
+# Helpers for benchmark scripts: source this file from the script's top level, before it parses its
+# arguments (bench_argv keeps them for --out's description of the run), then call bench_build,
+# bench_machine_line, ratio, and for --out DIR, --no-build and progress lines: bench_out_init, bench_row,
+# bench_rows, bench_kvrow, bench_save, bench_out_finish, bench_require, bench_progress_start, bench_step,
+# bench_progress_end.
 
 SPINDLE_REPO_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 _bench_lib_dir="$SPINDLE_REPO_ROOT/scripts/bench"
-# The calling script's name and arguments (source without arguments keeps the caller's), for meta-<script>.json.
+# The calling script's name and arguments (source without arguments keeps the caller's), for --out.
 bench_who=$(basename "$0")
 # The name of the run's description in --out, meta-<name>.json: the script's (echo for echo.sh), unless
 # the script sets another for a mode whose results sit beside the default mode's (http.sh --rss).
@@ -44,9 +45,9 @@ bench_require() {
 # ---- --out DIR: raw results beside a description of the run ---------------------------------------
 # bench_out_init DIR FILE...: with a non-empty DIR, creates it, sets bench_out to its absolute path,
 # removes the FILEs (the series this script writes) left there by an earlier run, and writes
-# DIR/meta-$bench_run_name.json (script, arguments, the FILEs, commit from git describe --always --dirty, CPU
-# model, CPUs, kernel, memory, virtualization, start time, load average): several scripts can share a
-# DIR. With an empty DIR it only clears bench_out, and bench_row, bench_rows, bench_kvrow, bench_save
+# DIR/meta-$bench_run_name.json (script, arguments, the FILEs, commit from git describe --always
+# --dirty, CPU model, CPUs, kernel, memory, virtualization, start time, load average): several scripts
+# can share a DIR. With an empty DIR it only clears bench_out, and bench_row, bench_rows, bench_kvrow, bench_save
 # and bench_out_finish then do nothing.
 # Errors: exits with status 1 when DIR cannot be made or written, or python3 is missing.
 bench_out_init() {
@@ -56,7 +57,8 @@ bench_out_init() {
   mkdir -p "$1" || { echo "$bench_who: cannot create --out $1" >&2; exit 1; }
   bench_out=$(cd "$1" && pwd)
   local IFS=,
-  python3 "$_bench_lib_dir/benchdata.py" meta "$bench_out" "$bench_run_name" "$bench_who" "${*:2}" "${bench_argv[@]}" ||
+  python3 "$_bench_lib_dir/benchdata.py" meta "$bench_out" "$bench_run_name" "$bench_who" "${*:2}" \
+    "${bench_argv[@]}" ||
     { echo "$bench_who: cannot write the description of the run in $bench_out" >&2; exit 1; }
 }
 
