@@ -55,6 +55,12 @@ for b in "${benches[@]}"; do targets+=("spindle_${b}_bench"); done
 if ((build)); then
   bench_build "${targets[@]}"
   if [[ -d "$refdir" ]]; then
+    # A directory there that is not a worktree of its own would let git find the enclosing one, the
+    # working tree being measured, and move its HEAD.
+    if [[ "$(git -C "$refdir" rev-parse --show-toplevel 2>/dev/null)" != "$(cd "$refdir" && pwd -P)" ]]; then
+      echo "compare.sh: $refdir is not a git worktree of its own; remove it and run again" >&2
+      exit 1
+    fi
     git -C "$refdir" checkout -q --detach "$refsha"
   else
     mkdir -p "$(dirname "$refdir")"
