@@ -10,6 +10,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "base/check.h"
 #include "base/inject.h"
 #include "base/log.h"
 #include "core/driver/buffer_group.h"
@@ -27,8 +28,12 @@ namespace detail {
 /// One carrier's registered buffers of a pool: `count` buffers of `size` bytes behind an
 /// io_uring_buf_ring (the kernel takes buffers from the head; we add them back at the tail), or, on
 /// the epoll backend, behind a BufferGroup registered with the carrier's driver (`group`).
-/// Thread-safety: only the owner carrier's thread writes the tail (share-nothing: no lock on the
-/// data path); a buffer given back on another thread goes through `returns`, which the owner drains
+/// With incremental consumption (`incremental`) a buffer serves several CQEs, each a slice after the
+/// one before; the owner counts, per buffer, the bytes the kernel put there and the slices still leased,
+/// and puts the buffer back once the kernel let go of it (a CQE without IORING_CQE_F_BUF_MORE) and no
+/// slice is leased.
+/// Thread-safety: only the owner carrier's thread writes the tail and `inc` (share-nothing: no lock on
+/// the data path); a buffer given back on another thread goes through `returns`, which the owner drains
 /// in its loop. The kernel never writes the tail.
 struct PbufRing {
     std::unique_ptr<spindle::detail::BufferGroup> group;  // the epoll backend's, or null
@@ -40,24 +45,79 @@ struct PbufRing {
     unsigned count = 0;
     uint16_t bgid = 0;
     unsigned carrier = 0;
+    bool incremental = false;  // registered with IOU_PBUF_RING_INC
+    // Per buffer id, with `incremental` (owner's thread only).
+    struct Slices {
+        uint32_t filled = 0;   // bytes the kernel put in the buffer: the next CQE's slice starts here
+        uint32_t leases = 0;   // slices given out and not yet given back
+        bool retired = false;  // the kernel is done with the buffer (a CQE without IORING_CQE_F_BUF_MORE)
+    };
+    std::unique_ptr<Slices[]> slices;
+    // With `incremental`: per buffer id, slices given back off the owner's thread and not yet dropped.
+    // `returns` holds an id at most once (a second push before the drain is a bug it aborts on), so
+    // only the release that finds this 0 pushes the id; the drain takes the count with it.
+    std::unique_ptr<std::atomic<uint32_t>[]> remoteDrops;
     spindle::detail::OwnerReturns returns;  // io_uring: buffers given back off the owner's thread
 
+    [[nodiscard]] char* base(uint16_t bid) const noexcept { return buffers + static_cast<size_t>(bid) * size; }
+
+    // Owner's thread, for each CQE that picked buffer `bid`, in CQE order (as the carrier reaps them):
+    // where in the buffer the CQE's `res` bytes start. A CQE with bytes (res > 0) leases them to the
+    // caller, who gives them back with giveBack(bid); one without bytes leases nothing.
+    [[nodiscard]] uint32_t take(uint16_t bid, int32_t res, uint32_t flags) noexcept {
+        if (!incremental) {
+            if (res <= 0) { giveBack(bid); }
+            return 0;
+        }
+        Slices& s = slices[bid];
+        const uint32_t at = s.filled;
+        if (res > 0) {
+            s.filled += static_cast<uint32_t>(res);
+            ++s.leases;
+        }
+        // Also for a CQE without bytes: a kernel that consumed the buffer for it (6.12 to 6.17 for a
+        // zero-length receive; any kernel for an error) says so by leaving the flag out.
+        if ((flags & uring::Ring::kCqeBufMore) == 0) { s.retired = true; }
+        if (s.retired && s.leases == 0) { recycleHere(bid); }
+        return at;
+    }
+    // Gives back one lease on buffer `bid` (any thread).
     void giveBack(uint16_t bid) noexcept {
         if (group) {
             group->giveBack(bid);
         } else if (returns.onOwner()) {
-            addHere(bid);
-        } else {
+            dropHere(bid);
+        } else if (!incremental || remoteDrops[bid].fetch_add(1, std::memory_order_acq_rel) == 0) {
             returns.push(bid);
         }
     }
-    // Owner's thread: the buffer goes back at the ring's tail, where the kernel picks it up.
+    void dropHere(uint16_t bid) noexcept {
+        if (!incremental) {
+            addHere(bid);
+            return;
+        }
+        Slices& s = slices[bid];
+        SPINDLE_CHECK_MSG(s.leases > 0, "provided buffer given back more often than leased");
+        if (--s.leases == 0 && s.retired) { recycleHere(bid); }
+    }
+    void recycleHere(uint16_t bid) noexcept {
+        slices[bid] = Slices{};
+        addHere(bid);
+    }
+    // Owner's thread: the buffer goes back at the ring's tail, where the kernel picks it up (whole).
     void addHere(uint16_t bid) noexcept {
-        io_uring_buf_ring_add(ring, buffers + static_cast<size_t>(bid) * size, static_cast<unsigned>(size), bid,
-                              io_uring_buf_ring_mask(count), 0);
+        io_uring_buf_ring_add(ring, base(bid), static_cast<unsigned>(size), bid, io_uring_buf_ring_mask(count), 0);
         io_uring_buf_ring_advance(ring, 1);
     }
-    static void onReturn(void* self, uint16_t bid) noexcept { static_cast<PbufRing*>(self)->addHere(bid); }
+    // Owner's thread: the drain of `returns`.
+    static void onReturn(void* self, uint16_t bid) noexcept {
+        auto* r = static_cast<PbufRing*>(self);
+        if (!r->incremental) {
+            r->addHere(bid);
+            return;
+        }
+        for (uint32_t n = r->remoteDrops[bid].exchange(0, std::memory_order_acq_rel); n > 0; --n) { r->dropHere(bid); }
+    }
     // Before the memory goes: no drain of `returns` queued or running on the owner.
     void settle() const noexcept {
         if (group) {
@@ -94,6 +154,7 @@ struct ProvidedBufferPool::Impl {
     std::atomic<uint64_t> fallback{0};
     std::atomic<uint64_t> exhausted{0};
     std::atomic<int> registerError{0};
+    std::atomic<bool> incrementalRefusedLogged{false};
 };
 
 // ---- ProvidedBuffer ------------------------------------------------------------------------------
@@ -231,7 +292,26 @@ detail::PbufRing* ProvidedBufferPool::registerHere(size_t idx) noexcept {
         if (ringMem == MAP_FAILED) { return fail(errno, r); }
         r->ring = static_cast<io_uring_buf_ring*>(ringMem);
         io_uring_buf_ring_init(r->ring);
-        if (auto reg = ring->registerBufRing(r->ring, r->count, r->bgid); !reg) { return fail(reg.errorCode(), r); }
+        Result<void> reg = Error{EINVAL};
+        if (options_.incremental) {
+            // The probe: a kernel before 6.12 refuses the flag with EINVAL; then the ring goes without it.
+            reg = ring->registerBufRing(r->ring, r->count, r->bgid, uring::Ring::kPbufRingIncremental);
+            if (reg) {
+                try {
+                    r->slices = std::make_unique<detail::PbufRing::Slices[]>(r->count);
+                    r->remoteDrops = std::make_unique<std::atomic<uint32_t>[]>(r->count);
+                } catch (...) {
+                    (void)ring->unregisterBufRing(r->bgid);
+                    return fail(ENOMEM, r);
+                }
+                r->incremental = true;
+            } else if (reg.errorCode() == EINVAL && !im.incrementalRefusedLogged.exchange(true)) {
+                log::info("provided buffers: this kernel cannot consume buffers incrementally (IOU_PBUF_RING_INC, "
+                          "Linux 6.12); each receive takes a whole buffer");
+            }
+        }
+        if (!r->incremental) { reg = ring->registerBufRing(r->ring, r->count, r->bgid); }
+        if (!reg) { return fail(reg.errorCode(), r); }
         const int mask = io_uring_buf_ring_mask(r->count);
         for (unsigned i = 0; i < r->count; ++i) {
             io_uring_buf_ring_add(r->ring, r->buffers + static_cast<size_t>(i) * r->size,
@@ -246,18 +326,74 @@ detail::PbufRing* ProvidedBufferPool::registerHere(size_t idx) noexcept {
     return r;
 }
 
+namespace {
+
+/// One receive on an incremental ring. Its CQE is accounted (PbufRing::take) by the carrier as it reaps
+/// it, through a completion of its own: where its bytes start depends on every CQE before it that named
+/// the same buffer, and the fiber, resumed later, would account it after CQEs handled in between.
+struct OneReceive : MultishotCompletion {
+    detail::PbufRing* ring = nullptr;
+    FiberFuture done;
+    int32_t res = 0;
+    int32_t bid = -1;     // the buffer the CQE named, or -1
+    uint32_t offset = 0;  // where in it the bytes start
+
+    static void onCqe(MultishotCompletion* c, int32_t res, uint32_t flags) noexcept {
+        auto* self = static_cast<OneReceive*>(c);
+        if ((flags & op::kBufferPicked) != 0) {
+            const auto bid = static_cast<uint16_t>(flags >> op::kBufferShift);
+            self->offset = self->ring->take(bid, res, flags);
+            self->bid = bid;
+        }
+        self->res = res;
+        if ((flags & op::kMore) == 0) { self->done.set(res); }  // a single receive: its only CQE
+    }
+};
+
+}  // namespace
+
+OpResult ProvidedBufferPool::recvIncremental(detail::PbufRing* ring, int fd, Deadline deadline, uint32_t& offset) noexcept {
+    OneReceive one;
+    one.fn = &OneReceive::onCqe;
+    one.ring = ring;
+    auto armed = armMultishot(op::recvSelect(fd, static_cast<uint32_t>(options_.size), ring->bgid), &one);
+    if (!armed) { return OpResult{-armed.errorCode(), 0}; }
+    const int32_t w = waitMultishot(&one.done, &one, deadline);
+    if (!one.done.isSet()) {
+        // A deadline or a cancel ended the wait first: cancel the receive and wait for its CQE, which
+        // may have brought bytes even so (they are returned, not lost).
+        (void)cancelMultishot(&one);
+        (void)one.done.wait();
+    }
+    settleMultishot(&one);
+    offset = one.offset;
+    OpResult r{one.res, 0};
+    if (one.bid >= 0) { r.flags = op::kBufferPicked | (static_cast<uint32_t>(one.bid) << op::kBufferShift); }
+    if (r.res == -ECANCELED && (w == -ETIMEDOUT || w == -ECANCELED)) { r.res = w; }
+    return r;
+}
+
 Result<ProvidedBuffer> ProvidedBufferPool::recv(int fd, Deadline deadline) noexcept {
     Impl& im = *impl_;
     // No fiber switch between choosing the ring and submitting: the SQE goes to that carrier's ring.
     if (detail::PbufRing* ring = ringHere()) {
-        const OpResult r = submitOp(op::recvSelect(fd, static_cast<uint32_t>(options_.size), ring->bgid), deadline);
+        uint32_t offset = 0;
+        OpResult r;
+        if (ring->incremental) {
+            r = recvIncremental(ring, fd, deadline, offset);  // accounted as it was reaped
+        } else {
+            r = submitOp(op::recvSelect(fd, static_cast<uint32_t>(options_.size), ring->bgid), deadline);
+            if ((r.flags & op::kBufferPicked) != 0) {
+                offset = ring->take(static_cast<uint16_t>(r.flags >> op::kBufferShift), r.res, r.flags);
+            }
+        }
         ProvidedBuffer b;
-        if ((r.flags & op::kBufferPicked) != 0) {
+        if ((r.flags & op::kBufferPicked) != 0 && r.res > 0) {  // a CQE without bytes leased nothing
             b.bid_ = static_cast<uint16_t>(r.flags >> op::kBufferShift);
             b.owner_ = ring;
-            b.data_ = ring->buffers + static_cast<size_t>(b.bid_) * ring->size;
-            b.capacity_ = ring->size;
-            b.size_ = r.res > 0 ? static_cast<size_t>(r.res) : 0;
+            b.data_ = ring->base(b.bid_) + offset;
+            b.capacity_ = ring->incremental ? static_cast<size_t>(r.res) : ring->size;
+            b.size_ = static_cast<size_t>(r.res);
         }
         if (r.res == -ENOBUFS) {
             im.exhausted.fetch_add(1, std::memory_order_relaxed);
@@ -265,8 +401,7 @@ Result<ProvidedBuffer> ProvidedBufferPool::recv(int fd, Deadline deadline) noexc
             return Error{-r.res};
         } else {
             im.provided.fetch_add(1, std::memory_order_relaxed);
-            if (r.res == 0) { b.release(); }  // end of stream holds no buffer
-            return b;
+            return b;  // empty at end of stream
         }
     }
     im.fallback.fetch_add(1, std::memory_order_relaxed);
@@ -288,7 +423,9 @@ ProvidedBufferStats ProvidedBufferPool::stats() const noexcept {
     s.exhausted = impl_->exhausted.load(std::memory_order_relaxed);
     s.registerError = impl_->registerError.load(std::memory_order_relaxed);
     for (unsigned i = 0; i < kMaxCarriers; ++i) {
-        s.carriersRegistered += impl_->slots[i].ring.load(std::memory_order_acquire) != nullptr ? 1 : 0;
+        const detail::PbufRing* r = impl_->slots[i].ring.load(std::memory_order_acquire);
+        s.carriersRegistered += r != nullptr ? 1 : 0;
+        s.carriersIncremental += r != nullptr && r->incremental ? 1 : 0;
     }
     return s;
 }
@@ -313,7 +450,7 @@ MultishotReceiver::~MultishotReceiver() {
     stop();
     // Nothing is armed now: the state is ours.
     Entry e{};
-    while (popEntry(e)) { e.ring->giveBack(e.bid); }
+    while (popEntry(e)) { e.ring->giveBack(e.bid()); }
 }
 
 template <class F>
@@ -370,10 +507,10 @@ bool MultishotReceiver::popEntry(Entry& out) noexcept {
 ProvidedBuffer MultishotReceiver::lease(const Entry& e) noexcept {
     ProvidedBuffer b;
     b.owner_ = e.ring;
-    b.bid_ = e.bid;
-    b.data_ = e.ring->buffers + static_cast<size_t>(e.bid) * e.ring->size;
-    b.capacity_ = e.ring->size;
-    b.size_ = static_cast<size_t>(e.len);
+    b.bid_ = e.bid();
+    b.data_ = e.ring->base(b.bid_) + e.offset();
+    b.size_ = e.len();
+    b.capacity_ = e.ring->incremental ? b.size_ : e.ring->size;
     return b;
 }
 
@@ -400,16 +537,19 @@ void MultishotReceiver::onCqe(MultishotCompletion* c, int32_t res, uint32_t flag
 
 bool MultishotReceiver::handleCqe(int32_t res, uint32_t flags) noexcept {
     if ((flags & op::kBufferPicked) != 0) {
-        const Entry e{armedRing_, res, static_cast<uint16_t>(flags >> op::kBufferShift)};
+        // Accounted here, as the carrier reaps the CQE: that order tells an incremental buffer's slices apart.
+        const auto bid = static_cast<uint16_t>(flags >> op::kBufferShift);
+        const uint32_t offset = armedRing_->take(bid, res, flags);
         // Once bytes were lost, later ones are dropped too: next() hands out what came before the
         // loss, then the error, never a stream with a hole in it.
-        if (res > 0 && broken_ == 0 && pushEntry(e)) {
+        if (res > 0 && broken_ == 0 &&
+            pushEntry(Entry::make(armedRing_, bid, offset, static_cast<uint32_t>(res)))) {
             delivered_ = true;
             stats_.buffers.fetch_add(1, std::memory_order_relaxed);
             pool_.impl_->provided.fetch_add(1, std::memory_order_relaxed);
-        } else {
-            e.ring->giveBack(e.bid);
-            if (res > 0) { broken_ = ENOMEM; }  // bytes the queue could not hold: the stream is broken
+        } else if (res > 0) {
+            armedRing_->giveBack(bid);
+            broken_ = ENOMEM;  // bytes the queue could not hold: the stream is broken
         }
     }
     const size_t queued = count_ + (spill_ ? spill_->size() - spillHead_ : 0);

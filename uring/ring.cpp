@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <vector>
 
@@ -64,12 +65,16 @@ Result<void> Ring::unregisterBuffers() noexcept {
     return {};
 }
 
-Result<void> Ring::registerBufRing(io_uring_buf_ring* ring, unsigned entries, uint16_t bgid) noexcept {
+Result<void> Ring::registerBufRing(io_uring_buf_ring* ring, unsigned entries, uint16_t bgid, uint16_t flags) noexcept {
     SPINDLE_INJECT(inject::Point::kRegisterBufRing, { return Error{injectedErrno}; });
     io_uring_buf_reg reg{};
     reg.ring_addr = reinterpret_cast<uint64_t>(ring);
     reg.ring_entries = entries;
     reg.bgid = bgid;
+    // The 16 bits after `bgid`: `flags` in the uapi since 6.12, `pad` in liburing 2.3's copy of it;
+    // written by offset so that both headers compile.
+    std::memcpy(reinterpret_cast<char*>(&reg) + offsetof(io_uring_buf_reg, bgid) + sizeof(reg.bgid), &flags,
+                sizeof flags);
     const int r = io_uring_register_buf_ring(&ring_, &reg, 0);
     if (r < 0) { return errorFromRes(r); }
     return {};

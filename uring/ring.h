@@ -180,9 +180,18 @@ public:
     [[nodiscard]] Result<void> unregisterFiles() noexcept;
     /// Registers a provided-buffer ring of `entries` (a power of two) at `ring` as buffer group `bgid`
     /// (IORING_REGISTER_PBUF_RING, 5.19); `ring` must be page-aligned and stay mapped until unregistered.
-    /// Errors: EINVAL on kernels without it or for bad arguments, EEXIST for a group in use, ENOMEM;
-    /// the injected errno at kRegisterBufRing.
-    [[nodiscard]] Result<void> registerBufRing(io_uring_buf_ring* ring, unsigned entries, uint16_t bgid) noexcept;
+    /// `flags` go to io_uring_buf_reg::flags (the uapi's name for liburing 2.3's `pad`), e.g.
+    /// kPbufRingIncremental.
+    /// Errors: EINVAL on kernels without it, without a flag asked for, or for bad arguments, EEXIST for
+    /// a group in use, ENOMEM; the injected errno at kRegisterBufRing.
+    [[nodiscard]] Result<void> registerBufRing(io_uring_buf_ring* ring, unsigned entries, uint16_t bgid,
+                                               uint16_t flags = 0) noexcept;
+    /// IOU_PBUF_RING_INC (Linux 6.12; the uapi value, which liburing 2.3 does not define): the kernel
+    /// consumes each buffer of the ring incrementally, one receive after another, and says in a CQE
+    /// (kCqeBufMore) when it keeps the buffer for more. A kernel without it answers EINVAL.
+    static constexpr uint16_t kPbufRingIncremental = 2;
+    /// IORING_CQE_F_BUF_MORE (6.12): the buffer this CQE names stays the kernel's, partly filled.
+    static constexpr uint32_t kCqeBufMore = 1u << 4;
     /// Drops buffer group `bgid`'s ring. Errors: EINVAL/ENOENT when the group has none.
     [[nodiscard]] Result<void> unregisterBufRing(uint16_t bgid) noexcept;
     /// Whether reap() can miss completions that an io_uring_enter with GETEVENTS would

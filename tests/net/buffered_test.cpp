@@ -174,7 +174,8 @@ TEST_F(Buffered, PoolFallsBackToHeapBuffersWhenRegistrationIsRefused) {
 }
 
 TEST_F(Buffered, AnExhaustedRingFallsBackAndRecoversOnceBuffersReturn) {
-    auto pool = ProvidedBufferPool::create(ProvidedBufferOptions{.count = 1, .size = 128});
+    // Whole buffers: with incremental consumption "first" and "second" would share the one buffer.
+    auto pool = ProvidedBufferPool::create(ProvidedBufferOptions{.count = 1, .size = 128, .incremental = false});
     ASSERT_TRUE(pool);
     onFiber([&] {
         LoopbackPair a = connectLoopbackPair();

@@ -47,8 +47,10 @@ void receiveBytes(MultishotReceiver& rx, size_t want, std::vector<char>& out) {
     }
 }
 
-std::unique_ptr<ProvidedBufferPool> makePool(unsigned count, size_t size) {
-    auto p = ProvidedBufferPool::create(ProvidedBufferOptions{.count = count, .size = size});
+// `incremental` false: each receive takes a whole buffer on every kernel, for the tests that count
+// buffers (incremental_buffers_test.cpp has the tests of incremental consumption).
+std::unique_ptr<ProvidedBufferPool> makePool(unsigned count, size_t size, bool incremental = true) {
+    auto p = ProvidedBufferPool::create(ProvidedBufferOptions{.count = count, .size = size, .incremental = incremental});
     SPINDLE_CHECK(static_cast<bool>(p));
     return std::move(*p);
 }
@@ -262,7 +264,7 @@ TEST_F(MultishotRecv, DestroyingAnArmedReceiverWithQueuedBuffersGivesThemBack) {
 }
 
 TEST_F(MultishotRecv, AnExhaustedRingFallsBackToOneReceiveAndRearms) {
-    auto pool = makePool(1, 128);
+    auto pool = makePool(1, 128, /*incremental=*/false);
     on(0, [&] {
         LoopbackPair a = connectLoopbackPair();
         MultishotReceiver rx(*pool, a.server.fd());
@@ -327,7 +329,7 @@ TEST_F(MultishotRecv, AConsumerOnAnotherCarrierOrThreadTakesFromTheHoldersQueue)
 // by that carrier's loop, which alone writes the ring): with a ring of two, two receives hold both, a
 // thread releases them, and the next two receives on the carrier are served from the ring again.
 TEST_F(MultishotRecv, BuffersReleasedOnAPlainThreadGoBackToTheirCarriersRing) {
-    auto pool = makePool(2, 64);
+    auto pool = makePool(2, 64, /*incremental=*/false);
     std::optional<LoopbackPair> pair;
     std::vector<ProvidedBuffer> held;
     bool ring = false;
