@@ -638,6 +638,13 @@ void MultishotReceiver::cancelNotify() noexcept {
 
 bool MultishotReceiver::armed() const noexcept { return holder_.load(std::memory_order_acquire) != nullptr; }
 
+bool MultishotReceiver::hasPending() const noexcept {
+    SPINDLE_CHECK_MSG(!armed(), "MultishotReceiver::hasPending while an operation is armed");
+    const bool queued = count_ > 0 || (spill_ && spillHead_ < spill_->size());
+    // Ended by a cancel (stop(), a pause) or not at all: nothing to report. Anything else is next()'s.
+    return queued || broken_ != 0 || eof_ || (endRes_ != 1 && endRes_ != -ECANCELED);
+}
+
 Result<ProvidedBuffer> MultishotReceiver::next(Deadline deadline) noexcept {
     for (;;) {
         FiberFuture wake;

@@ -182,6 +182,12 @@ public:
     void cancelNotify() noexcept;
     /// Whether an operation is armed (its CQEs, the last one included, may still come).
     [[nodiscard]] bool armed() const noexcept;
+    /// Whether next() would return at once: a buffer is queued, or an end of stream or an error is to
+    /// be reported. For a consumer that stop()ped the receiver and would hand the socket to another
+    /// kind of wait (a poll) only if nothing came in the meantime. Precondition: !armed().
+    [[nodiscard]] bool hasPending() const noexcept;
+    /// false once the kernel refused multishot receive here (next() then receives one buffer per call).
+    [[nodiscard]] bool multishot() const noexcept { return multishot_; }
 
     struct Stats {
         uint64_t arms = 0;       // operations armed

@@ -30,6 +30,7 @@
 #include "core/deadline.h"
 #include "core/fiber.h"
 #include "core/io.h"
+#include "core/ring_ops.h"
 #include "net/buffered.h"
 #include "net/provided_buffers.h"
 #include "net/tcp.h"
@@ -193,8 +194,20 @@ struct ConnectionNode {
     FiberHandle<void> fiber;    // the connection's fiber, while it has one (the sweep cancels it to release it)
     bool releasing = false;     // the sweep asked the fiber to give itself up
     bool releaseRefused = false; // it could not, this keep-alive wait (no multishot receive here): ask no more
-    bool fiberless = false;     // waits with no fiber: its receiver's next CQE starts one
+    bool fiberless = false;     // an IdleConnection's: waits with no fiber and no Connection
 };
+
+/// A keep-alive connection that waited longer than --idle-fiber-release: it has given up its fiber and
+/// its Connection (about 770 bytes with the reader and its multishot receive), and keeps only what
+/// waiting needs, some 230 bytes (issue 19: memory per idle connection). One poll for input is armed
+/// on its socket; the poll's completion (a request, the end of the stream, an error, the shutdown(2) of
+/// the idle sweep or of the drain, the runtime's shutdown) makes a Connection again and starts its
+/// fiber (Connection::onIdleReady). The node stands in the worker's list for the connection meanwhile.
+struct IdleConnection : MultishotCompletion {
+    ConnectionNode node;
+    struct Worker* worker = nullptr;
+};
+
 
 struct Worker {
     Server::Impl* server = nullptr;
@@ -331,8 +344,11 @@ private:
             heapHeaders_.reset(new (std::nothrow) Header[options_.limits.maxHeaders]);
         }
         serve(std::exchange(resumed_, false));
-        if (node_.fiberless) { return; }  // the receiver's next CQE starts the next fiber (onReady)
-        node_.fiber.detach();             // this fiber's own handle; it ends below
+        if (idled_) {  // an IdleConnection waits in its place now (goFiberless): the fiber ends
+            delete this;
+            return;
+        }
+        node_.fiber.detach();  // this fiber's own handle; it ends below
         endHere();
     }
 
@@ -354,29 +370,33 @@ private:
         w.active.store(w.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
     }
 
-    /// Called by the receiver, on this carrier's thread, for a CQE while the connection has no fiber.
-    static void onReady(void* arg) noexcept {
-        auto* c = static_cast<Connection*>(arg);
-        Worker& w = c->worker_;
-        net::MultishotReceiver* rx = c->reader_.receiver();
-        if (c->startFiber()) {
-            rx->cancelNotify();  // the new fiber's next() takes the CQEs from now on
-            c->node_.fiberless = false;
-            c->node_.idle = false;
-            c->node_.keepAliveWait = false;
+    /// The completion of an IdleConnection's poll, on this carrier's thread (it may run on some other
+    /// fiber's stack, so it must not block): the connection gets a Connection and a fiber again, which
+    /// finds the request (or the end of the stream) in the socket. The poll has ended: `idle` goes.
+    static void onIdleReady(MultishotCompletion* done, int32_t /*res*/, uint32_t /*flags*/) noexcept {
+        auto* idle = static_cast<IdleConnection*>(done);
+        Worker& w = *idle->worker;
+        const int fd = idle->node.fd;
+        w.unlink(&idle->node);
+        auto* c = new (std::nothrow) Connection(w, net::TcpStream(fd));
+        if (c == nullptr) {
+            log::warn("spindle-httpd: no memory for a connection");
+        } else {
+            c->node_.fd = fd;
+            c->node_.idleTimedOut = idle->node.idleTimedOut;  // counted once
+            w.link(&c->node_);
             c->resumed_ = true;
-            w.fiberless.store(w.fiberless.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+            if (w.server->accessLog) { c->notePeer(); }
+        }
+        delete idle;
+        w.fiberless.store(w.fiberless.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
+        if (c == nullptr) {
+            ::close(fd);
+            w.active.store(w.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
             return;
         }
-        // No fiber (the runtime is going down, or no memory): end the connection without one. While
-        // the operation is armed its last CQE is still to come; shutdown(2) makes it come soon.
-        if (rx->armed()) {
-            (void)::shutdown(c->stream_.fd(), SHUT_RDWR);
-            return;  // still registered: the last CQE calls again
-        }
-        w.fiberless.store(w.fiberless.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-        c->node_.fiberless = false;
-        c->endHere(/*fromCallback=*/true);
+        // No fiber (the runtime is going down, or no memory): the connection ends here, without one.
+        if (!c->startFiber()) { c->endHere(/*fromCallback=*/true); }
     }
 
     /// Leases the scratch block (idempotent); false when none could be allocated.
@@ -494,18 +514,44 @@ private:
         }
     }
 
-    /// Idle, nothing buffered, nothing to send: leave the wait to the receiver alone. The fiber ends;
-    /// onReady() starts another one when the next CQE (a request, end of stream, an error) comes.
+    /// Idle, nothing buffered, nothing to send: an IdleConnection takes the connection's place (see
+    /// there), and the fiber ends and deletes this Connection (runOnFiber). false when it cannot (a
+    /// request came meanwhile, no memory, a poll refused): the fiber waits on, and the receive, stopped
+    /// here, is armed again by the next fill().
     bool goFiberless() noexcept {
         release();
         net::MultishotReceiver* rx = reader_.receiver();
-        if (rx == nullptr || reader_.size() != 0 || scratch_ != nullptr) { return false; }
-        node_.fiberless = true;  // before the registration: its callback cannot run before this fiber ends anyway
-        if (!rx->notifyWhenReady(&Connection::onReady, this)) {
-            node_.fiberless = false;
+        // Only where the receive is a multishot one: a kernel without it keeps the connection's fiber
+        // (the sweep then asks once per wait), as before the IdleConnection.
+        if (rx == nullptr || !rx->multishot() || reader_.size() != 0 || scratch_ != nullptr) { return false; }
+        rx->stop();  // the receive lets go of the socket; what came meanwhile stays queued
+        if (rx->hasPending()) { return false; }
+        auto* idle = new (std::nothrow) IdleConnection;
+        if (idle == nullptr) { return false; }
+        idle->fn = &Connection::onIdleReady;
+        idle->worker = &worker_;
+        idle->node.fd = node_.fd;
+        idle->node.idle = true;
+        idle->node.keepAliveWait = true;
+        idle->node.idleTimedOut = node_.idleTimedOut;
+        idle->node.idleSinceNs = node_.idleSinceNs;
+        idle->node.fiberless = true;
+        // The socket is the IdleConnection's from here, before its poll is armed: the poll's completion
+        // may come as soon as the carrier reaps.
+        worker_.unlink(&node_);
+        worker_.link(&idle->node);
+        const int fd = stream_.release();
+        if (!armMultishot(op::poll(fd, POLLIN), idle)) {
+            // Refused (a driver that found the socket ready at once, the runtime shutting down): no
+            // completion comes; the connection stays this one's.
+            stream_ = net::TcpStream(fd);
+            worker_.unlink(&idle->node);
+            worker_.link(&node_);
+            delete idle;
             return false;
         }
         node_.fiber.detach();  // this fiber's handle: the fiber ends now, and its stack goes with it
+        idled_ = true;
         bump(worker_.fiberReleases);
         bump(worker_.fiberless);
         return true;
@@ -833,7 +879,8 @@ private:
     net::BufferedReader reader_;
     ConnectionNode node_;
     Scratch* scratch_ = nullptr;             // leased while there is something to answer
-    bool resumed_ = false;                   // set by onReady() for the fiber it starts
+    bool resumed_ = false;                   // set by onIdleReady() for the fiber it starts
+    bool idled_ = false;                     // an IdleConnection took its place (goFiberless)
     std::unique_ptr<Header[]> heapHeaders_;  // only for maxHeaders > kStackHeaders
     int lastStatus_ = 0;                     // of the last response head, for the access log
     uint64_t lastLength_ = 0;
