@@ -22,7 +22,7 @@
 # usage: scripts/bench/http.sh [--connections "10 100 1000 10000"] [--duration D] [--warmup W]
 #                              [--repetitions R] [--server-cpu C] [--client-cpu C] [--floor]
 #                              [--backends "io_uring epoll"] [--rss [--rss-connections N]] [--out DIR]
-#                              [--no-build]
+#                              [--no-build] [--port-base P]
 #   --connections L   connection counts to sweep (default "10 100 1000 10000")
 #   --duration D      seconds per measured run (default 10)
 #   --warmup W        seconds of the warm-up run per server and N (default 3)
@@ -41,6 +41,9 @@
 #                     memory mode http-rss.csv, and meta-http.json (meta-http-rss.json in memory mode):
 #                     the machine and the commit; scripts/bench/plot DIR draws them
 #   --no-build        use the existing build/release/apps/spindle-httpd and build/bench-http/raw_http
+#   --port-base P     the servers listen on P (spindle-httpd io_uring), P+1 (nginx), P+2 (raw-epoll),
+#                     P+3 (raw-uring), P+4 (spindle-httpd epoll) (default 18080): another run of this
+#                     script on the same machine, from another checkout, keeps the default ports
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -58,6 +61,7 @@ floor=0
 backends="io_uring epoll"
 out_dir=""
 build=1
+port_base=18080
 while (($# > 0)); do
   case "$1" in
     --connections) conns="$2"; shift ;;
@@ -72,6 +76,7 @@ while (($# > 0)); do
     --rss-connections) rss_conns="$2"; shift ;;
     --out) out_dir="$2"; shift ;;
     --no-build) build=0 ;;
+    --port-base) port_base="$2"; shift ;;
     -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
     *) echo "http.sh: unknown argument $1" >&2; exit 2 ;;
   esac
@@ -81,10 +86,10 @@ bench_parse_backends http.sh "$backends"
 
 # spindle-httpd's server name and port for each backend.
 declare -A spindle_name=([io_uring]=spindle-uring [epoll]=spindle-epoll)
-declare -A spindle_port=([io_uring]=18080 [epoll]=18084)
-nginx_port=18081
-raw_epoll_port=18082
-raw_uring_port=18083
+declare -A spindle_port=([io_uring]=$port_base [epoll]=$((port_base + 4)))
+nginx_port=$((port_base + 1))
+raw_epoll_port=$((port_base + 2))
+raw_uring_port=$((port_base + 3))
 
 # wrk and nginx-light, where missing.
 install_bench_tools() {
