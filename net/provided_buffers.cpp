@@ -32,7 +32,7 @@ namespace detail {
 /// one before; the owner counts, per buffer, the bytes the kernel put there and the slices still leased,
 /// and puts the buffer back once the kernel let go of it (a CQE without IORING_CQE_F_BUF_MORE) and no
 /// slice is leased.
-/// Thread-safety: only the owner carrier's thread writes the tail and `inc` (share-nothing: no lock on
+/// Thread-safety: only the owner carrier's thread writes the tail and `slices` (share-nothing: no lock on
 /// the data path); a buffer given back on another thread goes through `returns`, which the owner drains
 /// in its loop. The kernel never writes the tail.
 struct PbufRing {
@@ -75,8 +75,8 @@ struct PbufRing {
             s.filled += static_cast<uint32_t>(res);
             ++s.leases;
         }
-        // Also for a CQE without bytes: a kernel that consumed the buffer for it (6.12 to 6.17 for a
-        // zero-length receive; any kernel for an error) says so by leaving the flag out.
+        // Also for a CQE without bytes: a kernel that consumed the buffer for it (for an error; for a
+        // zero-length receive, kernels before a 2025 fix) says so by leaving the flag out.
         if ((flags & uring::Ring::kCqeBufMore) == 0) { s.retired = true; }
         if (s.retired && s.leases == 0) { recycleHere(bid); }
         return at;
@@ -294,23 +294,26 @@ detail::PbufRing* ProvidedBufferPool::registerHere(size_t idx) noexcept {
         io_uring_buf_ring_init(r->ring);
         Result<void> reg = Error{EINVAL};
         if (options_.incremental) {
+            try {
+                r->slices = std::make_unique<detail::PbufRing::Slices[]>(r->count);
+                r->remoteDrops = std::make_unique<std::atomic<uint32_t>[]>(r->count);
+            } catch (...) {
+                return fail(ENOMEM, r);
+            }
             // The probe: a kernel before 6.12 refuses the flag with EINVAL; then the ring goes without it.
             reg = ring->registerBufRing(r->ring, r->count, r->bgid, uring::Ring::kPbufRingIncremental);
             if (reg) {
-                try {
-                    r->slices = std::make_unique<detail::PbufRing::Slices[]>(r->count);
-                    r->remoteDrops = std::make_unique<std::atomic<uint32_t>[]>(r->count);
-                } catch (...) {
-                    (void)ring->unregisterBufRing(r->bgid);
-                    return fail(ENOMEM, r);
-                }
                 r->incremental = true;
             } else if (reg.errorCode() == EINVAL && !im.incrementalRefusedLogged.exchange(true)) {
                 log::info("provided buffers: this kernel cannot consume buffers incrementally (IOU_PBUF_RING_INC, "
                           "Linux 6.12); each receive takes a whole buffer");
             }
         }
-        if (!r->incremental) { reg = ring->registerBufRing(r->ring, r->count, r->bgid); }
+        if (!r->incremental) {
+            r->slices.reset();
+            r->remoteDrops.reset();
+            reg = ring->registerBufRing(r->ring, r->count, r->bgid);
+        }
         if (!reg) { return fail(reg.errorCode(), r); }
         const int mask = io_uring_buf_ring_mask(r->count);
         for (unsigned i = 0; i < r->count; ++i) {
