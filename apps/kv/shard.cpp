@@ -2,6 +2,7 @@
 #include "apps/kv/shard.h"
 
 #include <ctime>
+#include <type_traits>
 #include <utility>
 
 #include "apps/kv/wal.h"
@@ -10,7 +11,22 @@ namespace spindle::kv {
 
 namespace {
 
-enum Op : uint8_t { kSet = 1, kDel = 2, kExpireAt = 3, kPersist = 4, kFlush = 5 };
+// Log record types. A record's payload is its type byte, then its fields (little-endian integers,
+// strings as u32 length + bytes). Numbers are fixed: logs written by older builds must replay.
+enum Op : uint8_t {
+    kSet = 1,        // key, value, i64 expireAt
+    kDel = 2,        // key
+    kExpireAt = 3,   // key, i64 expireAt
+    kPersist = 4,    // key
+    kFlush = 5,      // (nothing)
+    kHSet = 6,       // key, u32 n, n x (field, value)
+    kHDel = 7,       // key, u32 n, n x field
+    kPush = 8,       // key, u8 left, u32 n, n x element
+    kPop = 9,        // key, u8 left, u32 count
+    kSAdd = 10,      // key, u32 n, n x member
+    kSRem = 11,      // key, u32 n, n x member
+    kRestore = 12,   // key, u8 type, i64 expireAt, then by type: value | u32 n, n x (field, value) | u32 n, n x element
+};
 
 void putU32(std::string& out, uint32_t v) {
     for (int i = 0; i < 4; ++i) { out.push_back(static_cast<char>(v >> (8 * i))); }
@@ -22,6 +38,48 @@ void putI64(std::string& out, int64_t v) {
 void putBytes(std::string& out, std::string_view s) {
     putU32(out, static_cast<uint32_t>(s.size()));
     out.append(s);
+}
+void putList(std::string& out, std::span<const std::string_view> items) {
+    putU32(out, static_cast<uint32_t>(items.size()));
+    for (std::string_view i : items) { putBytes(out, i); }
+}
+
+uint64_t entryBytes(const Entry& e) noexcept { return e.isString() ? e.value.size() : e.coll->bytes; }
+
+std::unique_ptr<Collection> emptyCollection(ValueType type) {
+    auto c = std::make_unique<Collection>();
+    if (type == ValueType::kList) {
+        c->value.emplace<ListValue>();
+    } else if (type == ValueType::kSet) {
+        c->value.emplace<SetValue>();
+    }
+    return c;
+}
+
+// The restore record of `key` (see kRestore).
+void encodeRestore(std::string_view key, const Entry& e, std::string& out) {
+    out.push_back(static_cast<char>(kRestore));
+    putBytes(out, key);
+    out.push_back(static_cast<char>(e.type()));
+    putI64(out, e.expireAtMs);
+    switch (e.type()) {
+        case ValueType::kString: putBytes(out, e.value); break;
+        case ValueType::kHash:
+            putU32(out, static_cast<uint32_t>(e.hash().size()));
+            for (const auto& [f, v] : e.hash()) {
+                putBytes(out, f);
+                putBytes(out, v);
+            }
+            break;
+        case ValueType::kList:
+            putU32(out, static_cast<uint32_t>(e.list().size()));
+            for (const std::string& v : e.list()) { putBytes(out, v); }
+            break;
+        case ValueType::kSet:
+            putU32(out, static_cast<uint32_t>(e.set().size()));
+            for (const std::string& v : e.set()) { putBytes(out, v); }
+            break;
+    }
 }
 
 // Reads a record's fields in order; any read past the end sets ok to false.
@@ -48,9 +106,44 @@ struct Reader {
         in.remove_prefix(len);
         return s;
     }
+    // A u32 count, then that many strings (each at least 4 bytes, so a bad count fails fast).
+    bool list(std::vector<std::string_view>& out) {
+        const auto n = static_cast<size_t>(fixed(4));
+        if (!ok || n > in.size() / 4) {
+            ok = false;
+            return false;
+        }
+        out.clear();
+        for (size_t i = 0; i < n && ok; ++i) { out.push_back(bytes()); }
+        return ok;
+    }
 };
 
 }  // namespace
+
+const char* typeName(ValueType t) noexcept {
+    switch (t) {
+        case ValueType::kString: return "string";
+        case ValueType::kHash: return "hash";
+        case ValueType::kList: return "list";
+        case ValueType::kSet: return "set";
+    }
+    return "none";
+}
+
+Entry Entry::clone() const {
+    Entry e;
+    e.value = value;
+    e.expireAtMs = expireAtMs;
+    if (coll) { e.coll = std::make_unique<Collection>(*coll); }
+    return e;
+}
+
+void appendRestoreRecords(std::string_view key, const Entry& e, std::string& out) {
+    std::string payload;
+    encodeRestore(key, e, payload);
+    frameRecord(out, payload);
+}
 
 uint64_t keyHash(std::string_view key) noexcept {
     uint64_t h = 0xcbf29ce484222325ull;
@@ -144,7 +237,7 @@ void Shard::record(std::string_view payload) {
 }
 
 void Shard::erase(Map::iterator it) {
-    usedLocal_ -= it->first.size() + it->second.value.size() + kEntryOverhead;
+    usedLocal_ -= it->first.size() + entryBytes(it->second) + kEntryOverhead;
     if (it->second.expireAtMs != 0) { --expiresLocal_; }
     map_.erase(it);
     account();
@@ -154,11 +247,23 @@ Entry* Shard::find(std::string_view key, int64_t now) {
     auto it = map_.find(key);
     if (it == map_.end()) { return nullptr; }
     if (it->second.expireAtMs != 0 && it->second.expireAtMs <= now) {
-        erase(it);
-        expired_.fetch_add(1, std::memory_order_relaxed);
+        expire(it);
         return nullptr;
     }
     return &it->second;
+}
+
+void Shard::expire(Map::iterator it) {
+    // Logged as a delete (as Redis propagates a DEL): a replay does not expire, and without it a later
+    // HSET or LPUSH on the same name would replay into the old value.
+    if (log_ != nullptr && log_->failed() == 0) {
+        scratch_.clear();
+        scratch_.push_back(static_cast<char>(kDel));
+        putBytes(scratch_, it->first);
+        record(scratch_);
+    }
+    erase(it);
+    expired_.fetch_add(1, std::memory_order_relaxed);
 }
 
 void Shard::setExpiry(Entry& e, std::string_view key, int64_t atMs) {
@@ -173,8 +278,10 @@ void Shard::set(std::string_view key, std::string_view value, int64_t expireAtMs
     if (it == map_.end()) {
         it = map_.emplace(std::string(key), Entry{}).first;
         usedLocal_ += key.size() + kEntryOverhead;
+        noteInsert();
     } else {
-        usedLocal_ -= it->second.value.size();
+        usedLocal_ -= entryBytes(it->second);
+        it->second.coll.reset();
     }
     it->second.value.assign(value);
     usedLocal_ += value.size();
@@ -201,6 +308,199 @@ bool Shard::del(std::string_view key) {
         record(scratch_);
     }
     return true;
+}
+
+Entry& Shard::collection(std::string_view key, ValueType type) {
+    auto it = map_.find(key);
+    if (it != map_.end()) { return it->second; }
+    it = map_.emplace(std::string(key), Entry{}).first;
+    usedLocal_ += key.size() + kEntryOverhead;
+    noteInsert();
+    it->second.coll = emptyCollection(type);
+    return it->second;
+}
+
+void Shard::settle(Map::iterator it) {
+    const Entry& e = it->second;
+    const bool empty = std::visit([](const auto& c) { return c.empty(); }, e.coll->value);
+    if (empty) {
+        erase(it);
+    } else {
+        account();
+    }
+}
+
+int64_t Shard::hset(std::string_view key, std::span<const std::string_view> fieldValues) {
+    Entry& e = collection(key, ValueType::kHash);
+    HashValue& h = e.hash();
+    int64_t added = 0;
+    for (size_t i = 0; i + 1 < fieldValues.size(); i += 2) {
+        const std::string_view f = fieldValues[i], v = fieldValues[i + 1];
+        auto it = h.find(f);
+        if (it == h.end()) {
+            h.emplace(std::string(f), std::string(v));
+            e.coll->bytes += f.size() + v.size() + kElementOverhead;
+            usedLocal_ += f.size() + v.size() + kElementOverhead;
+            ++added;
+        } else {
+            e.coll->bytes += v.size();
+            e.coll->bytes -= it->second.size();
+            usedLocal_ += v.size();
+            usedLocal_ -= it->second.size();
+            it->second.assign(v);
+        }
+    }
+    account();
+    if (log_ != nullptr) {
+        scratch_.clear();
+        scratch_.push_back(static_cast<char>(kHSet));
+        putBytes(scratch_, key);
+        putU32(scratch_, static_cast<uint32_t>(fieldValues.size() / 2));
+        for (std::string_view x : fieldValues) { putBytes(scratch_, x); }
+        record(scratch_);
+    }
+    return added;
+}
+
+int64_t Shard::hdel(std::string_view key, std::span<const std::string_view> fields) {
+    auto it = map_.find(key);
+    if (it == map_.end()) { return 0; }
+    Entry& e = it->second;
+    int64_t removed = 0;
+    for (std::string_view f : fields) {
+        auto at = e.hash().find(f);
+        if (at == e.hash().end()) { continue; }
+        const uint64_t bytes = at->first.size() + at->second.size() + kElementOverhead;
+        e.coll->bytes -= bytes;
+        usedLocal_ -= bytes;
+        e.hash().erase(at);
+        ++removed;
+    }
+    if (removed == 0) { return 0; }
+    if (log_ != nullptr) {
+        scratch_.clear();
+        scratch_.push_back(static_cast<char>(kHDel));
+        putBytes(scratch_, key);
+        putList(scratch_, fields);
+        record(scratch_);
+    }
+    settle(it);
+    return removed;
+}
+
+int64_t Shard::push(std::string_view key, bool left, std::span<const std::string_view> elements) {
+    Entry& e = collection(key, ValueType::kList);
+    ListValue& l = e.list();
+    for (std::string_view v : elements) {
+        if (left) {
+            l.emplace_front(v);
+        } else {
+            l.emplace_back(v);
+        }
+        e.coll->bytes += v.size() + kElementOverhead;
+        usedLocal_ += v.size() + kElementOverhead;
+    }
+    account();
+    if (log_ != nullptr) {
+        scratch_.clear();
+        scratch_.push_back(static_cast<char>(kPush));
+        putBytes(scratch_, key);
+        scratch_.push_back(left ? 1 : 0);
+        putList(scratch_, elements);
+        record(scratch_);
+    }
+    return static_cast<int64_t>(l.size());
+}
+
+std::vector<std::string> Shard::pop(std::string_view key, bool left, size_t count) {
+    std::vector<std::string> out;
+    auto it = map_.find(key);
+    if (it == map_.end() || count == 0) { return out; }
+    Entry& e = it->second;
+    ListValue& l = e.list();
+    while (out.size() < count && !l.empty()) {
+        std::string& v = left ? l.front() : l.back();
+        e.coll->bytes -= v.size() + kElementOverhead;
+        usedLocal_ -= v.size() + kElementOverhead;
+        out.push_back(std::move(v));
+        if (left) {
+            l.pop_front();
+        } else {
+            l.pop_back();
+        }
+    }
+    if (log_ != nullptr) {
+        scratch_.clear();
+        scratch_.push_back(static_cast<char>(kPop));
+        putBytes(scratch_, key);
+        scratch_.push_back(left ? 1 : 0);
+        putU32(scratch_, static_cast<uint32_t>(out.size()));
+        record(scratch_);
+    }
+    settle(it);
+    return out;
+}
+
+int64_t Shard::sadd(std::string_view key, std::span<const std::string_view> members) {
+    Entry& e = collection(key, ValueType::kSet);
+    int64_t added = 0;
+    for (std::string_view m : members) {
+        if (e.set().emplace(m).second) {
+            e.coll->bytes += m.size() + kElementOverhead;
+            usedLocal_ += m.size() + kElementOverhead;
+            ++added;
+        }
+    }
+    account();
+    if (log_ != nullptr && added > 0) {
+        scratch_.clear();
+        scratch_.push_back(static_cast<char>(kSAdd));
+        putBytes(scratch_, key);
+        putList(scratch_, members);
+        record(scratch_);
+    }
+    return added;
+}
+
+int64_t Shard::srem(std::string_view key, std::span<const std::string_view> members) {
+    auto it = map_.find(key);
+    if (it == map_.end()) { return 0; }
+    Entry& e = it->second;
+    int64_t removed = 0;
+    for (std::string_view m : members) {
+        auto at = e.set().find(m);
+        if (at == e.set().end()) { continue; }
+        e.coll->bytes -= m.size() + kElementOverhead;
+        usedLocal_ -= m.size() + kElementOverhead;
+        e.set().erase(at);
+        ++removed;
+    }
+    if (removed == 0) { return 0; }
+    if (log_ != nullptr) {
+        scratch_.clear();
+        scratch_.push_back(static_cast<char>(kSRem));
+        putBytes(scratch_, key);
+        putList(scratch_, members);
+        record(scratch_);
+    }
+    settle(it);
+    return removed;
+}
+
+void Shard::restore(std::string_view key, Entry e) {
+    if (auto old = map_.find(key); old != map_.end()) { erase(old); }
+    if (log_ != nullptr) {
+        scratch_.clear();
+        encodeRestore(key, e, scratch_);
+    }
+    const int64_t at = e.expireAtMs;
+    e.expireAtMs = 0;
+    auto it = map_.emplace(std::string(key), std::move(e)).first;
+    noteInsert();
+    usedLocal_ += key.size() + kEntryOverhead + entryBytes(it->second);
+    setExpiry(it->second, key, at);
+    account();
+    if (log_ != nullptr) { record(scratch_); }
 }
 
 void Shard::expireAt(std::string_view key, int64_t atMs) {
@@ -275,6 +575,100 @@ bool Shard::replay(std::string_view payload) {
         case kFlush:
             if ((ok = payload.size() == 1)) { flush(); }
             break;
+        case kHSet:
+        case kHDel:
+        case kSAdd:
+        case kSRem: {
+            const std::string_view key = r.bytes();
+            std::vector<std::string_view> items;
+            const auto op = static_cast<uint8_t>(payload[0]);
+            if (op == kHSet) {
+                const auto n = static_cast<size_t>(r.fixed(4));
+                ok = r.ok && n <= r.in.size() / 8;
+                for (size_t i = 0; ok && i < 2 * n; ++i) { items.push_back(r.bytes()); }
+            } else {
+                (void)r.list(items);
+            }
+            const ValueType want = op == kHSet || op == kHDel ? ValueType::kHash : ValueType::kSet;
+            Entry* e = ok ? find(key, INT64_MIN) : nullptr;
+            if (!(ok = ok && r.ok && r.in.empty() && (e == nullptr || e->type() == want))) { break; }
+            if (op == kHSet) {
+                (void)hset(key, items);
+            } else if (op == kHDel) {
+                (void)hdel(key, items);
+            } else if (op == kSAdd) {
+                (void)sadd(key, items);
+            } else {
+                (void)srem(key, items);
+            }
+            break;
+        }
+        case kPush:
+        case kPop: {
+            const std::string_view key = r.bytes();
+            const bool left = r.fixed(1) != 0;
+            std::vector<std::string_view> items;
+            size_t count = 0;
+            if (payload[0] == kPush) {
+                (void)r.list(items);
+            } else {
+                count = static_cast<size_t>(r.fixed(4));
+            }
+            Entry* e = r.ok ? find(key, INT64_MIN) : nullptr;
+            if (!(ok = r.ok && r.in.empty() && (e == nullptr || e->type() == ValueType::kList))) { break; }
+            if (payload[0] == kPush) {
+                (void)push(key, left, items);
+            } else {
+                (void)pop(key, left, count);
+            }
+            break;
+        }
+        case kRestore: {
+            const std::string_view key = r.bytes();
+            const auto type = static_cast<uint8_t>(r.fixed(1));
+            Entry e;
+            e.expireAtMs = static_cast<int64_t>(r.fixed(8));
+            if (!(ok = r.ok && type <= static_cast<uint8_t>(ValueType::kSet))) { break; }
+            const auto t = static_cast<ValueType>(type);
+            std::vector<std::string_view> items;
+            if (t == ValueType::kString) {
+                e.value = std::string(r.bytes());
+            } else if (t == ValueType::kHash) {
+                const auto n = static_cast<size_t>(r.fixed(4));
+                ok = r.ok && n <= r.in.size() / 8;
+                for (size_t i = 0; ok && i < 2 * n; ++i) { items.push_back(r.bytes()); }
+            } else {
+                (void)r.list(items);
+            }
+            if (!(ok = ok && r.ok && r.in.empty() && (t == ValueType::kString || !items.empty()))) { break; }
+            if (t != ValueType::kString) {
+                e.coll = emptyCollection(t);
+                for (size_t i = 0; i < items.size(); ++i) {
+                    if (t == ValueType::kHash) {
+                        e.hash().insert_or_assign(std::string(items[i]), std::string(items[i + 1]));
+                        ++i;
+                    } else if (t == ValueType::kList) {
+                        e.list().emplace_back(items[i]);
+                    } else {
+                        e.set().emplace(items[i]);
+                    }
+                }
+                // The bytes as the incremental calls count them.
+                std::visit(
+                    [&](const auto& c) {
+                        for (const auto& item : c) {
+                            if constexpr (std::is_same_v<std::decay_t<decltype(item)>, std::string>) {
+                                e.coll->bytes += item.size() + kElementOverhead;
+                            } else {
+                                e.coll->bytes += item.first.size() + item.second.size() + kElementOverhead;
+                            }
+                        }
+                    },
+                    e.coll->value);
+            }
+            restore(key, std::move(e));
+            break;
+        }
         default: ok = false;
     }
     log_ = log;
@@ -287,13 +681,56 @@ size_t Shard::activeExpire(int64_t now, size_t budget) {
         --budget;
         auto it = map_.find(std::string_view(due_.top().second));
         if (it != map_.end() && it->second.expireAtMs == due_.top().first) {
-            erase(it);
-            expired_.fetch_add(1, std::memory_order_relaxed);
+            expire(it);
             ++removed;
         }
         due_.pop();
     }
     return removed;
+}
+
+uint64_t Shard::scan(uint64_t pos, size_t count, int64_t now,
+                     const std::function<void(std::string_view, const Entry&)>& fn) {
+    constexpr uint64_t kBucketMask = (uint64_t{1} << kScanBucketBits) - 1;
+    uint64_t bucket = pos & kBucketMask;
+    if ((pos >> kScanBucketBits) != generation_) { bucket = 0; }  // the table grew since: walk it again
+    const size_t buckets = map_.bucket_count();
+    size_t seen = 0, empty = 0, visited = 0;
+    const size_t maxEmpty = count * 10;
+    // At least 1/kScanSteps of the table per step, so that a walk ends within kScanSteps steps: a
+    // walk restarts only when the table grew meanwhile, and it would never end if the table could grow
+    // faster than small steps go.
+    const size_t minBuckets = buckets / kScanSteps + 1;
+    while (bucket < buckets && (visited < minBuckets || (seen < count && empty < maxEmpty))) {
+        ++visited;
+        const size_t b = static_cast<size_t>(bucket++);
+        if (map_.bucket_size(b) == 0) {
+            ++empty;
+            continue;
+        }
+        for (auto it = map_.begin(b); it != map_.end(b); ++it) {
+            ++seen;
+            if (it->second.expireAtMs != 0 && it->second.expireAtMs <= now) { continue; }
+            fn(it->first, it->second);
+        }
+    }
+    return bucket >= buckets ? 0 : (generation_ << kScanBucketBits) | bucket;
+}
+
+bool Shard::randomKey(int64_t now, uint64_t seed, std::string& out) {
+    const size_t buckets = map_.bucket_count();
+    if (map_.empty() || buckets == 0) { return false; }
+    // From a random bucket on, the first live key; a full turn finds any there is.
+    const size_t start = static_cast<size_t>(seed % buckets);
+    for (size_t i = 0; i < buckets; ++i) {
+        const size_t b = (start + i) % buckets;
+        for (auto it = map_.begin(b); it != map_.end(b); ++it) {
+            if (it->second.expireAtMs != 0 && it->second.expireAtMs <= now) { continue; }
+            out = it->first;
+            return true;
+        }
+    }
+    return false;
 }
 
 void Shard::forEachKey(int64_t now, const std::function<bool(std::string_view)>& fn) {

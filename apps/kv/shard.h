@@ -1,16 +1,20 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// One shard of spindle-kv's keyspace: the string keys whose hash maps to it, their expiry times, and
-/// the log records of its mutations. A shard is touched by the thread of the carrier it belongs to
+/// One shard of spindle-kv's keyspace: the keys whose hash maps to it (strings, hashes, lists, sets),
+/// their expiry times, and the log records of its mutations. A shard is touched by the thread of the carrier it belongs to
 /// only (commands reach it through Runtime::runOnCarrier), so nothing in it is locked.
 ///
 /// Expiry: lazy (a key found expired on access is removed then) plus active (activeExpire() removes
 /// what a min-heap of expiry times says is due, a bounded number per call). Heap entries for a key
 /// whose expiry changed since are skipped when they come up.
 ///
-/// Logging: with a log attached, every mutation appends its record (absolute expiry times, so that a
-/// replay later gives the same keyspace) and notes its sequence number in lastSeq(). Expiry itself is
-/// not logged: a replayed key whose time has passed is expired again on access.
+/// Logging: with a log attached, every mutation appends one record (absolute expiry times, so that a
+/// replay later gives the same keyspace) and notes its sequence number in lastSeq(). A command that
+/// changes several fields or elements of one key (HSET with many pairs, LPOP with a count) is one
+/// record, so a torn tail never replays half of it. A key removed because it expired (lazily or
+/// actively) is logged as a delete, as Redis propagates a DEL: replay never expires anything, so the
+/// records that follow (an HSET that created the key anew) apply to what they applied to. A
+/// collection left empty is removed, as in Redis (the replay of the same records removes it too).
 /// Thread-safety: none; the owner carrier's thread only. usedBytes() and keyCount() may be read
 /// anywhere (relaxed, racy).
 
@@ -18,25 +22,75 @@
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <deque>
+#include <memory>
 #include <queue>
+#include <span>
 #include <string>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
+#include <variant>
 #include <vector>
 
 namespace spindle::kv {
 
 class ShardLog;
 
-struct Entry {
-    std::string value;
-    int64_t expireAtMs = 0;  // unix time in ms; 0: no expiry
-};
-
 /// FNV-1a, 64 bits: the key's shard is hash % shards. Fixed, so that a key's log stays its shard's
 /// across restarts and architectures.
 [[nodiscard]] uint64_t keyHash(std::string_view key) noexcept;
+
+/// keyHash as a transparent hasher (lookups by string_view build no string).
+struct KeyHasher {
+    using is_transparent = void;
+    size_t operator()(std::string_view s) const noexcept { return static_cast<size_t>(keyHash(s)); }
+};
+
+enum class ValueType : uint8_t { kString = 0, kHash = 1, kList = 2, kSet = 3 };
+
+/// TYPE's name for `t`: "string", "hash", "list", "set".
+[[nodiscard]] const char* typeName(ValueType t) noexcept;
+
+using HashValue = std::unordered_map<std::string, std::string, KeyHasher, std::equal_to<>>;
+using ListValue = std::deque<std::string>;
+using SetValue = std::unordered_set<std::string, KeyHasher, std::equal_to<>>;
+
+/// What a key that is not a string holds, and the bytes counted for it (its elements and their overhead).
+struct Collection {
+    std::variant<HashValue, ListValue, SetValue> value;  // in ValueType's order (index + 1)
+    uint64_t bytes = 0;
+};
+
+/// One key's value: a string inline, or a collection behind `coll`. The pointer is the tag (null: a
+/// string; else the variant's index says which collection), so a string entry pays 8 bytes for it and
+/// the string path one null test.
+/// Invariant: a collection is never empty (a command that empties one removes the key).
+struct Entry {
+    std::string value;  // a string's bytes; unused for a collection
+    int64_t expireAtMs = 0;  // unix time in ms; 0: no expiry
+    std::unique_ptr<Collection> coll;
+
+    [[nodiscard]] ValueType type() const noexcept {
+        return coll == nullptr ? ValueType::kString : static_cast<ValueType>(coll->value.index() + 1);
+    }
+    [[nodiscard]] bool isString() const noexcept { return coll == nullptr; }
+    [[nodiscard]] HashValue& hash() noexcept { return std::get<HashValue>(coll->value); }
+    [[nodiscard]] ListValue& list() noexcept { return std::get<ListValue>(coll->value); }
+    [[nodiscard]] SetValue& set() noexcept { return std::get<SetValue>(coll->value); }
+    [[nodiscard]] const HashValue& hash() const noexcept { return std::get<HashValue>(coll->value); }
+    [[nodiscard]] const ListValue& list() const noexcept { return std::get<ListValue>(coll->value); }
+    [[nodiscard]] const SetValue& set() const noexcept { return std::get<SetValue>(coll->value); }
+    /// A deep copy (RENAME to another shard).
+    [[nodiscard]] Entry clone() const;
+};
+static_assert(sizeof(Entry) == sizeof(std::string) + 16, "a string entry: its bytes, its expiry and one pointer");
+
+/// Appends to `out` the framed log records that rebuild `key` with `e`'s value and expiry on replay,
+/// replacing whatever the key held: one kRestore record per key. This is the one place that knows how
+/// an entry is written out whole (RENAME and a snapshot writer both use it); Shard::replay reads it back.
+void appendRestoreRecords(std::string_view key, const Entry& e, std::string& out);
 
 /// Whether `s` matches the glob `pattern` as KEYS matches keys in Redis: '*' any run, '?' any byte,
 /// '[abc]', '[^abc]' and '[a-z]' sets (a reversed range counts as its ascending one; an unterminated set
@@ -53,9 +107,23 @@ public:
     /// The live entry for `key`, or null (removing it first when it has expired).
     [[nodiscard]] Entry* find(std::string_view key, int64_t now);
 
-    /// Each mutation applies itself and, with a log, appends its record.
+    /// Each mutation applies itself and, with a log, appends its record. set() replaces any type.
     void set(std::string_view key, std::string_view value, int64_t expireAtMs);
     bool del(std::string_view key);
+    /// Collections. Precondition: the key is absent (it is created, without expiry) or of the type
+    /// the call names (the caller answered WRONGTYPE otherwise).
+    /// hset: sets each (field, value) pair of `fieldValues` in order; returns how many fields are new.
+    int64_t hset(std::string_view key, std::span<const std::string_view> fieldValues);
+    /// hdel, srem: removes what is there; returns how many were; removes the key when left empty.
+    int64_t hdel(std::string_view key, std::span<const std::string_view> fields);
+    /// push: each element in order at the head (left) or the tail; returns the new length.
+    int64_t push(std::string_view key, bool left, std::span<const std::string_view> elements);
+    /// pop: up to `count` elements from the head or the tail, in pop order.
+    std::vector<std::string> pop(std::string_view key, bool left, size_t count);
+    int64_t sadd(std::string_view key, std::span<const std::string_view> members);
+    int64_t srem(std::string_view key, std::span<const std::string_view> members);
+    /// Makes `key` hold `e` (value, type and expiry), replacing what it held (RENAME's destination).
+    void restore(std::string_view key, Entry e);
     void expireAt(std::string_view key, int64_t atMs);  // Precondition: the key exists, atMs > 0
     bool persist(std::string_view key);
     void flush();
@@ -68,7 +136,21 @@ public:
 
     /// Calls fn(key) for every live key (KEYS); stops when fn returns false.
     void forEachKey(int64_t now, const std::function<bool(std::string_view)>& fn);
-
+    /// One SCAN step over this shard: calls fn(key, entry) for the live keys of whole buckets of the
+    /// key table from position `pos` on, until about `count` keys (or 10 x count empty buckets) have
+    /// been seen, and at least 1/kScanSteps of the table. Returns the position to go on from, 0 once
+    /// the table has been walked; `pos` 0 starts. A position is (table generation << 40 | bucket). The
+    /// table only grows (std::unordered_map rehashes on insert and never on erase), and each growth
+    /// bumps the generation: a position of an older generation restarts the walk at bucket 0, so a key
+    /// present for the whole walk is returned at least once (possibly more often, as SCAN allows). A
+    /// walk takes at most kScanSteps steps, so it ends unless the shard doubles within that many.
+    /// Cost: a step on a large shard returns up to 1/kScanSteps of its keys (COUNT is a hint).
+    uint64_t scan(uint64_t pos, size_t count, int64_t now, const std::function<void(std::string_view, const Entry&)>& fn);
+    static constexpr int kScanBucketBits = 40;
+    static constexpr size_t kScanSteps = 64;
+    static constexpr uint64_t kScanGenerations = 1u << 14;
+    /// A live key chosen at random, or "" with false when there is none (RANDOMKEY).
+    bool randomKey(int64_t now, uint64_t seed, std::string& out);
     void attachLog(ShardLog* log) noexcept { log_ = log; }
     [[nodiscard]] ShardLog* log() const noexcept { return log_; }
     /// The sequence number of the last record appended (0: none yet).
@@ -81,21 +163,36 @@ public:
 
     // Bytes counted per key besides its name and value (hash node, Entry, string headers).
     static constexpr size_t kEntryOverhead = 96;
+    // Bytes counted per element of a collection besides its bytes (node, string headers; a hash
+    // field's value is counted with it).
+    static constexpr size_t kElementOverhead = 48;
 
 private:
-    struct Hash {
-        using is_transparent = void;
-        size_t operator()(std::string_view s) const noexcept { return static_cast<size_t>(keyHash(s)); }
-    };
-    using Map = std::unordered_map<std::string, Entry, Hash, std::equal_to<>>;
+    using Map = std::unordered_map<std::string, Entry, KeyHasher, std::equal_to<>>;
 
     void erase(Map::iterator it);
+    /// erase() for a key whose time has come, logged as a delete.
+    void expire(Map::iterator it);
+    /// The entry of `key` holding a collection of `type`, created empty when absent.
+    Entry& collection(std::string_view key, ValueType type);
+    /// Removes `it` when its collection has been emptied; accounts either way.
+    void settle(Map::iterator it);
     void record(std::string_view payload);
     void account() noexcept;
     void setExpiry(Entry& e, std::string_view key, int64_t atMs);
 
+    /// Notes a rehash of map_ (a grown bucket count) after an insert: SCAN positions of before are stale.
+    void noteInsert() noexcept {
+        if (map_.bucket_count() != buckets_) {
+            buckets_ = map_.bucket_count();
+            generation_ = (generation_ + 1) % kScanGenerations;
+        }
+    }
+
     unsigned index_;
     Map map_;
+    size_t buckets_ = 0;       // map_.bucket_count() when last seen
+    uint64_t generation_ = 0;  // bumped on every change of buckets_ (SCAN)
     using Due = std::pair<int64_t, std::string>;
     std::priority_queue<Due, std::vector<Due>, std::greater<>> due_;
     ShardLog* log_ = nullptr;
