@@ -10,14 +10,20 @@
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cctype>
+#include <cstdlib>
 #include <cstring>
 #include <optional>
+#include <random>
+#include <span>
 #include <string_view>
 #include <unordered_map>
 
 #include <fmt/format.h>
 
+#include "apps/kv/key_locks.h"
 #include "apps/kv/shard.h"
+#include "base/check.h"
 #include "base/log.h"
 #include "core/io.h"
 #include "net/tcp_server.h"
@@ -45,6 +51,7 @@ std::string wrongArgs(std::string_view name) {
     return "ERR wrong number of arguments for '" + std::string(name) + "' command";
 }
 const char* kNotInteger = "ERR value is not an integer or out of range";
+const char* kWrongType = "WRONGTYPE Operation against a key holding the wrong kind of value";
 const char* kSyntax = "ERR syntax error";
 
 /// The receive buffer of a connection: bytes [begin, end) are unparsed.
@@ -88,6 +95,12 @@ struct Client {
     bool authenticated = false;
     bool closeAfterReply = false;
     std::string name;
+    // For CLIENT LIST; written by the connection's fiber on its own carrier only.
+    std::string addr, laddr;
+    int fd = -1;
+    int64_t createdMs = 0;
+    int64_t lastMs = 0;
+    std::string lastCommand = "NULL";
 };
 
 // A write of this batch whose reply waits for its record to be durable.
@@ -128,6 +141,8 @@ struct Server::Impl {
     Runtime* rt = nullptr;
     ServerOptions options;
     std::vector<std::unique_ptr<Shard>> shards;
+    std::vector<std::unique_ptr<KeyLocks>> locks;  // per shard, touched on its carrier only
+    std::vector<std::vector<Client*>> clientsOn;  // per carrier: its connections' clients (that carrier only)
     std::vector<std::unique_ptr<ShardLog>> logs;
     std::unique_ptr<net::TcpServer> tcp;
     std::vector<FiberHandle<void>> expirers;
@@ -220,9 +235,63 @@ struct Ctx {
             marks.push_back(Mark{replyOffset, index, seq});
         }
     }
+    /// onShard for a single-key command: when a multi-key command holds the key, waits for it to
+    /// finish and runs then (see apps/kv/key_locks.h).
     template <class F>
     void onKey(std::string_view key, F&& f) {
-        onShard(s.shardOf(key), std::forward<F>(f));
+        const unsigned index = s.shardOf(key);
+        const bool write = (cmd.flags & kWrite) != 0;
+        for (;;) {
+            bool blocked = false;
+            FiberFuture unlocked;
+            onShard(index, [&](Shard& shard) {
+                KeyLocks& locks = *s.locks[index];
+                if (!locks.idle() && locks.blocked(key, write)) {
+                    locks.waitForUnlock(unlocked);
+                    blocked = true;
+                    return;
+                }
+                f(shard);
+            });
+            if (!blocked || broken) { return; }
+            (void)unlocked.wait();
+        }
+    }
+
+    /// Runs fn(i) on the carrier of shard shardIdx[i] for every i < n, all at once: a helper fiber
+    /// per other shard sends its message (runOnCarrier) while this fiber sends its own, then all are
+    /// joined. The shard of this carrier, if listed, runs inline. False when a shard could not be
+    /// reached (broken is set).
+    template <class F>
+    bool fanOut(size_t n, const unsigned* shardIdx, F&& fn) {
+        auto one = [&](size_t i) { return static_cast<bool>(s.rt->runOnCarrier(shardIdx[i], [&]() noexcept { fn(i); })); };
+        if (n == 1) {
+            broken = broken || !one(0);
+            return !broken;
+        }
+        const int self = this_fiber::carrierIndex();
+        size_t mine = 0;  // the one this fiber runs: the local shard, else the first
+        for (size_t i = 0; i < n; ++i) {
+            if (static_cast<int>(shardIdx[i]) == self) { mine = i; }
+        }
+        std::vector<FiberHandle<bool>> helpers;
+        helpers.reserve(n - 1);
+        bool ok = true;
+        for (size_t i = 0; i < n; ++i) {
+            if (i == mine) { continue; }
+            auto h = s.rt->spawn([&one, i]() noexcept { return one(i); },
+                                 SpawnOptions{.name = "kv-fanout", .carrier = self, .pinned = true});
+            if (h) {
+                helpers.push_back(std::move(*h));
+            } else {
+                ok = one(i) && ok;  // no fiber to spare: this one goes in turn
+            }
+        }
+        this_fiber::yield();  // the helpers send their messages before this one does its own part
+        ok = one(mine) && ok;
+        for (auto& h : helpers) { ok = h.join() && ok; }
+        broken = broken || !ok;
+        return ok;
     }
 };
 
@@ -345,6 +414,67 @@ void cmdHello(Ctx& x) {
     writeHello(x);
 }
 
+// CLIENT LIST [TYPE normal] [ID id ...]: one line per client in Redis's field order (the fields it
+// has no counterpart for hold Redis's idle values).
+void cmdClientList(Ctx& x) {
+    std::vector<uint64_t> ids;
+    for (size_t i = 2; i < x.argc(); ++i) {
+        std::string opt;
+        toLower(x.arg(i), opt);
+        if (opt == "id" && i + 1 < x.argc()) {
+            for (++i; i < x.argc(); ++i) {
+                int64_t id = 0;
+                if (!parseInt64(x.arg(i), id) || id <= 0) {
+                    x.w.error("ERR Invalid client ID");
+                    return;
+                }
+                ids.push_back(static_cast<uint64_t>(id));
+            }
+        } else if (opt == "type" && i + 1 < x.argc()) {
+            std::string t;
+            toLower(x.arg(++i), t);
+            if (t != "normal" && t != "master" && t != "replica" && t != "slave" && t != "pubsub") {
+                x.w.error(fmt::format("ERR Unknown client type '{}'", x.arg(i)));
+                return;
+            }
+            if (t != "normal") { ids.push_back(0); }  // no client is of those types: match none
+        } else {
+            x.w.error(kSyntax);
+            return;
+        }
+    }
+    // The connections stay on their carriers: each carrier lists its own, all at once.
+    const size_t n = x.s.clientsOn.size();
+    std::vector<unsigned> all(n);
+    std::vector<std::vector<std::pair<uint64_t, std::string>>> lines(n);
+    for (unsigned i = 0; i < n; ++i) { all[i] = i; }
+    const int64_t now = nowMs();
+    if (!x.fanOut(n, all.data(), [&](size_t i) {
+            for (const Client* c : x.s.clientsOn[i]) {
+                if (!ids.empty() && std::find(ids.begin(), ids.end(), c->id) == ids.end()) { continue; }
+                lines[i].emplace_back(
+                    c->id, fmt::format("id={} addr={} laddr={} fd={} name={} age={} idle={} flags=N db=0 sub=0 psub=0 "
+                                       "ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 "
+                                       "oll=0 omem=0 tot-mem=0 events=r cmd={} user=default redir=-1 resp={}\n",
+                                       c->id, c->addr, c->laddr, c->fd, c->name, (now - c->createdMs) / 1000,
+                                       (now - c->lastMs) / 1000, c == &x.client ? "client|list" : c->lastCommand,
+                                       c->protocol));
+            }
+        })) {
+        return;
+    }
+    std::vector<std::pair<uint64_t, std::string>> merged;
+    for (auto& l : lines) { merged.insert(merged.end(), std::make_move_iterator(l.begin()), std::make_move_iterator(l.end())); }
+    std::sort(merged.begin(), merged.end());
+    std::string text;
+    for (const auto& l : merged) { text += l.second; }
+    if (x.w.protocol() >= 3) {
+        x.w.buffer() += fmt::format("={}\r\ntxt:{}\r\n", text.size() + 4, text);
+    } else {
+        x.w.bulk(text);
+    }
+}
+
 void cmdClient(Ctx& x) {
     std::string sub;
     toLower(x.arg(1), sub);
@@ -364,6 +494,8 @@ void cmdClient(Ctx& x) {
         }
         x.client.name = std::string(n);
         x.w.ok();
+    } else if (sub == "list") {
+        cmdClientList(x);
     } else if (sub == "id" || sub == "getname" || sub == "setname") {
         x.w.error(fmt::format("ERR wrong number of arguments for 'client|{}' command", sub));
     } else {
@@ -552,9 +684,18 @@ void cmdShutdown(Ctx& x);
 
 // ---- strings ----
 
+// Whether `e` (live or null) holds something else than `t`; if so WRONGTYPE is the reply.
+bool wrongType(Ctx& x, const Entry* e, ValueType t) {
+    if (e == nullptr || e->type() == t) { return false; }
+    x.w.error(kWrongType);
+    return true;
+}
+
 void cmdGet(Ctx& x) {
     x.onKey(x.arg(1), [&](Shard& s) {
-        if (Entry* e = s.find(x.arg(1), nowMs())) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
+        if (e != nullptr) {
             x.w.bulk(e->value);
         } else {
             x.w.null();
@@ -565,6 +706,7 @@ void cmdGet(Ctx& x) {
 void cmdStrlen(Ctx& x) {
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
         x.w.integer(e != nullptr ? static_cast<int64_t>(e->value.size()) : 0);
     });
 }
@@ -626,6 +768,7 @@ void cmdSet(Ctx& x) {
     }
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
+        if (get && wrongType(x, e, ValueType::kString)) { return; }
         if (get) {
             if (e != nullptr) {
                 x.w.bulk(e->value);
@@ -676,7 +819,9 @@ void cmdPsetex(Ctx& x) { setWithTtl(x, true, "psetex"); }
 
 void cmdGetset(Ctx& x) {
     x.onKey(x.arg(1), [&](Shard& s) {
-        if (Entry* e = s.find(x.arg(1), nowMs())) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
+        if (e != nullptr) {
             x.w.bulk(e->value);
         } else {
             x.w.null();
@@ -687,7 +832,9 @@ void cmdGetset(Ctx& x) {
 
 void cmdGetdel(Ctx& x) {
     x.onKey(x.arg(1), [&](Shard& s) {
-        if (Entry* e = s.find(x.arg(1), nowMs())) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
+        if (e != nullptr) {
             x.w.bulk(e->value);
             (void)s.del(x.arg(1));
         } else {
@@ -717,6 +864,7 @@ void cmdGetex(Ctx& x) {
     }
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
         if (e == nullptr) {
             x.w.null();
             return;
@@ -733,6 +881,7 @@ void cmdGetex(Ctx& x) {
 void incrBy(Ctx& x, std::string_view key, int64_t by) {
     x.onKey(key, [&](Shard& s) {
         Entry* e = s.find(key, nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
         int64_t v = 0;
         if (e != nullptr && !parseInt64(e->value, v)) {
             x.w.error(kNotInteger);
@@ -778,6 +927,7 @@ void cmdIncrbyfloat(Ctx& x) {
     }
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
         long double v = 0;
         if (e != nullptr && !parseLongDouble(e->value, v)) {
             x.w.error("ERR value is not a valid float");
@@ -797,6 +947,7 @@ void cmdIncrbyfloat(Ctx& x) {
 void cmdAppend(Ctx& x) {
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
         std::string v = e != nullptr ? e->value : std::string();
         if (v.size() + x.arg(2).size() > static_cast<uint64_t>(x.s.options.limits.maxBulkLength)) {
             x.w.error("ERR string exceeds maximum allowed size (proto-max-bulk-len)");
@@ -816,6 +967,7 @@ void cmdGetrange(Ctx& x) {
     }
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
         const auto len = static_cast<int64_t>(e != nullptr ? e->value.size() : 0);
         int64_t a = start, b = end;
         if (a < 0 && b < 0 && a > b) {
@@ -852,6 +1004,7 @@ void cmdSetrange(Ctx& x) {
     }
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kString)) { return; }
         if (value.empty()) {
             x.w.integer(e != nullptr ? static_cast<int64_t>(e->value.size()) : 0);
             return;
@@ -865,34 +1018,201 @@ void cmdSetrange(Ctx& x) {
     });
 }
 
-// Groups argument indexes [from, argc) with `step` by shard: the shards to visit, in order of first use.
-std::vector<std::pair<unsigned, std::vector<size_t>>> byShard(Ctx& x, size_t from, size_t step) {
-    std::vector<std::pair<unsigned, std::vector<size_t>>> groups;
-    for (size_t i = from; i < x.argc(); i += step) {
-        const unsigned shard = x.s.shardOf(x.arg(i));
-        auto it = std::find_if(groups.begin(), groups.end(), [&](const auto& g) { return g.first == shard; });
-        if (it == groups.end()) {
-            groups.emplace_back(shard, std::vector<size_t>{});
-            it = groups.end() - 1;
-        }
-        it->second.push_back(i);
+// ---- multi-key commands ----
+//
+// MGET, MSET, MSETNX, DEL, UNLINK, EXISTS and RENAME may name keys of several shards. Each is one
+// transaction in the VLL manner (apps/kv/key_locks.h): its keys are grouped by shard; when more than
+// one shard is involved the coordinator (this connection's fiber) first takes the keys on every shard
+// (all shards at once; on a conflict, again one shard after another in ascending order, waiting for
+// each), then has every shard do its part at once, the last message of each releasing its keys. A
+// client therefore sees the whole of an MSET or none of it, whatever it reads and in whatever order:
+// a single-key command on a held key waits, an MGET holds its keys (shared) across all its shards.
+// All keys on one shard need no locks: one message does it all, atomically, on that shard's thread.
+
+/// A multi-key command's keys on one shard.
+struct ShardPart {
+    unsigned shard = 0;
+    std::vector<size_t> idx;  // argument indexes of its keys
+    LockRequest req;          // its distinct keys
+    bool held = false;
+    uint64_t seq = 0;         // the last record its step appended (0: none)
+};
+
+class MultiKey {
+public:
+    /// The keys at argument indexes from, from + step, ... by shard, in ascending shard order.
+    /// `exclusive`: the command writes (its keys are held exclusively).
+    MultiKey(Ctx& x, size_t from, size_t step, bool exclusive) : x_(x), exclusive_(exclusive) {
+        for (size_t i = from; i < x.argc(); i += step) { add(x.s.shardOf(x.arg(i)), i); }
+        finishParts();
     }
-    return groups;
-}
+    /// Explicit (shard, argument index) pairs (RENAME).
+    MultiKey(Ctx& x, std::initializer_list<size_t> keyArgs, bool exclusive) : x_(x), exclusive_(exclusive) {
+        for (size_t i : keyArgs) { add(x.s.shardOf(x.arg(i)), i); }
+        finishParts();
+    }
+    MultiKey(const MultiKey&) = delete;
+    MultiKey& operator=(const MultiKey&) = delete;
+    ~MultiKey() { SPINDLE_CHECK_MSG(!locked_ || x_.broken, "a multi-key command left its keys held"); }
+
+    [[nodiscard]] size_t shardCount() const noexcept { return parts_.size(); }
+
+    /// Takes the keys on every shard (nothing to do for one shard unless `always`). False when a
+    /// shard could not be reached. A write whose shard's log has failed is refused after this by
+    /// finish(), before any shard changes anything.
+    bool lock(bool always = false) {
+        if (parts_.size() == 1 && !always) { return true; }
+        locked_ = true;
+        x_.fanOut(parts_.size(), shards_.data(), [&](size_t i) {
+            ShardPart& p = *parts_[i];
+            p.held = x_.s.locks[p.shard]->tryLock(p.req);
+        });
+        if (x_.broken) { return false; }
+        if (std::all_of(parts_.begin(), parts_.end(), [](const auto& p) { return p->held; })) { return true; }
+        // Contention: let go, then in ascending shard order, waiting for each (no cycle of waits).
+        x_.fanOut(parts_.size(), shards_.data(), [&](size_t i) {
+            ShardPart& p = *parts_[i];
+            if (p.held) { x_.s.locks[p.shard]->unlock(p.req); }
+            p.held = false;
+        });
+        for (auto& part : parts_) {
+            ShardPart& p = *part;
+            bool now = false;
+            p.req.granted.reset();
+            if (!x_.s.rt->runOnCarrier(p.shard, [&]() noexcept { now = x_.s.locks[p.shard]->lockOrQueue(p.req); })) {
+                x_.broken = true;
+                return false;
+            }
+            if (!now) { (void)p.req.granted.wait(); }
+            p.held = true;
+        }
+        return true;
+    }
+
+    /// Runs fn(part, shard) on every shard at once with the keys held (a step that decides, such as
+    /// MSETNX's existence check). Precondition: lock(true) succeeded.
+    template <class F>
+    bool run(F&& fn) {
+        return x_.fanOut(parts_.size(), shards_.data(), [&](size_t i) { fn(*parts_[i], *x_.s.shards[parts_[i]->shard]); });
+    }
+
+    /// The last step: runs fn(part, shard) on every shard at once and releases the keys there. With
+    /// one shard and no locks taken, the keys may be held by another command: then it waits for that
+    /// one and goes again. For a write, returns false after answering MISCONF, with nothing changed,
+    /// when a shard's log has failed; otherwise each shard's records are noted so that the reply waits
+    /// for them (appendfsync always).
+    template <class F>
+    bool finish(F&& fn) {
+        const bool write = (x_.cmd.flags & kWrite) != 0;
+        int failed = 0;
+        if (write) {
+            for (const auto& p : parts_) {
+                const ShardLog* log = x_.s.shards[p->shard]->log();
+                if (failed == 0 && log != nullptr) { failed = log->failed(); }
+            }
+        }
+        const size_t replyOffset = x_.w.buffer().size();
+        if (!locked_) {
+            ShardPart& p = *parts_.front();
+            Shard& shard = *x_.s.shards[p.shard];
+            KeyLocks& locks = *x_.s.locks[p.shard];
+            for (;;) {
+                bool blocked = false;
+                FiberFuture unlocked;
+                if (!x_.s.rt->runOnCarrier(p.shard, [&]() noexcept {
+                        if (!locks.idle() && std::any_of(p.req.keys.begin(), p.req.keys.end(), [&](std::string_view k) {
+                                return locks.blocked(k, write);
+                            })) {
+                            locks.waitForUnlock(unlocked);
+                            blocked = true;
+                            return;
+                        }
+                        if (failed != 0 || (write && shard.log() != nullptr && (failed = shard.log()->failed()) != 0)) {
+                            return;
+                        }
+                        const uint64_t before = shard.lastSeq();
+                        fn(p, shard);
+                        if (shard.lastSeq() != before) { p.seq = shard.lastSeq(); }
+                    })) {
+                    x_.broken = true;
+                    return false;
+                }
+                if (!blocked) { break; }
+                (void)unlocked.wait();
+            }
+        } else {
+            x_.fanOut(parts_.size(), shards_.data(), [&](size_t i) {
+                ShardPart& p = *parts_[i];
+                Shard& shard = *x_.s.shards[p.shard];
+                if (failed == 0) {
+                    const uint64_t before = shard.lastSeq();
+                    fn(p, shard);
+                    if (shard.lastSeq() != before) { p.seq = shard.lastSeq(); }
+                }
+                x_.s.locks[p.shard]->unlock(p.req);
+                p.held = false;
+            });
+            locked_ = false;
+        }
+        if (x_.broken) { return false; }
+        if (failed != 0) {
+            x_.w.error(misconf(failed));
+            return false;
+        }
+        for (const auto& part : parts_) {
+            const ShardPart& p = *part;
+            const ShardLog* log = x_.s.shards[p.shard]->log();
+            if (p.seq != 0 && log != nullptr && log->mode() == Fsync::kAlways) {
+                x_.marks.push_back(Mark{replyOffset, p.shard, p.seq});
+            }
+        }
+        return true;
+    }
+
+    /// Releases the keys without a last step (a command that found it has nothing to do).
+    bool release() {
+        if (!locked_) { return true; }
+        return finish([](ShardPart&, Shard&) {});
+    }
+
+private:
+    void add(unsigned shard, size_t argIndex) {
+        auto it = std::find_if(parts_.begin(), parts_.end(), [&](const auto& p) { return p->shard == shard; });
+        if (it == parts_.end()) {
+            parts_.push_back(std::make_unique<ShardPart>());
+            it = parts_.end() - 1;
+            (*it)->shard = shard;
+            (*it)->req.exclusive = exclusive_;
+        }
+        ShardPart& p = **it;
+        p.idx.push_back(argIndex);
+        const std::string_view key = x_.arg(argIndex);
+        if (std::find(p.req.keys.begin(), p.req.keys.end(), key) == p.req.keys.end()) { p.req.keys.push_back(key); }
+    }
+    void finishParts() {
+        std::sort(parts_.begin(), parts_.end(), [](const auto& a, const auto& b) { return a->shard < b->shard; });
+        for (const auto& p : parts_) { shards_.push_back(p->shard); }
+    }
+
+    Ctx& x_;
+    bool exclusive_;
+    bool locked_ = false;
+    std::vector<std::unique_ptr<ShardPart>> parts_;  // ascending shard order
+    std::vector<unsigned> shards_;
+};
 
 void cmdMget(Ctx& x) {
     std::vector<std::optional<std::string>> values(x.argc() - 1);
-    for (const auto& group : byShard(x, 1, 1)) {
-        const unsigned shard = group.first;
-        const std::vector<size_t>& idx = group.second;  // a plain name: lambdas cannot capture bindings in C++20
-        x.onShard(shard, [&](Shard& s) {
-            const int64_t now = nowMs();
-            for (size_t i : idx) {
-                if (Entry* e = s.find(x.arg(i), now)) { values[i - 1] = e->value; }
-            }
-        });
-        if (x.broken) { return; }
-    }
+    MultiKey mk(x, 1, 1, /*exclusive=*/false);
+    if (!mk.lock()) { return; }
+    const bool ok = mk.finish([&](ShardPart& p, Shard& s) {
+        const int64_t now = nowMs();
+        for (size_t i : p.idx) {
+            Entry* e = s.find(x.arg(i), now);
+            if (e != nullptr && e->isString()) { values[i - 1] = e->value; }
+        }
+    });
+    if (!ok) { return; }
     x.w.arrayHeader(values.size());
     for (const auto& v : values) {
         if (v) {
@@ -908,60 +1228,139 @@ void cmdMset(Ctx& x) {
         x.w.error(wrongArgs("mset"));
         return;
     }
-    // Not atomic across shards: each shard applies its keys at once, in argument order.
-    std::string err;
-    for (const auto& group : byShard(x, 1, 2)) {
-        const unsigned shard = group.first;
-        const std::vector<size_t>& idx = group.second;
-        const size_t before = x.w.buffer().size();
-        x.onShard(shard, [&](Shard& s) {
-            for (size_t i : idx) { s.set(x.arg(i), x.arg(i + 1), 0); }
-        });
-        if (x.broken) { return; }
-        if (x.w.buffer().size() != before) {
-            if (err.empty()) { err = x.w.buffer().substr(before); }
-            x.w.buffer().resize(before);
-        }
+    MultiKey mk(x, 1, 2, /*exclusive=*/true);
+    if (!mk.lock()) { return; }
+    const bool ok = mk.finish([&](ShardPart& p, Shard& s) {
+        for (size_t i : p.idx) { s.set(x.arg(i), x.arg(i + 1), 0); }
+    });
+    if (ok) { x.w.ok(); }
+}
+
+// MSETNX: sets every pair only if none of the keys exists (1), else nothing (0); atomic as MSET.
+void cmdMsetnx(Ctx& x) {
+    if (x.argc() % 2 == 0) {
+        x.w.error(wrongArgs("msetnx"));
+        return;
     }
-    if (!err.empty()) {
-        x.w.buffer() += err;
+    MultiKey mk(x, 1, 2, /*exclusive=*/true);
+    if (!mk.lock(/*always=*/mk.shardCount() > 1)) { return; }
+    std::atomic<bool> anyExists{false};  // written by several carriers at once
+    auto check = [&](ShardPart& p, Shard& s) {
+        const int64_t now = nowMs();
+        for (size_t i : p.idx) {
+            if (s.find(x.arg(i), now) != nullptr) { anyExists.store(true, std::memory_order_relaxed); }
+        }
+    };
+    auto apply = [&](ShardPart& p, Shard& s) {
+        for (size_t i : p.idx) { s.set(x.arg(i), x.arg(i + 1), 0); }
+    };
+    bool ok = false;
+    if (mk.shardCount() == 1) {  // one message: check and set
+        ok = mk.finish([&](ShardPart& p, Shard& s) {
+            check(p, s);
+            if (!anyExists.load(std::memory_order_relaxed)) { apply(p, s); }
+        });
+    } else {
+        if (!mk.run(check)) { return; }
+        ok = mk.finish([&](ShardPart& p, Shard& s) {
+            if (!anyExists.load(std::memory_order_relaxed)) { apply(p, s); }
+        });
+    }
+    if (ok) { x.w.integer(anyExists.load() ? 0 : 1); }
+}
+
+// DEL, UNLINK, EXISTS: a count over every key (EXISTS counts a key named twice twice, as Redis).
+void countKeys(Ctx& x, bool remove) {
+    std::atomic<int64_t> count{0};
+    MultiKey mk(x, 1, 1, /*exclusive=*/remove);
+    if (!mk.lock()) { return; }
+    const bool ok = mk.finish([&](ShardPart& p, Shard& s) {
+        const int64_t now = nowMs();
+        int64_t n = 0;
+        for (size_t i : p.idx) {
+            if (remove) {
+                if (s.find(x.arg(i), now) != nullptr && s.del(x.arg(i))) { ++n; }
+            } else if (s.find(x.arg(i), now) != nullptr) {
+                ++n;
+            }
+        }
+        count.fetch_add(n, std::memory_order_relaxed);
+    });
+    if (ok) { x.w.integer(count.load()); }
+}
+void cmdDel(Ctx& x) { countKeys(x, true); }
+void cmdExists(Ctx& x) { countKeys(x, false); }
+
+// RENAME key newkey / RENAMENX: the value, its type and its TTL move; the two keys may live on
+// different shards (then the source's shard copies the entry out, and the two shards delete and
+// restore at once, with both keys held, so no client sees the key in both places or in neither).
+void renameGeneric(Ctx& x, bool nx) {
+    const std::string_view from = x.arg(1), to = x.arg(2);
+    MultiKey mk(x, {1, 2}, /*exclusive=*/true);
+    if (mk.shardCount() == 1) {
+        int result = 0;  // -1: no such key; 0: NX and the target exists; 1: done
+        const bool ok = mk.finish([&](ShardPart&, Shard& s) {
+            const int64_t now = nowMs();
+            Entry* e = s.find(from, now);
+            if (e == nullptr) {
+                result = -1;
+                return;
+            }
+            if (from == to) {  // Redis: OK, or 0 for RENAMENX
+                result = nx ? 0 : 1;
+                return;
+            }
+            if (nx && s.find(to, now) != nullptr) { return; }
+            result = 1;
+            Entry moved = e->clone();
+            s.restore(to, std::move(moved));
+            (void)s.del(from);
+        });
+        if (!ok) { return; }
+        if (result < 0) {
+            x.w.error("ERR no such key");
+        } else if (nx) {
+            x.w.integer(result);
+        } else {
+            x.w.ok();
+        }
+        return;
+    }
+    if (!mk.lock(true)) { return; }
+    const unsigned fromShard = x.s.shardOf(from);
+    std::optional<Entry> moved;
+    bool targetExists = false;
+    if (!mk.run([&](ShardPart& p, Shard& s) {
+            const int64_t now = nowMs();
+            if (p.shard == fromShard) {
+                if (Entry* e = s.find(from, now)) { moved = e->clone(); }
+            } else {
+                targetExists = s.find(to, now) != nullptr;
+            }
+        })) {
+        return;
+    }
+    const bool go = moved.has_value() && !(nx && targetExists);
+    const bool ok = mk.finish([&](ShardPart& p, Shard& s) {
+        if (!go) { return; }
+        if (p.shard == fromShard) {
+            (void)s.del(from);
+        } else {
+            s.restore(to, std::move(*moved));
+        }
+    });
+    if (!ok) { return; }
+    if (!moved) {
+        x.w.error("ERR no such key");
+    } else if (nx) {
+        x.w.integer(go ? 1 : 0);
     } else {
         x.w.ok();
     }
 }
+void cmdRename(Ctx& x) { renameGeneric(x, false); }
+void cmdRenamenx(Ctx& x) { renameGeneric(x, true); }
 
-// DEL, UNLINK, EXISTS: a count over every key.
-void countKeys(Ctx& x, bool remove) {
-    int64_t count = 0;
-    std::string err;
-    for (const auto& group : byShard(x, 1, 1)) {
-        const unsigned shard = group.first;
-        const std::vector<size_t>& idx = group.second;  // a plain name: lambdas cannot capture bindings in C++20
-        const size_t before = x.w.buffer().size();
-        x.onShard(shard, [&](Shard& s) {
-            const int64_t now = nowMs();
-            for (size_t i : idx) {
-                if (remove) {
-                    if (s.find(x.arg(i), now) != nullptr && s.del(x.arg(i))) { ++count; }
-                } else if (s.find(x.arg(i), now) != nullptr) {
-                    ++count;
-                }
-            }
-        });
-        if (x.broken) { return; }
-        if (x.w.buffer().size() != before) {
-            if (err.empty()) { err = x.w.buffer().substr(before); }
-            x.w.buffer().resize(before);
-        }
-    }
-    if (!err.empty()) {
-        x.w.buffer() += err;
-    } else {
-        x.w.integer(count);
-    }
-}
-void cmdDel(Ctx& x) { countKeys(x, true); }
-void cmdExists(Ctx& x) { countKeys(x, false); }
 
 // ---- expiry ----
 
@@ -1077,7 +1476,446 @@ void cmdPersist(Ctx& x) {
 }
 
 void cmdType(Ctx& x) {
-    x.onKey(x.arg(1), [&](Shard& s) { x.w.simple(s.find(x.arg(1), nowMs()) != nullptr ? "string" : "none"); });
+    x.onKey(x.arg(1), [&](Shard& s) {
+        const Entry* e = s.find(x.arg(1), nowMs());
+        x.w.simple(e != nullptr ? typeName(e->type()) : "none");
+    });
+}
+
+// ---- hashes ----
+
+// Args [from, argc) as one span (the fields or members of a command).
+std::span<const std::string_view> argsFrom(Ctx& x, size_t from) { return std::span(x.args).subspan(from); }
+
+void cmdHset(Ctx& x) {
+    if (x.argc() % 2 != 0) {
+        x.w.error(wrongArgs(x.cmd.name));
+        return;
+    }
+    const bool hmset = x.cmd.name[1] == 'm';
+    x.onKey(x.arg(1), [&](Shard& s) {
+        if (wrongType(x, s.find(x.arg(1), nowMs()), ValueType::kHash)) { return; }
+        const int64_t added = s.hset(x.arg(1), argsFrom(x, 2));
+        if (hmset) {
+            x.w.ok();
+        } else {
+            x.w.integer(added);
+        }
+    });
+}
+
+void cmdHsetnx(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kHash)) { return; }
+        if (e != nullptr && e->hash().contains(x.arg(2))) {
+            x.w.integer(0);
+            return;
+        }
+        (void)s.hset(x.arg(1), argsFrom(x, 2));
+        x.w.integer(1);
+    });
+}
+
+void cmdHget(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kHash)) { return; }
+        if (e == nullptr) {
+            x.w.null();
+            return;
+        }
+        auto it = e->hash().find(x.arg(2));
+        if (it != e->hash().end()) {
+            x.w.bulk(it->second);
+        } else {
+            x.w.null();
+        }
+    });
+}
+
+void cmdHmget(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kHash)) { return; }
+        x.w.arrayHeader(x.argc() - 2);
+        for (size_t i = 2; i < x.argc(); ++i) {
+            auto it = e != nullptr ? e->hash().find(x.arg(i)) : HashValue::iterator{};
+            if (e != nullptr && it != e->hash().end()) {
+                x.w.bulk(it->second);
+            } else {
+                x.w.null();
+            }
+        }
+    });
+}
+
+void cmdHdel(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kHash)) { return; }
+        x.w.integer(e != nullptr ? s.hdel(x.arg(1), argsFrom(x, 2)) : 0);
+    });
+}
+
+// HGETALL (both), HKEYS (keys), HVALS (values): a map under RESP3 for HGETALL, as Redis 7 answers.
+void hashListing(Ctx& x, bool keys, bool values) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kHash)) { return; }
+        const size_t n = e != nullptr ? e->hash().size() : 0;
+        if (keys && values) {
+            x.w.mapHeader(n);
+        } else {
+            x.w.arrayHeader(n);
+        }
+        if (e == nullptr) { return; }
+        for (const auto& [f, v] : e->hash()) {
+            if (keys) { x.w.bulk(f); }
+            if (values) { x.w.bulk(v); }
+        }
+    });
+}
+void cmdHgetall(Ctx& x) { hashListing(x, true, true); }
+void cmdHkeys(Ctx& x) { hashListing(x, true, false); }
+void cmdHvals(Ctx& x) { hashListing(x, false, true); }
+
+void cmdHlen(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kHash)) { return; }
+        x.w.integer(e != nullptr ? static_cast<int64_t>(e->hash().size()) : 0);
+    });
+}
+
+void cmdHexists(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kHash)) { return; }
+        x.w.integer(e != nullptr && e->hash().contains(x.arg(2)) ? 1 : 0);
+    });
+}
+
+void cmdHstrlen(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kHash)) { return; }
+        auto it = e != nullptr ? e->hash().find(x.arg(2)) : HashValue::iterator{};
+        x.w.integer(e != nullptr && it != e->hash().end() ? static_cast<int64_t>(it->second.size()) : 0);
+    });
+}
+
+void cmdHincrby(Ctx& x) {
+    int64_t by = 0;
+    if (!parseInt64(x.arg(3), by)) {
+        x.w.error(kNotInteger);
+        return;
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kHash)) { return; }
+        int64_t v = 0;
+        if (e != nullptr) {
+            auto it = e->hash().find(x.arg(2));
+            if (it != e->hash().end() && !parseInt64(it->second, v)) {
+                x.w.error("ERR hash value is not an integer");
+                return;
+            }
+        }
+        if ((by > 0 && v > INT64_MAX - by) || (by < 0 && v < INT64_MIN - by)) {
+            x.w.error("ERR increment or decrement would overflow");
+            return;
+        }
+        v += by;
+        const std::string text = std::to_string(v);
+        const std::array<std::string_view, 2> pair{x.arg(2), text};
+        (void)s.hset(x.arg(1), pair);
+        x.w.integer(v);
+    });
+}
+
+// ---- lists ----
+
+void pushGeneric(Ctx& x, bool left, bool onlyExisting) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kList)) { return; }
+        if (onlyExisting && e == nullptr) {
+            x.w.integer(0);
+            return;
+        }
+        x.w.integer(s.push(x.arg(1), left, argsFrom(x, 2)));
+    });
+}
+void cmdLpush(Ctx& x) { pushGeneric(x, true, false); }
+void cmdRpush(Ctx& x) { pushGeneric(x, false, false); }
+void cmdLpushx(Ctx& x) { pushGeneric(x, true, true); }
+void cmdRpushx(Ctx& x) { pushGeneric(x, false, true); }
+
+// LPOP/RPOP key [count]: one bulk without a count, an array with one (a null array for no key).
+void popGeneric(Ctx& x, bool left) {
+    if (x.argc() > 3) {
+        x.w.error(wrongArgs(x.cmd.name));
+        return;
+    }
+    const bool hasCount = x.argc() == 3;
+    int64_t count = 1;
+    if (hasCount && (!parseInt64(x.arg(2), count) || count < 0)) {
+        x.w.error("ERR value is out of range, must be positive");  // Redis's text for both
+        return;
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (e == nullptr) {
+            if (hasCount) {
+                x.w.nullArray();
+            } else {
+                x.w.null();
+            }
+            return;
+        }
+        if (wrongType(x, e, ValueType::kList)) { return; }
+        if (hasCount && count == 0) {
+            x.w.arrayHeader(0);
+            return;
+        }
+        const std::vector<std::string> got = s.pop(x.arg(1), left, static_cast<size_t>(count));
+        if (!hasCount) {
+            x.w.bulk(got.front());
+            return;
+        }
+        x.w.arrayHeader(got.size());
+        for (const std::string& v : got) { x.w.bulk(v); }
+    });
+}
+void cmdLpop(Ctx& x) { popGeneric(x, true); }
+void cmdRpop(Ctx& x) { popGeneric(x, false); }
+
+void cmdLlen(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kList)) { return; }
+        x.w.integer(e != nullptr ? static_cast<int64_t>(e->list().size()) : 0);
+    });
+}
+
+void cmdLindex(Ctx& x) {
+    int64_t index = 0;
+    if (!parseInt64(x.arg(2), index)) {
+        x.w.error(kNotInteger);
+        return;
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kList)) { return; }
+        const auto len = static_cast<int64_t>(e != nullptr ? e->list().size() : 0);
+        const int64_t i = index < 0 ? len + index : index;
+        if (e == nullptr || i < 0 || i >= len) {
+            x.w.null();
+        } else {
+            x.w.bulk(e->list()[static_cast<size_t>(i)]);
+        }
+    });
+}
+
+void cmdLrange(Ctx& x) {
+    int64_t start = 0, end = 0;
+    if (!parseInt64(x.arg(2), start) || !parseInt64(x.arg(3), end)) {
+        x.w.error(kNotInteger);
+        return;
+    }
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kList)) { return; }
+        const auto len = static_cast<int64_t>(e != nullptr ? e->list().size() : 0);
+        // Redis's listRange: negative from the end, clamped; an empty range when start passes the end.
+        int64_t a = start < 0 ? len + start : start, b = end < 0 ? len + end : end;
+        if (a < 0) { a = 0; }
+        if (a > b || a >= len) {
+            x.w.arrayHeader(0);
+            return;
+        }
+        if (b >= len) { b = len - 1; }
+        x.w.arrayHeader(static_cast<size_t>(b - a + 1));
+        const ListValue& l = e->list();
+        for (auto it = l.begin() + a, last = l.begin() + b + 1; it != last; ++it) { x.w.bulk(*it); }
+    });
+}
+
+// ---- sets ----
+
+void cmdSadd(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        if (wrongType(x, s.find(x.arg(1), nowMs()), ValueType::kSet)) { return; }
+        x.w.integer(s.sadd(x.arg(1), argsFrom(x, 2)));
+    });
+}
+
+void cmdSrem(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kSet)) { return; }
+        x.w.integer(e != nullptr ? s.srem(x.arg(1), argsFrom(x, 2)) : 0);
+    });
+}
+
+// SMEMBERS: a set under RESP3, as Redis 7 answers.
+void cmdSmembers(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kSet)) { return; }
+        x.w.setHeader(e != nullptr ? e->set().size() : 0);
+        if (e == nullptr) { return; }
+        for (const std::string& m : e->set()) { x.w.bulk(m); }
+    });
+}
+
+void cmdSismember(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kSet)) { return; }
+        x.w.integer(e != nullptr && e->set().contains(x.arg(2)) ? 1 : 0);
+    });
+}
+
+void cmdScard(Ctx& x) {
+    x.onKey(x.arg(1), [&](Shard& s) {
+        Entry* e = s.find(x.arg(1), nowMs());
+        if (wrongType(x, e, ValueType::kSet)) { return; }
+        x.w.integer(e != nullptr ? static_cast<int64_t>(e->set().size()) : 0);
+    });
+}
+
+// SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]. The cursor is (shard << 54) | the shard's own
+// position (Shard::scan: table generation and bucket), so a scan walks the shards one after another
+// and returns every key present for the whole scan at least once.
+constexpr int kScanShardShift = 54;
+static_assert(Shard::kScanBucketBits + 14 == kScanShardShift, "a shard's scan position fits below the shard");
+
+void cmdScan(Ctx& x) {
+    // The cursor parses as Redis's (strtoul: an optional sign, base 10, no trailing bytes).
+    const std::string text(x.arg(1));
+    char* end = nullptr;
+    errno = 0;
+    const uint64_t cursor = std::strtoull(text.c_str(), &end, 10);
+    if (text.empty() || std::isspace(static_cast<unsigned char>(text[0])) != 0 || *end != '\0' || errno == ERANGE) {
+        x.w.error("ERR invalid cursor");
+        return;
+    }
+    std::string_view pattern;
+    bool havePattern = false, haveType = false;
+    std::string type;
+    int64_t count = 10;
+    for (size_t i = 2; i < x.argc(); i += 2) {
+        std::string opt;
+        toLower(x.arg(i), opt);
+        if (i + 1 >= x.argc()) {
+            x.w.error(kSyntax);
+            return;
+        }
+        if (opt == "count") {
+            if (!parseInt64(x.arg(i + 1), count)) {
+                x.w.error(kNotInteger);
+                return;
+            }
+            if (count < 1) {
+                x.w.error(kSyntax);
+                return;
+            }
+        } else if (opt == "match") {
+            pattern = x.arg(i + 1);
+            havePattern = !(pattern.size() == 1 && pattern[0] == '*');
+        } else if (opt == "type") {
+            toLower(x.arg(i + 1), type);
+            haveType = true;
+        } else {
+            x.w.error(kSyntax);
+            return;
+        }
+    }
+    uint64_t shard = cursor >> kScanShardShift;
+    uint64_t pos = cursor & ((uint64_t{1} << kScanShardShift) - 1);
+    std::vector<std::string> keys;
+    uint64_t next = 0;
+    if (shard < x.s.shards.size()) {  // a cursor past the last shard ends the scan, as Redis's does
+        x.onShard(static_cast<unsigned>(shard), [&](Shard& s) {
+            pos = s.scan(pos, static_cast<size_t>(std::min<int64_t>(count, 1 << 20)), nowMs(),
+                         [&](std::string_view key, const Entry& e) {
+                             if (havePattern && !globMatch(pattern, key)) { return; }
+                             if (haveType && type != typeName(e.type())) { return; }
+                             keys.emplace_back(key);
+                         });
+        });
+        if (x.broken) { return; }
+        if (pos != 0) {
+            next = (shard << kScanShardShift) | pos;
+        } else if (shard + 1 < x.s.shards.size()) {
+            next = (shard + 1) << kScanShardShift;
+        }
+    }
+    x.w.arrayHeader(2);
+    x.w.bulk(std::to_string(next));
+    x.w.arrayHeader(keys.size());
+    for (const std::string& k : keys) { x.w.bulk(k); }
+}
+
+// RANDOMKEY: a shard chosen at random in proportion to its keys, then a random key of it.
+void cmdRandomkey(Ctx& x) {
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    const size_t n = x.s.shards.size();
+    for (int attempt = 0; attempt < 4; ++attempt) {
+        uint64_t total = 0;
+        for (const auto& sh : x.s.shards) { total += sh->keyCount(); }
+        if (total == 0) { break; }
+        uint64_t pick = rng() % total;
+        unsigned shard = 0;
+        for (; shard + 1 < n && pick >= x.s.shards[shard]->keyCount(); ++shard) { pick -= x.s.shards[shard]->keyCount(); }
+        std::string key;
+        bool found = false;
+        const uint64_t seed = rng();
+        x.onShard(shard, [&](Shard& s) { found = s.randomKey(nowMs(), seed, key); });
+        if (x.broken) { return; }
+        if (found) {
+            x.w.bulk(key);
+            return;
+        }
+    }
+    x.w.null();
+}
+
+// SAVE: there is no snapshot file yet (compaction is another change): SAVE makes everything the logs
+// hold durable now, whatever appendfsync says (each shard's records up to now written and
+// fdatasynced), which is what a restart will replay. MISCONF-like error when a log has failed.
+void cmdSave(Ctx& x) {
+    if (x.s.logs.empty()) {
+        x.w.ok();  // nothing is persisted without --dir
+        return;
+    }
+    const size_t n = x.s.shards.size();
+    std::vector<unsigned> all(n);
+    std::vector<uint64_t> seqs(n, 0);
+    for (unsigned i = 0; i < n; ++i) { all[i] = i; }
+    if (!x.fanOut(n, all.data(), [&](size_t i) { seqs[i] = x.s.shards[i]->lastSeq(); })) { return; }
+    int err = 0;
+    for (size_t i = 0; i < n; ++i) {
+        const int e = x.s.logs[i]->syncThrough(seqs[i]);
+        if (err == 0) { err = e; }
+    }
+    if (err != 0) {
+        x.w.error(std::string("ERR Background save failed: ") + std::strerror(err));
+    } else {
+        x.w.ok();
+    }
+}
+
+void cmdBgrewriteaof(Ctx& x) {
+    // TODO(#16): compaction (a snapshot writer) is being added separately; until then the log is
+    // only made durable, as SAVE does.
+    cmdSave(x);
+    if (x.w.buffer().ends_with("+OK\r\n")) {
+        x.w.buffer().resize(x.w.buffer().size() - 5);
+        x.w.simple("Background append only file rewriting started");
+    }
 }
 
 // KEYS pattern: every shard's matching keys (in no particular order, as in Redis).
@@ -1102,6 +1940,7 @@ void cmdKeys(Ctx& x) {
 constexpr Command kCommands[] = {
     {"append", 3, kWrite | kDenyOom, 1, 1, 1, cmdAppend},
     {"auth", -2, kNoAuth, 0, 0, 0, cmdAuth},
+    {"bgrewriteaof", 1, 0, 0, 0, 0, cmdBgrewriteaof},
     {"client", -2, 0, 0, 0, 0, cmdClient},
     {"command", -1, 0, 0, 0, 0, cmdCommand},
     {"config", -2, 0, 0, 0, 0, cmdConfig},
@@ -1121,14 +1960,34 @@ constexpr Command kCommands[] = {
     {"getex", -2, kWrite, 1, 1, 1, cmdGetex},
     {"getrange", 4, kReadonly, 1, 1, 1, cmdGetrange},
     {"getset", 3, kWrite | kDenyOom, 1, 1, 1, cmdGetset},
+    {"hdel", -3, kWrite, 1, 1, 1, cmdHdel},
     {"hello", -1, kNoAuth, 0, 0, 0, cmdHello},
+    {"hexists", 3, kReadonly, 1, 1, 1, cmdHexists},
+    {"hget", 3, kReadonly, 1, 1, 1, cmdHget},
+    {"hgetall", 2, kReadonly, 1, 1, 1, cmdHgetall},
+    {"hincrby", 4, kWrite | kDenyOom, 1, 1, 1, cmdHincrby},
+    {"hkeys", 2, kReadonly, 1, 1, 1, cmdHkeys},
+    {"hlen", 2, kReadonly, 1, 1, 1, cmdHlen},
+    {"hmget", -3, kReadonly, 1, 1, 1, cmdHmget},
+    {"hmset", -4, kWrite | kDenyOom, 1, 1, 1, cmdHset},
+    {"hset", -4, kWrite | kDenyOom, 1, 1, 1, cmdHset},
+    {"hsetnx", 4, kWrite | kDenyOom, 1, 1, 1, cmdHsetnx},
+    {"hstrlen", 3, kReadonly, 1, 1, 1, cmdHstrlen},
+    {"hvals", 2, kReadonly, 1, 1, 1, cmdHvals},
     {"incr", 2, kWrite | kDenyOom, 1, 1, 1, cmdIncr},
     {"incrby", 3, kWrite | kDenyOom, 1, 1, 1, cmdIncrby},
     {"incrbyfloat", 3, kWrite | kDenyOom, 1, 1, 1, cmdIncrbyfloat},
     {"info", -1, 0, 0, 0, 0, cmdInfo},
     {"keys", 2, kReadonly, 0, 0, 0, cmdKeys},
+    {"lindex", 3, kReadonly, 1, 1, 1, cmdLindex},
+    {"llen", 2, kReadonly, 1, 1, 1, cmdLlen},
+    {"lpop", -2, kWrite, 1, 1, 1, cmdLpop},
+    {"lpush", -3, kWrite | kDenyOom, 1, 1, 1, cmdLpush},
+    {"lpushx", -3, kWrite | kDenyOom, 1, 1, 1, cmdLpushx},
+    {"lrange", 4, kReadonly, 1, 1, 1, cmdLrange},
     {"mget", -2, kReadonly, 1, -1, 1, cmdMget},
     {"mset", -3, kWrite | kDenyOom, 1, -1, 2, cmdMset},
+    {"msetnx", -3, kWrite | kDenyOom, 1, -1, 2, cmdMsetnx},
     {"persist", 2, kWrite, 1, 1, 1, cmdPersist},
     {"pexpire", -3, kWrite, 1, 1, 1, cmdPexpire},
     {"pexpireat", -3, kWrite, 1, 1, 1, cmdPexpireat},
@@ -1137,12 +1996,25 @@ constexpr Command kCommands[] = {
     {"psetex", 4, kWrite | kDenyOom, 1, 1, 1, cmdPsetex},
     {"pttl", 2, kReadonly, 1, 1, 1, cmdPttl},
     {"quit", -1, kNoAuth, 0, 0, 0, cmdQuit},
+    {"randomkey", 1, kReadonly, 0, 0, 0, cmdRandomkey},
+    {"rename", 3, kWrite, 1, 2, 1, cmdRename},
+    {"renamenx", 3, kWrite, 1, 2, 1, cmdRenamenx},
+    {"rpop", -2, kWrite, 1, 1, 1, cmdRpop},
+    {"rpush", -3, kWrite | kDenyOom, 1, 1, 1, cmdRpush},
+    {"rpushx", -3, kWrite | kDenyOom, 1, 1, 1, cmdRpushx},
+    {"sadd", -3, kWrite | kDenyOom, 1, 1, 1, cmdSadd},
+    {"save", 1, 0, 0, 0, 0, cmdSave},
+    {"scan", -2, kReadonly, 0, 0, 0, cmdScan},
+    {"scard", 2, kReadonly, 1, 1, 1, cmdScard},
     {"select", 2, 0, 0, 0, 0, cmdSelect},
     {"set", -3, kWrite | kDenyOom, 1, 1, 1, cmdSet},
     {"setex", 4, kWrite | kDenyOom, 1, 1, 1, cmdSetex},
     {"setnx", 3, kWrite | kDenyOom, 1, 1, 1, cmdSetnx},
     {"setrange", 4, kWrite | kDenyOom, 1, 1, 1, cmdSetrange},
     {"shutdown", -1, 0, 0, 0, 0, cmdShutdown},
+    {"sismember", 3, kReadonly, 1, 1, 1, cmdSismember},
+    {"smembers", 2, kReadonly, 1, 1, 1, cmdSmembers},
+    {"srem", -3, kWrite, 1, 1, 1, cmdSrem},
     {"strlen", 2, kReadonly, 1, 1, 1, cmdStrlen},
     {"ttl", 2, kReadonly, 1, 1, 1, cmdTtl},
     {"type", 2, kReadonly, 1, 1, 1, cmdType},
@@ -1317,6 +2189,17 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
     Client client;
     client.id = conn.id();
     client.authenticated = options.requirePass.empty();
+    client.fd = stream.fd();
+    if (auto a = stream.peerAddress()) { client.addr = a->toString(); }
+    if (auto a = stream.localAddress()) { client.laddr = a->toString(); }
+    client.createdMs = client.lastMs = nowMs();
+    std::vector<Client*>& registry = clientsOn[conn.carrier()];  // this fiber is pinned there
+    registry.push_back(&client);
+    struct Unregister {
+        std::vector<Client*>& r;
+        Client* c;
+        ~Unregister() { r.erase(std::find(r.begin(), r.end(), c)); }
+    } unregister{registry, &client};
     InBuffer in;
     std::string out;
     std::vector<Request> reqs;  // the complete requests of one batch (reused)
@@ -1355,16 +2238,27 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
             }
             bool broken = false;
             if (j - i > 1) {
+                size_t ran = i;
                 auto r = rt->runOnCarrier(static_cast<unsigned>(shard), [&]() noexcept {
-                    // On the shard's thread: each command's own runOnCarrier runs inline.
-                    for (size_t k = i; k < j && !broken; ++k) { execute(*this, client, reqs[k].args, w, marks, lower, broken); }
+                    // On the shard's thread: each command's own runOnCarrier runs inline. Not a fiber:
+                    // nothing here may wait, so the run stops where a multi-key command holds keys
+                    // (key_locks.h), and the rest goes one by one below.
+                    for (; ran < j && !broken && locks[static_cast<unsigned>(shard)]->idle(); ++ran) {
+                        execute(*this, client, reqs[ran].args, w, marks, lower, broken);
+                    }
                 });
                 if (!r) { return; }
+                if (ran < j && !broken) { j = ran > i ? ran : i + 1; }
+                if (ran == i && !broken) { execute(*this, client, reqs[i].args, w, marks, lower, broken); }
             } else {
                 execute(*this, client, reqs[i].args, w, marks, lower, broken);
             }
             if (broken) { return; }
             i = j;
+        }
+        if (n > 0) {  // CLIENT LIST's cmd and idle, set here on the connection's own carrier
+            client.lastMs = nowMs();
+            toLower(reqs[n - 1].args[0], client.lastCommand);
         }
         in.consume(consumed);  // after the commands: their arguments point into the buffer
         if (!protocolError.empty() && !client.closeAfterReply) {
@@ -1475,7 +2369,11 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
     impl->maxClients = options.maxClients;
     impl->startedMs = nowMs();
     const unsigned shards = rt.carrierCount();
-    for (unsigned i = 0; i < shards; ++i) { impl->shards.push_back(std::make_unique<Shard>(i)); }
+    for (unsigned i = 0; i < shards; ++i) {
+        impl->shards.push_back(std::make_unique<Shard>(i));
+        impl->locks.push_back(std::make_unique<KeyLocks>());
+    }
+    impl->clientsOn.resize(shards);
     if (!options.dir.empty()) {
         if (::mkdir(options.dir.c_str(), 0755) != 0 && errno != EEXIST) {
             const int err = errno;

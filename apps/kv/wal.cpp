@@ -120,6 +120,17 @@ int ShardLog::waitDurable(uint64_t seq) noexcept {
     return err != 0 ? err : EIO;
 }
 
+int ShardLog::syncThrough(uint64_t seq) noexcept {
+    if (seq > 0) { (void)done_.wait(seq); }
+    if (failed() != 0) { return failed(); }
+    if (auto r = spindle::fdatasync(fd_); !r) {
+        fail(r.errorCode());
+        return failed();
+    }
+    syncs_.fetch_add(1, std::memory_order_relaxed);
+    return 0;
+}
+
 LogStats ShardLog::stats() const noexcept {
     return LogStats{.records = records_.load(std::memory_order_relaxed),
                     .bytes = bytes_.load(std::memory_order_relaxed),

@@ -87,6 +87,10 @@ public:
     /// Waits until the record `seq` is durable as the mode promises (kAlways: synced; otherwise: at
     /// once). Returns 0, or the errno that failed the log before the record was synced.
     [[nodiscard]] int waitDurable(uint64_t seq) noexcept;
+    /// Waits until every record up to `seq` has been written, then fdatasyncs the file whatever the
+    /// mode (SAVE). Returns 0, or the errno that failed the log (a failed sync fails it for good). From
+    /// any fiber.
+    [[nodiscard]] int syncThrough(uint64_t seq) noexcept;
     /// 0, or the errno that put the log in the failed state.
     [[nodiscard]] int failed() const noexcept { return failed_.load(std::memory_order_acquire); }
     [[nodiscard]] Fsync mode() const noexcept { return mode_; }

@@ -197,7 +197,7 @@ TEST_F(KvServer, ConnectionCommandsAndExactErrors) {
     EXPECT_EQ(c.call({"SELECT", "0"}), kOk);
     EXPECT_EQ(c.call({"SELECT", "1"}), "-ERR DB index is out of range\r\n");
     EXPECT_EQ(c.call({"FOO", "a", "b"}), "-ERR unknown command 'FOO', with args beginning with: 'a' 'b' \r\n");
-    EXPECT_EQ(c.call({"HSET", "h", "f", "v"}), "-ERR unknown command 'HSET', with args beginning with: 'h' 'f' 'v' \r\n");
+    EXPECT_EQ(c.call({"ZADD", "z", "1", "m"}), "-ERR unknown command 'ZADD', with args beginning with: 'z' '1' 'm' \r\n");
     EXPECT_EQ(c.call({"GET"}), "-ERR wrong number of arguments for 'get' command\r\n");
     EXPECT_EQ(c.call({"get", "a", "b"}), "-ERR wrong number of arguments for 'get' command\r\n");
     EXPECT_EQ(c.call({"CLIENT", "ID"}).front(), ':');
