@@ -6,8 +6,9 @@
 /// Dispatch: a connection fiber (pinned where it was accepted) parses every complete request in its
 /// buffer (pipelining) and runs each command; a command on a key runs on the key's shard through
 /// Runtime::runOnCarrier (inline when the shard is the connection's own carrier), so no lock guards
-/// the data. MGET, MSET, DEL, UNLINK and EXISTS split their keys by shard and visit each shard once,
-/// one after the other. Replies of a batch leave in one send.
+/// the data. MGET, MSET, MSETNX, DEL, UNLINK, EXISTS and RENAME split their keys by shard, visit
+/// their shards at once and are atomic as other clients see them (per-shard key intents, see
+/// apps/kv/key_locks.h and "Multi-key commands" in server.cpp). Replies of a batch leave in one send.
 ///
 /// Durability: see apps/kv/wal.h. With appendfsync always, the replies of a batch leave only once
 /// every write in it is synced; if a log fails first, the replies before the first write it did not
