@@ -2055,6 +2055,25 @@ void writeCommandInfo(ReplyWriter& w, const Command& c) {
     w.arrayHeader(0);  // subcommands
 }
 
+// COMMAND DOCS's group, as Redis names them (redis-cli's help groups commands by it).
+const char* commandGroup(const Command& c) {
+    const std::string_view n = c.name;
+    static constexpr std::string_view kGeneric[] = {"del", "exists", "expire", "expireat", "expiretime", "keys",
+                                                    "persist", "pexpire", "pexpireat", "pexpiretime", "pttl",
+                                                    "randomkey", "rename", "renamenx", "scan", "ttl", "type", "unlink"};
+    static constexpr std::string_view kList[] = {"lindex", "llen", "lpop", "lpush", "lpushx", "lrange", "rpop", "rpush", "rpushx"};
+    static constexpr std::string_view kSet[] = {"sadd", "scard", "sismember", "smembers", "srem"};
+    static constexpr std::string_view kServer[] = {"bgrewriteaof", "command", "config", "dbsize", "flushall",
+                                                   "flushdb", "info", "save", "shutdown"};
+    auto in = [&](const auto& list) { return std::find(std::begin(list), std::end(list), n) != std::end(list); };
+    if (in(kGeneric)) { return "generic"; }
+    if (in(kList)) { return "list"; }
+    if (in(kSet)) { return "set"; }
+    if (in(kServer)) { return "server"; }
+    if (n[0] == 'h' && n != "hello") { return "hash"; }
+    return c.firstKey != 0 ? "string" : "connection";
+}
+
 void cmdCommand(Ctx& x) {
     if (x.argc() == 1) {
         x.w.arrayHeader(std::size(kCommands));
@@ -2093,7 +2112,7 @@ void cmdCommand(Ctx& x) {
             x.w.bulk(c->name);
             x.w.mapHeader(1);
             x.w.bulk("group");
-            x.w.bulk(c->firstKey != 0 ? ((c->flags & kWrite) != 0 ? "string" : "generic") : "connection");
+            x.w.bulk(commandGroup(*c));
         }
     } else if (sub == "count" || sub == "help") {
         x.w.error(fmt::format("ERR wrong number of arguments for 'command|{}' command", sub));
