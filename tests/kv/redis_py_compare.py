@@ -118,6 +118,9 @@ def workload(rng, ops):
         ["MSETNX", "s", "1", "new", "2"], ["RENAME", "nokey", "x"], ["RENAMENX", "nokey", "x"], ["RENAME", "h", "h"],
         ["RENAMENX", "h", "h"], ["HMGET", "h"], ["SREM", "s", "m"], ["NOSUCHCOMMAND", "x"], ["GET"], ["SCAN", "x"],
         ["SCAN", "0", "COUNT", "0"], ["SCAN", "0", "MATCH"], ["SET", "n", "10"], ["INCRBYFLOAT", "n", "1.5"],
+        ["LPUSHX", "nolist", "a"], ["RPUSHX", "l", "c", "d"], ["LPUSHX", "l", "z"], ["LRANGE", "l", "0", "-1"],
+        ["HSETNX", "h", "a", "2"], ["HSETNX", "h", "z", "26"], ["HSTRLEN", "h", "z"], ["HSTRLEN", "h", "none"],
+        ["HMSET", "h", "m", "1"], ["HMSET", "h", "m"], ["RPUSHX", "h", "x"],
         ["DEL", "s", "h", "l", "a", "n", "new"],
     ]
     for c in fixed:
