@@ -8,10 +8,11 @@
 ///
 /// Protocol (Server's multi-key path, see apps/kv/server.cpp, "Multi-key commands"):
 /// 1. Intent: the coordinator (the client's connection fiber) asks every shard of the command at once
-///    to tryLock() its keys. If one refuses, it releases what it got and asks again one shard after
-///    another in ascending shard order with lockOrQueue(), waiting on each grant. Every waiting
-///    coordinator holds locks only on shards below the one it waits on, and a shard grants its queue
-///    in order, so no cycle of waits can form.
+///    to tryLock() its keys. If one refuses, it keeps what it got below the first refusal (as if taken
+///    in order), releases what it got above it, and goes on one shard after another in ascending shard
+///    order with lockOrQueue(), waiting on each grant. Every waiting coordinator holds locks only on
+///    shards below the one it waits on, and a shard grants its queue in order, so no cycle of waits
+///    can form.
 /// 2. Execute: with every key held, the shards do their part at once; the last message of each
 ///    shard also releases its keys (unlock()), which grants queued requests and wakes the waiters.
 /// A single-key command whose key is held (blocked()) waits for the next unlock and runs again; one
