@@ -252,8 +252,13 @@ TEST_F(KvCollections, EveryMutationReplaysExactly) {
     const ServerOptions o = options(true);
     startServer(o);
     std::vector<std::string> keys{"h", "l", "s", "gone", "renamed", "moved", "typechange", "lpopped", "hx", "str"};
-    keys.push_back(keyOn(0, "cross"));
-    keys.push_back(keyOn(1, "cross"));
+    keys.push_back(keyOn(0, "cross"));   // 10
+    keys.push_back(keyOn(1, "cross"));   // 11
+    keys.push_back(keyOn(0, "msetnx"));  // 12
+    keys.push_back(keyOn(1, "msetnx"));  // 13
+    keys.push_back(keyOn(1, "del"));     // 14
+    keys.push_back(keyOn(keyHash("nxsrc") % 2 == 0 ? 1 : 0, "nxdst"));  // 15: the other shard than nxsrc's
+    keys.push_back("nxsrc");
     std::string before;
     {
         RespClient c(port_);
@@ -287,13 +292,23 @@ TEST_F(KvCollections, EveryMutationReplaysExactly) {
         EXPECT_EQ(c.call({"HSET", "hx", "g", "w"}), ":1\r\n");  // a new hash, without the old field
         EXPECT_EQ(c.call({"SET", "str", "plain"}), kOk);
         EXPECT_EQ(c.call({"MSETNX", "str", "x", "other", "y"}), ":0\r\n");
+        EXPECT_EQ(c.call({"HSETNX", "h", "nx", "1"}), ":1\r\n");
+        EXPECT_EQ(c.call({"HSETNX", "h", "nx", "2"}), ":0\r\n");
+        EXPECT_EQ(c.call({"RPUSHX", "l", "x"}), ":5\r\n");
+        EXPECT_EQ(c.call({"LPUSHX", "nolist", "x"}), ":0\r\n");
+        EXPECT_EQ(c.call({"MSETNX", keys[12], "m1", keys[13], "m2"}), ":1\r\n");  // across shards
+        EXPECT_EQ(c.call({"SADD", keys[14], "doomed"}), ":1\r\n");
+        EXPECT_EQ(c.call({"DEL", keys[14], keys[12]}), ":2\r\n");
+        EXPECT_EQ(c.call({"RPUSH", "nxsrc", "a", "b"}), ":2\r\n");
+        EXPECT_EQ(c.call({"RENAMENX", "nxsrc", keys[13]}), ":0\r\n");
+        EXPECT_EQ(c.call({"RENAMENX", "nxsrc", keys[15]}), ":1\r\n");
         before = dump(c, keys);
         EXPECT_EQ(c.call({"HGETALL", "hx"}), "*2\r\n" + bulk("g") + bulk("w"));
     }
     startServer(o);  // replays the logs
     RespClient c(port_);
     EXPECT_EQ(dump(c, keys), before);
-    EXPECT_EQ(c.call({"DBSIZE"}), ":8\r\n");  // h l s moved typechange hx str cross(shard 1)
+    EXPECT_EQ(c.call({"DBSIZE"}), ":10\r\n");  // h l s moved typechange hx str, cross and msetnx on shard 1, nxdst
     const std::string ttl = c.call({"TTL", "moved"});
     EXPECT_TRUE(ttl == ":1000\r\n" || ttl == ":999\r\n") << ttl;  // the TTL moved with the value and was replayed
 }
