@@ -1023,11 +1023,13 @@ void cmdSetrange(Ctx& x) {
 // MGET, MSET, MSETNX, DEL, UNLINK, EXISTS and RENAME may name keys of several shards. Each is one
 // transaction in the VLL manner (apps/kv/key_locks.h): its keys are grouped by shard; when more than
 // one shard is involved the coordinator (this connection's fiber) first takes the keys on every shard
-// (all shards at once; on a conflict, again one shard after another in ascending order, waiting for
-// each), then has every shard do its part at once, the last message of each releasing its keys. A
-// client therefore sees the whole of an MSET or none of it, whatever it reads and in whatever order:
-// a single-key command on a held key waits, an MGET holds its keys (shared) across all its shards.
-// All keys on one shard need no locks: one message does it all, atomically, on that shard's thread.
+// (all shards at once; on a conflict, from the first shard that refused on, one shard after another
+// in ascending order, waiting for each), then has every shard do its part at once, the last message
+// of each releasing its keys. A client therefore sees the whole of an MSET or none of it, whatever it
+// reads and in whatever order: a single-key command on a held key waits, an MGET holds its keys
+// (shared) across all its shards. All keys on one shard need no locks: one message does it all,
+// atomically, on that shard's thread. The whole-keyspace commands (KEYS, SCAN, DBSIZE, RANDOMKEY,
+// FLUSHALL) take no locks and visit the shards one by one: they may see a multi-key command half done.
 
 /// A multi-key command's keys on one shard.
 struct ShardPart {
