@@ -9,6 +9,7 @@
 #   LIBDIR/cmake/spindle/              spindleConfig.cmake, spindleConfigVersion.cmake, spindleTargets*.cmake
 #   LIBDIR/pkgconfig/spindle.pc        (and spindle-dpdk.pc where spindle::dpdk is built)
 #   BINDIR/spindle-*                   the programs of apps/, where they are built
+#   MANDIR/man1/spindle-*.1.gz         their man pages, where help2man is found (cmake/manpages.cmake)
 #   DATADIR/spindle/gdb/spindle.py     the gdb extension (tools/gdb)
 #   DOCDIR/LICENSE
 include(GNUInstallDirs)
@@ -72,6 +73,8 @@ if(SPINDLE_BUILD_APPS)
       set_target_properties(${_spindle_apps} PROPERTIES INSTALL_RPATH "$ORIGIN/${_rel}")
     endif()
     install(TARGETS ${_spindle_apps} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT apps)
+    # Their man pages, where help2man is found (cmake/manpages.cmake).
+    include(${PROJECT_SOURCE_DIR}/cmake/manpages.cmake)
   endif()
 endif()
 

@@ -13,6 +13,7 @@
 #include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -33,12 +34,38 @@ inline constexpr int kExitUsage = 2;
     return std::string(name) + " " + SPINDLE_VERSION_STRING;
 }
 
-/// Parses `argv` into `app` and its subcommands, with a --version flag added. Returns std::nullopt when
-/// the program goes on, else the status for main to return: kExitOk after --help (the help on stdout) or
-/// --version (versionLine() on stdout), kExitUsage after a bad command line (CLI11's message, which names
-/// the flag, then "Run with --help for more information.", on stderr).
+/// The text --help-all prints: the program's --help, then each subcommand's options under a line of its
+/// own, "Subcommand NAME (DESCRIPTION):", which help2man makes a subsection of the man page's OPTIONS.
+[[nodiscard]] inline std::string helpAll(CLI::App& app) {
+    std::string out = app.help();
+    constexpr std::string_view kOptions = "\nOptions:\n";
+    for (const CLI::App* sub : app.get_subcommands([](CLI::App*) { return true; })) {
+        const std::string text = sub->help();
+        const size_t at = text.find(kOptions);
+        out += "\nSubcommand " + sub->get_name() + " (" + sub->get_description() + "):\n";
+        if (at != std::string::npos) { out += text.substr(at + kOptions.size()); }
+    }
+    return out;
+}
+
+/// Parses `argv` into `app` and its subcommands, with --version and --help-all flags added. Returns
+/// std::nullopt when the program goes on, else the status for main to return: kExitOk after --help (the
+/// help on stdout), --help-all (the help of the program and of every subcommand, which the man pages are
+/// made from: cmake/manpages.cmake) or --version (versionLine() on stdout), kExitUsage after a bad command
+/// line (CLI11's message, which names the flag, then "Run with --help for more information.", on stderr).
+/// The help's usage line names the program by its file name, not the path it was run by.
 [[nodiscard]] inline std::optional<int> parseCommandLine(CLI::App& app, int argc, const char* const* argv) {
-    app.set_version_flag("--version", versionLine(argc > 0 ? argv[0] : nullptr), "print the version and exit");
+    const std::string line = versionLine(argc > 0 ? argv[0] : nullptr);
+    if (app.get_name().empty()) { app.name(line.substr(0, line.find(' '))); }
+    app.set_version_flag("--version", line, "print the version and exit");
+    // Callbacks run before the required options and subcommands are checked: --help-all needs none.
+    app.add_flag_callback(
+        "--help-all",
+        [&app] {
+            std::fputs(helpAll(app).c_str(), stdout);
+            throw CLI::Success();
+        },
+        "print the help of every subcommand too, and exit");
     try {
         app.parse(argc, argv);
         return std::nullopt;

@@ -634,6 +634,7 @@ int main(int argc, char** argv) {
     std::vector<char*> args(argv, argv + argc);
     static char serverWord[] = "server";
     const bool wantsHelp = argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0 ||
+                                        std::strcmp(argv[1], "--help-all") == 0 ||
                                         std::strcmp(argv[1], "--version") == 0);
     if (argc == 1 || (argv[1][0] == '-' && !wantsHelp)) { args.insert(args.begin() + 1, serverWord); }
 

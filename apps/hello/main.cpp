@@ -19,9 +19,16 @@ int main(int argc, char** argv) {
         return 0;
     }
     if (argc > 1 && (std::strcmp(argv[1], "--help") == 0 || std::strcmp(argv[1], "-h") == 0)) {
-        std::printf("usage: spindle-hello [FILE]   read the start of FILE (default /etc/hostname) from a fiber\n"
-                    "       spindle-hello --version\n"
-                    "exit status: 0 done, 1 the runtime did not start or FILE could not be read, 2 bad usage\n");
+        // help2man reads this for the man page (cmake/manpages.cmake): a usage line, then options.
+        std::printf("Usage: spindle-hello [FILE]\n"
+                    "Reads the start of FILE (default /etc/hostname) from a fiber and names the I/O backend.\n"
+                    "\n"
+                    "Options:\n"
+                    "  -h, --help     print this help and exit\n"
+                    "  --version      print the version and exit\n"
+                    "\n"
+                    "The exit status is 0 when done, 1 when the runtime did not start or FILE could not be read,\n"
+                    "and 2 for bad usage.\n");
         return 0;
     }
     if (argc > 2 || (argc == 2 && argv[1][0] == '-')) {
