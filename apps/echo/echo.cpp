@@ -7,10 +7,12 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <utility>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "base/log.h"
 #include "core/io.h"
@@ -318,27 +320,35 @@ std::string formatReport(const ClientReport& r) {
 
 std::string formatReportJson(const ClientReport& r) {
     const LogLinearHistogram& h = r.latency;
-    std::string escaped;
-    for (char ch : r.firstError) {
-        if (ch == '"' || ch == '\\') {
-            escaped += '\\';
-            escaped += ch;
-        } else if (static_cast<unsigned char>(ch) < 0x20) {
-            escaped += fmt::format("\\u{:04x}", static_cast<unsigned>(static_cast<unsigned char>(ch)));
-        } else {
-            escaped += ch;
-        }
-    }
-    return fmt::format(
-        "{{\"connections\":{},\"connected\":{},\"size\":{},\"duration_s\":{:.3f},\"messages\":{},"
-        "\"total_messages\":{},\"msg_per_s\":{:.1f},\"mb_per_s\":{:.3f},"
-        "\"lat_us\":{{\"p50\":{:.2f},\"p99\":{:.2f},\"p999\":{:.2f},\"max\":{:.2f},\"mean\":{:.2f}}},"
-        "\"failed_connections\":{},\"errors\":{{\"refused\":{},\"connect\":{},\"early_close\":{},\"mismatch\":{},"
-        "\"timeout\":{},\"other\":{}}},\"first_error\":\"{}\"}}",
-        r.connections, r.connected, r.messageSize, r.seconds, r.messages, r.totalMessages, r.messagesPerSecond(),
-        r.megabytesPerSecond(), micros(h.percentile(0.5)), micros(h.percentile(0.99)), micros(h.percentile(0.999)),
-        micros(h.max()), h.mean() / 1e3, r.failedConnections, r.refused, r.connectErrors, r.earlyCloses, r.mismatches,
-        r.timeouts, r.otherErrors, escaped);
+    // The same figures and decimals as the text form; nlohmann::json escapes first_error (a peer's or the
+    // kernel's words, which may hold quotes, backslashes or control bytes).
+    auto rounded = [](double v, double scale) { return std::round(v * scale) / scale; };
+    nlohmann::ordered_json out = {
+        {"connections", r.connections},
+        {"connected", r.connected},
+        {"size", r.messageSize},
+        {"duration_s", rounded(r.seconds, 1e3)},
+        {"messages", r.messages},
+        {"total_messages", r.totalMessages},
+        {"msg_per_s", rounded(r.messagesPerSecond(), 1e1)},
+        {"mb_per_s", rounded(r.megabytesPerSecond(), 1e3)},
+        {"lat_us",
+         {{"p50", rounded(micros(h.percentile(0.5)), 1e2)},
+          {"p99", rounded(micros(h.percentile(0.99)), 1e2)},
+          {"p999", rounded(micros(h.percentile(0.999)), 1e2)},
+          {"max", rounded(micros(h.max()), 1e2)},
+          {"mean", rounded(h.mean() / 1e3, 1e2)}}},
+        {"failed_connections", r.failedConnections},
+        {"errors",
+         {{"refused", r.refused},
+          {"connect", r.connectErrors},
+          {"early_close", r.earlyCloses},
+          {"mismatch", r.mismatches},
+          {"timeout", r.timeouts},
+          {"other", r.otherErrors}}},
+        {"first_error", r.firstError},
+    };
+    return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
 }
 
 }  // namespace spindle::echo

@@ -22,7 +22,11 @@
 // ends its connections and exits 0. The client prints one line of key=value pairs (or one JSON object
 // with --json) and exits 0 when every connection ran to the end without an error, 1 otherwise.
 //
-// Exit status: 0 done; 1 a set-up error or a failed connection; 2 a bad flag value.
+// The server's --stats-json FILE also writes the statistics it prints when it stops as one JSON object
+// (apps/common/stats_json.h); the client's --json prints its report as one (both through nlohmann::json).
+//
+// Exit status: 0 done; 1 a set-up error, a failed connection or a --stats-json FILE that cannot be written;
+// 2 a bad flag value.
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -43,6 +47,7 @@
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
 #include "apps/common/metrics_flag.h"
+#include "apps/common/stats_json.h"
 #include "apps/common/stop_signals.h"
 #include "apps/echo/echo.h"
 #include "apps/echo/echo_metrics.h"
@@ -297,7 +302,7 @@ struct DpdkPath {
 #endif
 
 int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, spindle::echo::ServerOptions options,
-              const spindle::apps::MetricsFlags& metricsFlags) {
+              const spindle::apps::MetricsFlags& metricsFlags, const spindle::apps::StatsJsonFlag& statsJson) {
     auto address = parseAddress(host, port);
     if (!address) { return kExitUsage; }
     // Before the carriers start, so that every thread inherits the mask and the signalfd is their only way in.
@@ -323,6 +328,11 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
                  (*server)->listenerCount() == 1 ? "" : "s", rt->carrierCount(), rt->carrierCount() == 1 ? "" : "s",
                  spindle::toString(rt->backend()), rtFlags.pollMode.c_str());
     spindle::echo::EchoServer* s = server->get();
+    nlohmann::ordered_json json = {{"program", "spindle-echo"},
+                                   {"transport", "tcp"},
+                                   {"address", s->localAddress().toString()},
+                                   {"backend", spindle::toString(rt->backend())},
+                                   {"carriers", rt->carrierCount()}};
     auto metrics = spindle::apps::startMetrics(
         *rt, metricsFlags, host, [s](spindle::metrics::Writer& w) { spindle::echo::writeServerMetrics(w, s->stats()); },
         "spindle-echo");
@@ -338,7 +348,11 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
     const spindle::echo::ServerStats stats = (*server)->stats();
     // What the driver did, for syscalls per message: enters are io_uring_enter calls, or epoll_wait
     // calls on the epoll backend (whose sqes and cqes count operations started and completed).
+    nlohmann::ordered_json perCarrier = nlohmann::ordered_json::array();
     for (const spindle::CarrierStats& c : rt->stats()) {
+        perCarrier.push_back({{"carrier", c.index}, {"pu", c.pu}, {"enters", c.enters}, {"parks", c.parks},
+                              {"idle_spins", c.idleSpins}, {"sqes", c.sqesSubmitted}, {"cqes", c.cqesReaped},
+                              {"fibers_run", c.fibersRun}});
         std::fprintf(stderr,
                      "spindle-echo: carrier %u (pu %d): enters %llu parks %llu idle spins %llu sqes %llu cqes %llu "
                      "fibers run %llu\n",
@@ -357,7 +371,15 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
                  static_cast<unsigned long long>(stats.bytesEchoed),
                  static_cast<unsigned long long>(stats.connectionErrors),
                  static_cast<unsigned long long>(stats.acceptErrors));
-    return 0;
+    json["signal"] = signo != 0 ? nlohmann::ordered_json(strsignal(signo)) : nlohmann::ordered_json();
+    json["connections"] = stats.accepted;
+    json["closed"] = stats.closed;
+    json["bytes_echoed"] = stats.bytesEchoed;
+    json["connection_errors"] = stats.connectionErrors;
+    json["accept_errors"] = stats.acceptErrors;
+    json["buffer_ring_exhausted"] = stats.ringExhausted;
+    json["per_carrier"] = std::move(perCarrier);
+    return spindle::apps::writeStatsJson(statsJson, json, "spindle-echo") ? 0 : kExitFailure;
 }
 
 int runClient(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, spindle::echo::ClientOptions options,
@@ -399,7 +421,8 @@ struct DpdkFlagsArg {
 };
 #endif
 
-int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, const DpdkFlagsArg& dpdkFlags) {
+int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, const DpdkFlagsArg& dpdkFlags,
+                 const spindle::apps::StatsJsonFlag& statsJson) {
     const int sfd = spindle::apps::blockStopSignals("spindle-echo");
     if (sfd < 0) { return kExitFailure; }
 #if defined(SPINDLE_HAVE_DPDK)
@@ -437,6 +460,7 @@ int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
                      path->port.queues() == 1 ? "" : "s", dpdkFlags.ip.c_str(), port);
     }
 #endif
+    unsigned boundPort = port;  // the kernel's choice for --port 0
     if (!dpdkFlags.on) {
         auto address = parseAddress(host, port);
         if (!address) { return kExitUsage; }
@@ -448,6 +472,7 @@ int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
             return kExitFailure;
         }
         server = std::move(*s);
+        boundPort = bound;
         std::fprintf(stderr, "spindle-echo: UDP echo on %s port %u (%u carriers, backend %s)\n", host.c_str(), bound,
                      rt->carrierCount(), spindle::toString(rt->backend()));
     }
@@ -480,7 +505,16 @@ int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
     ::close(sfd);
     std::fprintf(stderr, "spindle-echo: %s; echoed %llu datagrams\n", signo != 0 ? strsignal(signo) : "stopped",
                  static_cast<unsigned long long>(echoed));
-    return 0;
+    const nlohmann::ordered_json json = {
+        {"program", "spindle-echo"},
+        {"transport", dpdkFlags.on ? "udp-dpdk" : "udp"},
+        {"port", boundPort},
+        {"backend", spindle::toString(rt->backend())},
+        {"carriers", rt->carrierCount()},
+        {"signal", signo != 0 ? nlohmann::ordered_json(strsignal(signo)) : nlohmann::ordered_json()},
+        {"datagrams_echoed", echoed},
+    };
+    return spindle::apps::writeStatsJson(statsJson, json, "spindle-echo") ? 0 : kExitFailure;
 }
 
 int printUdpReport(const spindle::Result<spindle::echo::UdpReport>& report, const std::string& extra) {
@@ -675,6 +709,8 @@ int main(int argc, char** argv) {
 #endif
     spindle::apps::MetricsFlags metricsFlags;
     metricsFlags.addTo(*server);
+    spindle::apps::StatsJsonFlag statsJson;
+    statsJson.addTo(*server);
 
     CLI::App* client = app.add_subcommand("client", "ping-pong load: send, read the echo back, check it, time it");
     RuntimeFlags clientRt;
@@ -749,7 +785,7 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "spindle-echo: --metrics-port: served by the TCP echo server only, not with --udp\n");
         return kExitUsage;
     }
-    if (server->parsed() && serverUdp) { return runUdpServer(serverRt, serverHost, serverPort, serverDpdk); }
+    if (server->parsed() && serverUdp) { return runUdpServer(serverRt, serverHost, serverPort, serverDpdk, statsJson); }
     if (serverDpdk.on || clientDpdk.on) {
         std::fprintf(stderr, "spindle-echo: --dpdk goes with --udp\n");
         return kExitUsage;
@@ -763,5 +799,5 @@ int main(int argc, char** argv) {
     serverOptions.bufferSize = bufferSize;
     serverOptions.inlineSend = inlineSend;
     serverOptions.multishotRecv = !noMultishotRecv;
-    return runServer(serverRt, serverHost, serverPort, serverOptions, metricsFlags);
+    return runServer(serverRt, serverHost, serverPort, serverOptions, metricsFlags, statsJson);
 }

@@ -7,7 +7,10 @@
 // finish, idle connections close, and the process exits 0 within the drain time. --metrics-port N
 // serves Prometheus metrics (the runtime's and the server's counters) at /metrics on port N.
 //
-// Exit status: 0 after a graceful shutdown; 1 when the server cannot start; 2 for a bad flag.
+// --stats-json FILE also writes the statistics printed at exit as one JSON object (apps/common/stats_json.h).
+//
+// Exit status: 0 after a graceful shutdown; 1 when the server cannot start (or --stats-json's FILE cannot be
+// written); 2 for a bad flag.
 
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -23,6 +26,7 @@
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
 #include "apps/common/metrics_flag.h"
+#include "apps/common/stats_json.h"
 #include "apps/common/stop_signals.h"
 #include "apps/httpd/httpd_metrics.h"
 #include "apps/httpd/server.h"
@@ -114,6 +118,8 @@ int main(int argc, char** argv) {
         ->capture_default_str();
     std::string accessLog;
     app.add_option("--access-log", accessLog, "append a line per request to FILE (nginx's combined format)");
+    spindle::apps::StatsJsonFlag statsJson;
+    statsJson.addTo(app);
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));
@@ -169,6 +175,9 @@ int main(int argc, char** argv) {
         return 1;
     }
     spindle::httpd::Server* s = server->get();
+    const std::string bound = s->localAddress().toString();
+    const unsigned carrierCount = rt->carrierCount();
+    const char* backendName = spindle::toString(rt->backend());
     std::fprintf(stderr, "%s\n",
                  fmt::format("spindle-httpd: listening on {} with {} carrier(s), backend {}{}",
                              s->localAddress().toString(), rt->carrierCount(), spindle::toString(rt->backend()),
@@ -204,5 +213,19 @@ int main(int argc, char** argv) {
                              st.accepted, st.requests, st.errors, st.headerTimeouts, st.idleTimeouts, st.providedRecvs,
                              st.fallbackRecvs)
                      .c_str());
-    return 0;
+    const nlohmann::ordered_json json = {
+        {"program", "spindle-httpd"},
+        {"address", bound},
+        {"root", root},
+        {"backend", backendName},
+        {"carriers", carrierCount},
+        {"connections", st.accepted},
+        {"requests", st.requests},
+        {"error_responses", st.errors},
+        {"header_timeouts", st.headerTimeouts},
+        {"idle_timeouts", st.idleTimeouts},
+        {"fiber_releases", st.fiberReleases},
+        {"receives", {{"provided", st.providedRecvs}, {"heap", st.fallbackRecvs}}},
+    };
+    return spindle::apps::writeStatsJson(statsJson, json, "spindle-httpd") ? 0 : 1;
 }

@@ -6,7 +6,10 @@
 // --requirepass it binds to loopback unless --address says otherwise. SIGINT or SIGTERM (or SHUTDOWN)
 // stops accepting, lets connections finish the batch in hand, writes and syncs the logs, and exits 0.
 //
-// Exit status: 0 after a clean stop; 1 when the server cannot start or a log failed; 2 for a bad flag.
+// --stats-json FILE also writes the statistics printed at exit as one JSON object (apps/common/stats_json.h).
+//
+// Exit status: 0 after a clean stop; 1 when the server cannot start, a log failed or --stats-json's FILE
+// cannot be written; 2 for a bad flag.
 
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -22,6 +25,7 @@
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
 #include "apps/common/metrics_flag.h"
+#include "apps/common/stats_json.h"
 #include "apps/common/stop_signals.h"
 #include "apps/kv/kv_metrics.h"
 #include "apps/kv/server.h"
@@ -76,6 +80,8 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(1u, 1000000u))->capture_default_str();
     spindle::apps::MetricsFlags metricsFlags;
     metricsFlags.addTo(app);
+    spindle::apps::StatsJsonFlag statsJson;
+    statsJson.addTo(app);
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
 
     if (address.empty()) { address = requirePass.empty() ? "127.0.0.1" : "0.0.0.0"; }
@@ -125,6 +131,9 @@ int main(int argc, char** argv) {
         return spindle::apps::kExitFailure;
     }
     spindle::kv::Server* s = server->get();
+    const std::string bound = s->localAddress().toString();
+    const unsigned carrierCount = rt->carrierCount();
+    const char* backendName = spindle::toString(rt->backend());
     auto metrics = spindle::apps::startMetrics(
         *rt, metricsFlags, address, [s](spindle::metrics::Writer& w) { spindle::kv::writeServerMetrics(w, s->stats()); },
         "spindle-kv");
@@ -161,5 +170,24 @@ int main(int argc, char** argv) {
                              st.connections, st.commands, st.log.records, st.log.syncs,
                              logError != 0 ? std::string(", failed: ") + std::strerror(logError) : std::string())
                      .c_str());
-    return logError != 0 ? spindle::apps::kExitFailure : spindle::apps::kExitOk;
+    const nlohmann::ordered_json json = {
+        {"program", "spindle-kv"},
+        {"address", bound},
+        {"dir", dir},
+        {"appendfsync", appendFsync},
+        {"backend", backendName},
+        {"carriers", carrierCount},
+        {"connections", st.connections},
+        {"rejected_clients", st.rejectedClients},
+        {"commands", st.commands},
+        {"keys", st.keys},
+        {"used_memory_bytes", st.usedMemory},
+        {"log", {{"records", st.log.records}, {"bytes", st.log.bytes}, {"fdatasyncs", st.log.syncs},
+                 {"synced_records", st.log.syncedRecords},
+                 {"error", logError != 0 ? nlohmann::ordered_json(std::strerror(logError)) : nlohmann::ordered_json()}}},
+        {"replayed_records", st.replayedRecords},
+        {"dropped_tail_bytes", st.droppedTailBytes},
+    };
+    const bool written = spindle::apps::writeStatsJson(statsJson, json, "spindle-kv");
+    return logError != 0 || !written ? spindle::apps::kExitFailure : spindle::apps::kExitOk;
 }

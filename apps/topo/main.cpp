@@ -7,6 +7,9 @@
 // and steal counts follow the described machine, but every carrier thread shares this machine's CPUs, so
 // makespans measure the policy on this machine, not on the one described.
 //
+// `experiment --json` prints the same results as one JSON object on stdout instead of the table (through
+// nlohmann::json: a --topology path with quotes or backslashes stays valid JSON).
+//
 // Exit status: 0 done; 1 the runtime did not start or a fiber could not be spawned (the message says why);
 // 2 a bad flag value.
 
@@ -26,6 +29,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <nlohmann/json.hpp>
 
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
@@ -61,6 +65,7 @@ struct Experiment {
     unsigned slices = 4;
     std::string skew = "one-carrier";
     unsigned repetitions = 3;
+    bool json = false;
 };
 
 RuntimeOptions runtimeOptions(const Common& c, StealPolicy policy) {
@@ -240,6 +245,7 @@ int runExperiment(const Common& c, const Experiment& e) {
         fmt::print(stderr, "spindle-topo: --skew is one-carrier or hot-node, not '{}'\n", e.skew);
         return kExitUsage;
     }
+    nlohmann::ordered_json json;
     {
         auto probe = Runtime::start(runtimeOptions(c, StealPolicy::kNuma));
         if (!probe) {
@@ -248,14 +254,30 @@ int runExperiment(const Common& c, const Experiment& e) {
             return kExitFailure;
         }
         const numa::Topology* t = probe->topology();
-        fmt::print("machine: {} online CPUs; topology: {}\n", sysconf(_SC_NPROCESSORS_ONLN),
-                   t != nullptr ? t->describe() : std::string("unknown"));
-        fmt::print("carriers: {}{}, backend {}; workload: {} fibers x {} us CPU in {} slices, skew {}, threshold {}, "
-                   "{} repetitions (median makespan; other rows from the median run)\n",
-                   probe->carrierCount(),
-                   t != nullptr && t->isSynthetic() ? " (SIMULATION: unbound threads sharing this machine's CPUs)" : "",
-                   spindle::toString(probe->backend()), e.fibers, e.workUs, e.slices, e.skew, c.threshold,
-                   e.repetitions);
+        if (e.json) {
+            json["online_cpus"] = sysconf(_SC_NPROCESSORS_ONLN);
+            json["topology_flag"] = c.topology;
+            json["topology"] = t != nullptr ? nlohmann::ordered_json(t->describe()) : nlohmann::ordered_json();
+            json["simulation"] = t != nullptr && t->isSynthetic();
+            json["carriers"] = probe->carrierCount();
+            json["placement"] = c.placementText;
+            json["backend"] = spindle::toString(probe->backend());
+            json["fibers"] = e.fibers;
+            json["work_us"] = e.workUs;
+            json["slices"] = e.slices;
+            json["skew"] = e.skew;
+            json["threshold"] = c.threshold;
+            json["repetitions"] = e.repetitions;
+        } else {
+            fmt::print("machine: {} online CPUs; topology: {}\n", sysconf(_SC_NPROCESSORS_ONLN),
+                       t != nullptr ? t->describe() : std::string("unknown"));
+            fmt::print("carriers: {}{}, backend {}; workload: {} fibers x {} us CPU in {} slices, skew {}, threshold {}, "
+                       "{} repetitions (median makespan; other rows from the median run)\n",
+                       probe->carrierCount(),
+                       t != nullptr && t->isSynthetic() ? " (SIMULATION: unbound threads sharing this machine's CPUs)" : "",
+                       spindle::toString(probe->backend()), e.fibers, e.workUs, e.slices, e.skew, c.threshold,
+                       e.repetitions);
+        }
     }
     std::vector<RunResult> results;
     std::vector<double> spreads;
@@ -267,6 +289,37 @@ int runExperiment(const Common& c, const Experiment& e) {
         std::sort(runs.begin(), runs.end(), [](const RunResult& a, const RunResult& b) { return a.makespanMs < b.makespanMs; });
         results.push_back(runs[runs.size() / 2]);
         spreads.push_back(runs.back().makespanMs - runs.front().makespanMs);
+    }
+    auto crossFraction = [&](size_t i) {
+        uint64_t all = 0, cross = 0;
+        for (size_t k = 0; k < numa::kDistanceClassCount; ++k) {
+            all += results[i].steals[k];
+            if (numa::crossesNode(static_cast<numa::Distance>(k))) { cross += results[i].steals[k]; }
+        }
+        return all == 0 ? -1.0 : static_cast<double>(cross) / static_cast<double>(all);
+    };
+    if (e.json) {
+        nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+        for (size_t i = 0; i < results.size(); ++i) {
+            const RunResult& r = results[i];
+            nlohmann::ordered_json steals = nlohmann::ordered_json::object();
+            for (size_t k = 0; k < numa::kDistanceClassCount; ++k) {
+                steals[numa::toString(static_cast<numa::Distance>(k))] = r.steals[k];
+            }
+            const double cross = crossFraction(i);
+            rows.push_back({{"policy", spindle::toString(policies[i])},
+                            {"makespan_ms_median", r.makespanMs},
+                            {"makespan_spread_ms", spreads[i]},
+                            {"steals", std::move(steals)},
+                            {"cross_node_steal_fraction", cross < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(cross)},
+                            {"fibers_migrated", r.migrated},
+                            {"balance_max_over_mean", r.maxOverMean},
+                            {"balance_cv", r.cv},
+                            {"idle_ms", r.idleMs}});
+        }
+        json["results"] = std::move(rows);
+        fmt::print("{}\n", json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+        return 0;
     }
     auto row = [&](const std::string& name, auto cell) {
         fmt::print("{:<26}", name);
@@ -281,12 +334,8 @@ int runExperiment(const Common& c, const Experiment& e) {
             [&](size_t i) { return fmt::format("{}", results[i].steals[k]); });
     }
     row("cross-node steal fraction", [&](size_t i) {
-        uint64_t all = 0, cross = 0;
-        for (size_t k = 0; k < numa::kDistanceClassCount; ++k) {
-            all += results[i].steals[k];
-            if (numa::crossesNode(static_cast<numa::Distance>(k))) { cross += results[i].steals[k]; }
-        }
-        return all == 0 ? std::string("-") : fmt::format("{:.3f}", static_cast<double>(cross) / static_cast<double>(all));
+        const double cross = crossFraction(i);
+        return cross < 0 ? std::string("-") : fmt::format("{:.3f}", cross);
     });
     row("fibers migrated", [&](size_t i) { return fmt::format("{}", results[i].migrated); });
     row("balance max/mean", [&](size_t i) { return fmt::format("{:.2f}", results[i].maxOverMean); });
@@ -322,6 +371,7 @@ int main(int argc, char** argv) {
     exp->add_option("--skew", e.skew, "one-carrier (all spawned on carrier 0) or hot-node (on node 0's carriers)");
     exp->add_option("--repetitions", e.repetitions, "runs per policy; the median makespan is shown")
         ->check(CLI::Range(1u, 1000u));
+    exp->add_flag("--json", e.json, "print one JSON object (the workload and each policy's results) instead of the table");
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
     auto placement = numa::parsePlacement(c.placementText);
     if (!placement) {

@@ -119,6 +119,19 @@ TEST(AppFlags, EchoRefusesBadNumbers) {
     expectRefused(SPINDLE_ECHO_BIN, {"udp-pair"}, "--window", "0");
 }
 
+TEST(AppFlags, KvRefusesBadNumbers) {
+#if defined(SPINDLE_KV_BIN)
+    expectRefused(SPINDLE_KV_BIN, {}, "--carriers", "99999");
+    expectRefused(SPINDLE_KV_BIN, {}, "--port", "65536");
+    expectRefused(SPINDLE_KV_BIN, {}, "--maxclients", "0");
+    expectRefused(SPINDLE_KV_BIN, {}, "--maxmemory", "-1");
+    expectRefused(SPINDLE_KV_BIN, {}, "--proto-max-bulk-len", "1000");
+    expectRefused(SPINDLE_KV_BIN, {}, "--ring-entries", "32");
+#else
+    GTEST_SKIP() << "spindle-kv is not built";
+#endif
+}
+
 TEST(AppFlags, TourRefusesBadNumbers) {
     expectRefused(SPINDLE_TOUR_BIN, {}, "--carriers", "2000");
     expectRefused(SPINDLE_TOUR_BIN, {}, "--carriers", "x");
@@ -192,6 +205,16 @@ TEST(AppFlags, HelpExitsZeroAndShowsTheRanges) {
 #if defined(SPINDLE_DPDK_FORWARD_BIN)
     expectHelp(SPINDLE_DPDK_FORWARD_BIN, {"--help"}, {"--burst UINT:UINT in [1 - 32]"});
 #endif
+#if defined(SPINDLE_KV_BIN)
+    expectHelp(SPINDLE_KV_BIN, {"--help"},
+               {carriers, "--port UINT:UINT in [0 - 65535]", "--maxclients UINT:UINT in [1 - 16777216]",
+                "--maxmemory UINT:UINT in [0 - 9223372036854775807]", "--stats-json FILE"});
+#endif
+    // --help-all (what the man pages are made from): the subcommands' flags, with their ranges, too.
+    expectHelp(SPINDLE_ECHO_BIN, {"--help-all"},
+               {"--connections UINT:UINT in [1 - 65535]", "--buffer-size UINT:UINT in [1 - 16777216]",
+                "--stats-json FILE", "udp-pair"});
+    expectHelp(SPINDLE_TOPO_BIN, {"--help-all"}, {"--fibers UINT:UINT in [1 - 1000000]", "--json"});
 }
 
 // Flags in range, some at their bounds, get past the parser: spindle-idle runs with them and exits 0.

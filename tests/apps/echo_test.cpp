@@ -17,6 +17,8 @@
 #include <optional>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
 #include "core/runtime.h"
 #include "tests/core/with_runtime.h"
 
@@ -227,6 +229,28 @@ TEST_F(EchoTest, RefusedConnectionsAreCountedAndFailTheRun) {
     EXPECT_FALSE(report->firstError.empty());
     EXPECT_NE(formatReport(*report).find("refused=4"), std::string::npos);
     EXPECT_NE(formatReportJson(*report).find("\"refused\":4"), std::string::npos);
+}
+
+// The client's --json report stays valid JSON whatever its first error says (a peer's or the kernel's
+// words): quotes, backslashes and control bytes come back as they went in.
+TEST(EchoReport, JsonIsValidForAnyFirstError) {
+    ClientReport report;
+    report.connections = 2;
+    report.connected = 1;
+    report.failedConnections = 1;
+    report.otherErrors = 1;
+    report.seconds = 1.5;
+    report.firstError = "a \"quoted\" back\\slash\tand\nnewline";
+    const std::string text = formatReportJson(report);
+    const auto json = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+    ASSERT_TRUE(json.is_object()) << text;
+    EXPECT_EQ(json.value("first_error", ""), report.firstError);
+    EXPECT_EQ(json.value("connections", 0u), 2u);
+    EXPECT_EQ(json.value("duration_s", 0.0), 1.5);
+    ASSERT_TRUE(json.contains("errors") && json["errors"].is_object());
+    EXPECT_EQ(json["errors"].value("other", 0u), 1u);
+    ASSERT_TRUE(json.contains("lat_us") && json["lat_us"].is_object());
+    EXPECT_TRUE(json["lat_us"]["p99"].is_number());
 }
 
 // Waits (with no time limit of its own: ctest's timeout is the backstop) until the server has accepted
