@@ -3,8 +3,8 @@
 /// --stats-json FILE, the flag with which a daemon (spindle-httpd, spindle-echo server, spindle-kv) also
 /// writes the statistics it prints on stderr when it stops as one JSON object, and the writer behind it.
 ///
-/// The object is built with nlohmann::json, never by hand, so that any string in it (a --root or --dir
-/// with quotes, backslashes or control bytes) stays valid JSON; bytes that are not UTF-8 become U+FFFD.
+/// The object is built with nlohmann::json (apps/common/json.h), never by hand, so that any string in it
+/// (a --root or --dir with quotes, backslashes or control bytes) stays valid JSON.
 /// FILE "-" is stdout (the daemons write nothing else there); any other FILE is created or truncated
 /// when the daemon stops, not when it starts.
 /// Errors: a FILE that cannot be written is said on stderr and makes the exit status 1 (kExitFailure).
@@ -15,7 +15,7 @@
 #include <cstring>
 #include <string>
 
-#include <nlohmann/json.hpp>
+#include "apps/common/json.h"
 
 namespace spindle::apps {
 
@@ -35,10 +35,9 @@ struct StatsJsonFlag {
 
 /// Writes `stats` on one line to the flag's FILE (stdout for "-"). Returns true when written, or when the
 /// flag is off; false after saying on stderr ("<app>: --stats-json FILE: <reason>") why not.
-[[nodiscard]] inline bool writeStatsJson(const StatsJsonFlag& flag, const nlohmann::ordered_json& stats,
-                                         const char* app) {
+[[nodiscard]] inline bool writeStatsJson(const StatsJsonFlag& flag, const Json& stats, const char* app) {
     if (!flag.on()) { return true; }
-    const std::string text = stats.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+    const std::string text = stats.dump() + "\n";
     const bool toStdout = flag.path == "-";
     std::FILE* f = toStdout ? stdout : std::fopen(flag.path.c_str(), "w");
     bool ok = f != nullptr && std::fwrite(text.data(), 1, text.size(), f) == text.size();

@@ -12,8 +12,8 @@
 #include <utility>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
+#include "apps/common/json.h"
 #include "base/log.h"
 #include "core/io.h"
 
@@ -320,10 +320,10 @@ std::string formatReport(const ClientReport& r) {
 
 std::string formatReportJson(const ClientReport& r) {
     const LogLinearHistogram& h = r.latency;
-    // The same figures and decimals as the text form; nlohmann::json escapes first_error (a peer's or the
-    // kernel's words, which may hold quotes, backslashes or control bytes).
+    // The same figures and decimals as the text form; nlohmann::json (apps/common/json.h) escapes
+    // first_error (a peer's or the kernel's words, which may hold quotes, backslashes or control bytes).
     auto rounded = [](double v, double scale) { return std::round(v * scale) / scale; };
-    nlohmann::ordered_json out = {
+    const apps::Json out{
         {"connections", r.connections},
         {"connected", r.connected},
         {"size", r.messageSize},
@@ -333,22 +333,22 @@ std::string formatReportJson(const ClientReport& r) {
         {"msg_per_s", rounded(r.messagesPerSecond(), 1e1)},
         {"mb_per_s", rounded(r.megabytesPerSecond(), 1e3)},
         {"lat_us",
-         {{"p50", rounded(micros(h.percentile(0.5)), 1e2)},
-          {"p99", rounded(micros(h.percentile(0.99)), 1e2)},
-          {"p999", rounded(micros(h.percentile(0.999)), 1e2)},
-          {"max", rounded(micros(h.max()), 1e2)},
-          {"mean", rounded(h.mean() / 1e3, 1e2)}}},
+         apps::Json{{"p50", rounded(micros(h.percentile(0.5)), 1e2)},
+                    {"p99", rounded(micros(h.percentile(0.99)), 1e2)},
+                    {"p999", rounded(micros(h.percentile(0.999)), 1e2)},
+                    {"max", rounded(micros(h.max()), 1e2)},
+                    {"mean", rounded(h.mean() / 1e3, 1e2)}}},
         {"failed_connections", r.failedConnections},
         {"errors",
-         {{"refused", r.refused},
-          {"connect", r.connectErrors},
-          {"early_close", r.earlyCloses},
-          {"mismatch", r.mismatches},
-          {"timeout", r.timeouts},
-          {"other", r.otherErrors}}},
+         apps::Json{{"refused", r.refused},
+                    {"connect", r.connectErrors},
+                    {"early_close", r.earlyCloses},
+                    {"mismatch", r.mismatches},
+                    {"timeout", r.timeouts},
+                    {"other", r.otherErrors}}},
         {"first_error", r.firstError},
     };
-    return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+    return out.dump();
 }
 
 }  // namespace spindle::echo

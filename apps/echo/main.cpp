@@ -328,11 +328,11 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
                  (*server)->listenerCount() == 1 ? "" : "s", rt->carrierCount(), rt->carrierCount() == 1 ? "" : "s",
                  spindle::toString(rt->backend()), rtFlags.pollMode.c_str());
     spindle::echo::EchoServer* s = server->get();
-    nlohmann::ordered_json json = {{"program", "spindle-echo"},
-                                   {"transport", "tcp"},
-                                   {"address", s->localAddress().toString()},
-                                   {"backend", spindle::toString(rt->backend())},
-                                   {"carriers", rt->carrierCount()}};
+    spindle::apps::Json json{{"program", "spindle-echo"},
+                             {"transport", "tcp"},
+                             {"address", s->localAddress().toString()},
+                             {"backend", spindle::toString(rt->backend())},
+                             {"carriers", rt->carrierCount()}};
     auto metrics = spindle::apps::startMetrics(
         *rt, metricsFlags, host, [s](spindle::metrics::Writer& w) { spindle::echo::writeServerMetrics(w, s->stats()); },
         "spindle-echo");
@@ -348,11 +348,11 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
     const spindle::echo::ServerStats stats = (*server)->stats();
     // What the driver did, for syscalls per message: enters are io_uring_enter calls, or epoll_wait
     // calls on the epoll backend (whose sqes and cqes count operations started and completed).
-    nlohmann::ordered_json perCarrier = nlohmann::ordered_json::array();
+    spindle::apps::Json perCarrier = spindle::apps::Json::array();
     for (const spindle::CarrierStats& c : rt->stats()) {
-        perCarrier.push_back({{"carrier", c.index}, {"pu", c.pu}, {"enters", c.enters}, {"parks", c.parks},
-                              {"idle_spins", c.idleSpins}, {"sqes", c.sqesSubmitted}, {"cqes", c.cqesReaped},
-                              {"fibers_run", c.fibersRun}});
+        perCarrier.push({{"carrier", c.index}, {"pu", c.pu}, {"enters", c.enters}, {"parks", c.parks},
+                         {"idle_spins", c.idleSpins}, {"sqes", c.sqesSubmitted}, {"cqes", c.cqesReaped},
+                         {"fibers_run", c.fibersRun}});
         std::fprintf(stderr,
                      "spindle-echo: carrier %u (pu %d): enters %llu parks %llu idle spins %llu sqes %llu cqes %llu "
                      "fibers run %llu\n",
@@ -371,14 +371,14 @@ int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned por
                  static_cast<unsigned long long>(stats.bytesEchoed),
                  static_cast<unsigned long long>(stats.connectionErrors),
                  static_cast<unsigned long long>(stats.acceptErrors));
-    json["signal"] = signo != 0 ? nlohmann::ordered_json(strsignal(signo)) : nlohmann::ordered_json();
-    json["connections"] = stats.accepted;
-    json["closed"] = stats.closed;
-    json["bytes_echoed"] = stats.bytesEchoed;
-    json["connection_errors"] = stats.connectionErrors;
-    json["accept_errors"] = stats.acceptErrors;
-    json["buffer_ring_exhausted"] = stats.ringExhausted;
-    json["per_carrier"] = std::move(perCarrier);
+    json.set("signal", signo != 0 ? spindle::apps::Json(strsignal(signo)) : spindle::apps::Json())
+        .set("connections", stats.accepted)
+        .set("closed", stats.closed)
+        .set("bytes_echoed", stats.bytesEchoed)
+        .set("connection_errors", stats.connectionErrors)
+        .set("accept_errors", stats.acceptErrors)
+        .set("buffer_ring_exhausted", stats.ringExhausted)
+        .set("per_carrier", std::move(perCarrier));
     return spindle::apps::writeStatsJson(statsJson, json, "spindle-echo") ? 0 : kExitFailure;
 }
 
@@ -505,13 +505,13 @@ int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned 
     ::close(sfd);
     std::fprintf(stderr, "spindle-echo: %s; echoed %llu datagrams\n", signo != 0 ? strsignal(signo) : "stopped",
                  static_cast<unsigned long long>(echoed));
-    const nlohmann::ordered_json json = {
+    const spindle::apps::Json json{
         {"program", "spindle-echo"},
         {"transport", dpdkFlags.on ? "udp-dpdk" : "udp"},
         {"port", boundPort},
         {"backend", spindle::toString(rt->backend())},
         {"carriers", rt->carrierCount()},
-        {"signal", signo != 0 ? nlohmann::ordered_json(strsignal(signo)) : nlohmann::ordered_json()},
+        {"signal", signo != 0 ? spindle::apps::Json(strsignal(signo)) : spindle::apps::Json()},
         {"datagrams_echoed", echoed},
     };
     return spindle::apps::writeStatsJson(statsJson, json, "spindle-echo") ? 0 : kExitFailure;

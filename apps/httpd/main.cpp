@@ -213,7 +213,7 @@ int main(int argc, char** argv) {
                              st.accepted, st.requests, st.errors, st.headerTimeouts, st.idleTimeouts, st.providedRecvs,
                              st.fallbackRecvs)
                      .c_str());
-    const nlohmann::ordered_json json = {
+    const spindle::apps::Json json{
         {"program", "spindle-httpd"},
         {"address", bound},
         {"root", root},
@@ -225,7 +225,7 @@ int main(int argc, char** argv) {
         {"header_timeouts", st.headerTimeouts},
         {"idle_timeouts", st.idleTimeouts},
         {"fiber_releases", st.fiberReleases},
-        {"receives", {{"provided", st.providedRecvs}, {"heap", st.fallbackRecvs}}},
+        {"receives", spindle::apps::Json{{"provided", st.providedRecvs}, {"heap", st.fallbackRecvs}}},
     };
     return spindle::apps::writeStatsJson(statsJson, json, "spindle-httpd") ? 0 : 1;
 }

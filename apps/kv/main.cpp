@@ -170,7 +170,7 @@ int main(int argc, char** argv) {
                              st.connections, st.commands, st.log.records, st.log.syncs,
                              logError != 0 ? std::string(", failed: ") + std::strerror(logError) : std::string())
                      .c_str());
-    const nlohmann::ordered_json json = {
+    const spindle::apps::Json json{
         {"program", "spindle-kv"},
         {"address", bound},
         {"dir", dir},
@@ -182,9 +182,12 @@ int main(int argc, char** argv) {
         {"commands", st.commands},
         {"keys", st.keys},
         {"used_memory_bytes", st.usedMemory},
-        {"log", {{"records", st.log.records}, {"bytes", st.log.bytes}, {"fdatasyncs", st.log.syncs},
-                 {"synced_records", st.log.syncedRecords},
-                 {"error", logError != 0 ? nlohmann::ordered_json(std::strerror(logError)) : nlohmann::ordered_json()}}},
+        {"log", spindle::apps::Json{{"records", st.log.records},
+                                    {"bytes", st.log.bytes},
+                                    {"fdatasyncs", st.log.syncs},
+                                    {"synced_records", st.log.syncedRecords},
+                                    {"error", logError != 0 ? spindle::apps::Json(std::strerror(logError))
+                                                            : spindle::apps::Json()}}},
         {"replayed_records", st.replayedRecords},
         {"dropped_tail_bytes", st.droppedTailBytes},
     };

@@ -8,7 +8,7 @@
 // makespans measure the policy on this machine, not on the one described.
 //
 // `experiment --json` prints the same results as one JSON object on stdout instead of the table (through
-// nlohmann::json: a --topology path with quotes or backslashes stays valid JSON).
+// nlohmann::json, apps/common/json.h: a --topology path with quotes or backslashes stays valid JSON).
 //
 // Exit status: 0 done; 1 the runtime did not start or a fiber could not be spawned (the message says why);
 // 2 a bad flag value.
@@ -29,10 +29,10 @@
 #include <vector>
 
 #include <fmt/format.h>
-#include <nlohmann/json.hpp>
 
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
+#include "apps/common/json.h"
 #include "core/fiber.h"
 #include "core/runtime.h"
 #include "numa/placement.h"
@@ -245,7 +245,7 @@ int runExperiment(const Common& c, const Experiment& e) {
         fmt::print(stderr, "spindle-topo: --skew is one-carrier or hot-node, not '{}'\n", e.skew);
         return kExitUsage;
     }
-    nlohmann::ordered_json json;
+    spindle::apps::Json json;
     {
         auto probe = Runtime::start(runtimeOptions(c, StealPolicy::kNuma));
         if (!probe) {
@@ -255,19 +255,19 @@ int runExperiment(const Common& c, const Experiment& e) {
         }
         const numa::Topology* t = probe->topology();
         if (e.json) {
-            json["online_cpus"] = sysconf(_SC_NPROCESSORS_ONLN);
-            json["topology_flag"] = c.topology;
-            json["topology"] = t != nullptr ? nlohmann::ordered_json(t->describe()) : nlohmann::ordered_json();
-            json["simulation"] = t != nullptr && t->isSynthetic();
-            json["carriers"] = probe->carrierCount();
-            json["placement"] = c.placementText;
-            json["backend"] = spindle::toString(probe->backend());
-            json["fibers"] = e.fibers;
-            json["work_us"] = e.workUs;
-            json["slices"] = e.slices;
-            json["skew"] = e.skew;
-            json["threshold"] = c.threshold;
-            json["repetitions"] = e.repetitions;
+            json = {{"online_cpus", sysconf(_SC_NPROCESSORS_ONLN)},
+                    {"topology_flag", c.topology},
+                    {"topology", t != nullptr ? spindle::apps::Json(t->describe()) : spindle::apps::Json()},
+                    {"simulation", t != nullptr && t->isSynthetic()},
+                    {"carriers", probe->carrierCount()},
+                    {"placement", c.placementText},
+                    {"backend", spindle::toString(probe->backend())},
+                    {"fibers", e.fibers},
+                    {"work_us", e.workUs},
+                    {"slices", e.slices},
+                    {"skew", e.skew},
+                    {"threshold", c.threshold},
+                    {"repetitions", e.repetitions}};
         } else {
             fmt::print("machine: {} online CPUs; topology: {}\n", sysconf(_SC_NPROCESSORS_ONLN),
                        t != nullptr ? t->describe() : std::string("unknown"));
@@ -299,26 +299,26 @@ int runExperiment(const Common& c, const Experiment& e) {
         return all == 0 ? -1.0 : static_cast<double>(cross) / static_cast<double>(all);
     };
     if (e.json) {
-        nlohmann::ordered_json rows = nlohmann::ordered_json::array();
+        spindle::apps::Json rows = spindle::apps::Json::array();
         for (size_t i = 0; i < results.size(); ++i) {
             const RunResult& r = results[i];
-            nlohmann::ordered_json steals = nlohmann::ordered_json::object();
+            spindle::apps::Json steals = spindle::apps::Json::object();
             for (size_t k = 0; k < numa::kDistanceClassCount; ++k) {
-                steals[numa::toString(static_cast<numa::Distance>(k))] = r.steals[k];
+                steals.set(numa::toString(static_cast<numa::Distance>(k)), r.steals[k]);
             }
             const double cross = crossFraction(i);
-            rows.push_back({{"policy", spindle::toString(policies[i])},
-                            {"makespan_ms_median", r.makespanMs},
-                            {"makespan_spread_ms", spreads[i]},
-                            {"steals", std::move(steals)},
-                            {"cross_node_steal_fraction", cross < 0 ? nlohmann::ordered_json() : nlohmann::ordered_json(cross)},
-                            {"fibers_migrated", r.migrated},
-                            {"balance_max_over_mean", r.maxOverMean},
-                            {"balance_cv", r.cv},
-                            {"idle_ms", r.idleMs}});
+            rows.push({{"policy", spindle::toString(policies[i])},
+                       {"makespan_ms_median", r.makespanMs},
+                       {"makespan_spread_ms", spreads[i]},
+                       {"steals", std::move(steals)},
+                       {"cross_node_steal_fraction", cross < 0 ? spindle::apps::Json() : spindle::apps::Json(cross)},
+                       {"fibers_migrated", r.migrated},
+                       {"balance_max_over_mean", r.maxOverMean},
+                       {"balance_cv", r.cv},
+                       {"idle_ms", r.idleMs}});
         }
-        json["results"] = std::move(rows);
-        fmt::print("{}\n", json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
+        json.set("results", std::move(rows));
+        fmt::print("{}\n", json.dump());
         return 0;
     }
     auto row = [&](const std::string& name, auto cell) {
