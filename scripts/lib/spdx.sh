@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Checks, or adds, the licence line that every spindle source file carries: the SPDX identifier of the
-# Apache License 2.0 behind "//" (C, C++, assembly) or "#" (CMake, shell, Python, pkg-config templates),
-# as the first line, or, in a script with a #! line, after the comment block that follows it.
+# Apache License 2.0 behind "//" (C, C++, assembly) or "#" (CMake, shell, Python, pkg-config templates,
+# help2man include files), as the first line, or, in a script with a #! line, after the comment block that
+# follows it.
 #
 # usage: scripts/lib/spdx.sh --check [FILE...]
 #        scripts/lib/spdx.sh --add [FILE...]
@@ -25,7 +26,7 @@ comment_leader() {
   base=${path##*/}
   case "$base" in
     *.cpp | *.cc | *.h | *.hpp | *.c | *.S) echo '//'; return 0 ;;
-    *.sh | *.py | *.cmake | *.cmake.in | *.pc.in | CMakeLists.txt) echo '#'; return 0 ;;
+    *.sh | *.py | *.cmake | *.cmake.in | *.pc.in | *.h2m | CMakeLists.txt) echo '#'; return 0 ;;
     *.*) return 0 ;;
   esac
   # No extension: a script when its first line is a shell or Python #! line.
