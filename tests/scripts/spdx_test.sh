@@ -19,6 +19,7 @@ chmod 755 "$tmp/run"
 printf '#!/usr/bin/env python3\n"""Doc."""\n' >"$tmp/b.py"
 printf 'project(x)\n' >"$tmp/CMakeLists.txt"
 printf 'Name: x\n' >"$tmp/x.pc.in"
+printf '[NAME]\nx \\- a program\n' >"$tmp/x.h2m"
 printf '#!/bin/sh\n# usage: tool\n# more help\necho hi\n' >"$tmp/tool.sh"
 # The identifier inside a sentence is not the licence line.
 printf '// mentions SPDX-License-Identifier: Apache-2.0 in passing\nint x;\n' >"$tmp/mention.cpp"
@@ -27,9 +28,9 @@ printf 'plain data\n' >"$tmp/data"
 
 rc=0
 out=$(bash "$spdx" --check "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/x.pc.in" "$tmp/tool.sh" \
-  "$tmp/mention.cpp" "$tmp/README.md" "$tmp/data" 2>&1) || rc=$?
+  "$tmp/x.h2m" "$tmp/mention.cpp" "$tmp/README.md" "$tmp/data" 2>&1) || rc=$?
 ((rc == 1)) || fail "--check on files without the line exited $rc, not 1"
-for f in a.h run b.py CMakeLists.txt x.pc.in tool.sh mention.cpp; do
+for f in a.h run b.py CMakeLists.txt x.pc.in tool.sh x.h2m mention.cpp; do
   grep -qF "$tmp/$f" <<<"$out" || fail "--check did not name $f: $out"
 done
 for f in README.md data; do
@@ -37,7 +38,7 @@ for f in README.md data; do
 done
 
 bash "$spdx" --add "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp/x.pc.in" "$tmp/tool.sh" \
-  "$tmp/README.md" "$tmp/data" >/dev/null
+  "$tmp/x.h2m" "$tmp/README.md" "$tmp/data" >/dev/null
 [[ "$(head -n 1 "$tmp/a.h")" == "// $tag" ]] || fail "a.h: first line is '$(head -n 1 "$tmp/a.h")'"
 [[ "$(sed -n 2p "$tmp/a.h")" == '#pragma once' ]] || fail "a.h lost its first line"
 [[ "$(head -n 1 "$tmp/run")" == '#!/usr/bin/env bash' ]] || fail "run: the #! line moved"
@@ -46,6 +47,8 @@ bash "$spdx" --add "$tmp/a.h" "$tmp/run" "$tmp/b.py" "$tmp/CMakeLists.txt" "$tmp
 [[ "$(sed -n 2p "$tmp/b.py")" == "# $tag" ]] || fail "b.py: second line is '$(sed -n 2p "$tmp/b.py")'"
 [[ "$(head -n 1 "$tmp/CMakeLists.txt")" == "# $tag" ]] || fail "CMakeLists.txt: no line"
 [[ "$(head -n 1 "$tmp/x.pc.in")" == "# $tag" ]] || fail "x.pc.in: no line"
+# help2man ignores what comes before an include file's first section.
+[[ "$(head -n 2 "$tmp/x.h2m")" == "# $tag"$'\n[NAME]' ]] || fail "x.h2m: first lines are '$(head -n 2 "$tmp/x.h2m")'"
 # After the #! line's comment block: `sed -n 2,3p` (a script's own help) still gives that block.
 [[ "$(sed -n 2,3p "$tmp/tool.sh")" == $'# usage: tool\n# more help' ]] || fail "tool.sh: its help block moved"
 [[ "$(sed -n 4p "$tmp/tool.sh")" == "# $tag" ]] || fail "tool.sh: fourth line is '$(sed -n 4p "$tmp/tool.sh")'"
