@@ -14,6 +14,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include <nlohmann/json_fwd.hpp>
@@ -37,7 +38,7 @@ public:
     Json(std::initializer_list<std::pair<std::string_view, Json>> members);
     ~Json();
     Json(const Json& other);
-    Json(Json&& other);  // copies nothing, but allocates: the moved-from value is null, not empty
+    Json(Json&& other);  // allocates (value_ is never null) and leaves `other` null
     Json& operator=(const Json& other);
     Json& operator=(Json&& other);
 

@@ -25,8 +25,8 @@
 // The server's --stats-json FILE also writes the statistics it prints when it stops as one JSON object
 // (apps/common/stats_json.h); the client's --json prints its report as one (both through nlohmann::json).
 //
-// Exit status: 0 done; 1 a set-up error, a failed connection or a --stats-json FILE that cannot be written;
-// 2 a bad flag value.
+// Exit status: 0 done; 1 a set-up error, a failed connection or a --stats-json FILE that cannot be opened
+// or written; 2 a bad flag value.
 
 #include <signal.h>
 #include <sys/resource.h>
@@ -302,7 +302,7 @@ struct DpdkPath {
 #endif
 
 int runServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, spindle::echo::ServerOptions options,
-              const spindle::apps::MetricsFlags& metricsFlags, const spindle::apps::StatsJsonFlag& statsJson) {
+              const spindle::apps::MetricsFlags& metricsFlags, spindle::apps::StatsJsonFlag& statsJson) {
     auto address = parseAddress(host, port);
     if (!address) { return kExitUsage; }
     // Before the carriers start, so that every thread inherits the mask and the signalfd is their only way in.
@@ -422,7 +422,7 @@ struct DpdkFlagsArg {
 #endif
 
 int runUdpServer(const RuntimeFlags& rtFlags, const std::string& host, unsigned port, const DpdkFlagsArg& dpdkFlags,
-                 const spindle::apps::StatsJsonFlag& statsJson) {
+                 spindle::apps::StatsJsonFlag& statsJson) {
     const int sfd = spindle::apps::blockStopSignals("spindle-echo");
     if (sfd < 0) { return kExitFailure; }
 #if defined(SPINDLE_HAVE_DPDK)
@@ -768,6 +768,7 @@ int main(int argc, char** argv) {
     if (auto status = spindle::apps::parseCommandLine(app, static_cast<int>(args.size()), args.data())) {
         return *status;
     }
+    if (!statsJson.open("spindle-echo")) { return kExitFailure; }
     raiseDescriptorLimit();
     if (pair->parsed()) { return runUdpPair(pairRt, pairFlags, pairDpdk); }
     if (client->parsed() && clientUdp) {

@@ -10,7 +10,7 @@
 // --stats-json FILE also writes the statistics printed at exit as one JSON object (apps/common/stats_json.h).
 //
 // Exit status: 0 after a graceful shutdown; 1 when the server cannot start (or --stats-json's FILE cannot be
-// written); 2 for a bad flag.
+// opened or written); 2 for a bad flag.
 
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -121,6 +121,7 @@ int main(int argc, char** argv) {
     spindle::apps::StatsJsonFlag statsJson;
     statsJson.addTo(app);
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
+    if (!statsJson.open("spindle-httpd")) { return 1; }
 
     auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));
     if (!listen) {

@@ -9,7 +9,7 @@
 // --stats-json FILE also writes the statistics printed at exit as one JSON object (apps/common/stats_json.h).
 //
 // Exit status: 0 after a clean stop; 1 when the server cannot start, a log failed or --stats-json's FILE
-// cannot be written; 2 for a bad flag.
+// cannot be opened or written; 2 for a bad flag.
 
 #include <signal.h>
 #include <sys/signalfd.h>
@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
     spindle::apps::StatsJsonFlag statsJson;
     statsJson.addTo(app);
     if (auto status = spindle::apps::parseCommandLine(app, argc, argv)) { return *status; }
+    if (!statsJson.open("spindle-kv")) { return spindle::apps::kExitFailure; }
 
     if (address.empty()) { address = requirePass.empty() ? "127.0.0.1" : "0.0.0.0"; }
     auto listen = spindle::net::SocketAddress::parse(address, static_cast<uint16_t>(port));

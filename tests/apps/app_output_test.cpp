@@ -247,18 +247,23 @@ TEST(AppOutput, HttpdStatsJsonOnStdout) {
     ASSERT_TRUE(json.contains("receives") && json["receives"].is_object());
 }
 
-TEST(AppOutput, HttpdStatsJsonToAFileThatCannotBeWrittenExits1) {
-    Child child;
-    const uint16_t port = startDaemon(child,
-                                      {SPINDLE_HTTPD_BIN, "--address", "127.0.0.1", "--port", "0", "--carriers", "1",
-                                       "--stats-json", "/nonexistent/stats.json"},
-                                      "listening on 127.0.0.1:");
-    ASSERT_NE(port, 0) << "not listening after 10 s; stderr:\n" << child.stderrText;
-    ASSERT_NO_FATAL_FAILURE(stopDaemon(child, 1));
-    EXPECT_NE(child.stderrText.find("spindle-httpd: --stats-json /nonexistent/stats.json: No such file or directory"),
-              std::string::npos)
-        << child.stderrText;
-    EXPECT_EQ(child.stdoutText, "");
+// A FILE that cannot be opened stops each daemon at start-up, before it serves, with status 1.
+TEST(AppOutput, StatsJsonToAFileThatCannotBeOpenedExits1AtStart) {
+    const std::vector<std::vector<std::string>> runs{
+        {SPINDLE_HTTPD_BIN, "--address", "127.0.0.1", "--port", "0", "--carriers", "1"},
+        {SPINDLE_KV_BIN, "--port", "0", "--carriers", "1"},
+        {SPINDLE_ECHO_BIN, "server", "--address", "127.0.0.1", "--port", "0", "--carriers", "1"}};
+    for (std::vector<std::string> argv : runs) {
+        argv.insert(argv.end(), {"--stats-json", "/nonexistent/stats.json"});
+        Child child;
+        ASSERT_NO_FATAL_FAILURE(spawn(child, argv, childEnvironment()));
+        ASSERT_TRUE(child.finish(10s)) << argv[0] << ": still running after 10 s; stderr:\n" << child.stderrText;
+        EXPECT_TRUE(child.exitedWith(1)) << argv[0] << ": " << describeStatus(*child.status);
+        EXPECT_EQ(child.stderrText,
+                  std::filesystem::path(argv[0]).filename().string() +
+                      ": --stats-json /nonexistent/stats.json: No such file or directory\n");
+        EXPECT_EQ(child.stdoutText, "");
+    }
 }
 
 TEST(AppOutput, KvStatsJsonToAFile) {
