@@ -11,6 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -316,6 +317,38 @@ TEST(AppOutput, EchoServerStatsJsonToAFile) {
     EXPECT_EQ(json.value("bytes_echoed", 0u), 5u);
     ASSERT_TRUE(json.contains("per_carrier") && json["per_carrier"].is_array());
     EXPECT_EQ(json["per_carrier"].size(), 1u);
+}
+
+TEST(AppOutput, EchoUdpServerStatsJsonOnStdout) {
+    Child child;
+    const uint16_t port = startDaemon(child,
+                                      {SPINDLE_ECHO_BIN, "server", "--udp", "--address", "127.0.0.1", "--port", "0",
+                                       "--carriers", "1", "--stats-json", "-"},
+                                      "UDP echo on 127.0.0.1 port ");
+    ASSERT_NE(port, 0) << "not listening after 10 s; stderr:\n" << child.stderrText;
+    const int fd = ::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0);
+    ASSERT_GE(fd, 0) << std::strerror(errno);
+    sockaddr_in sa{};
+    sa.sin_family = AF_INET;
+    sa.sin_port = htons(port);
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    const timeval tv{10, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    const std::string datagram = "a datagram of 32 bytes, or so...";
+    ASSERT_EQ(::sendto(fd, datagram.data(), datagram.size(), 0, reinterpret_cast<const sockaddr*>(&sa), sizeof sa),
+              static_cast<ssize_t>(datagram.size()))
+        << std::strerror(errno);
+    char buf[256];
+    const ssize_t got = ::recv(fd, buf, sizeof buf, 0);
+    ::close(fd);
+    EXPECT_EQ(std::string(buf, static_cast<size_t>(std::max<ssize_t>(got, 0))), datagram);
+    ASSERT_NO_FATAL_FAILURE(stopDaemon(child));
+    const nlohmann::json json = parseObjectLine(child.stdoutText);
+    ASSERT_TRUE(json.is_object());
+    EXPECT_EQ(json.value("program", ""), "spindle-echo");
+    EXPECT_EQ(json.value("transport", ""), "udp");
+    EXPECT_EQ(json.value("port", 0u), port);
+    EXPECT_EQ(json.value("datagrams_echoed", 0u), 1u);
 }
 
 }  // namespace
