@@ -772,6 +772,10 @@ int main(int argc, char** argv) {
     raiseDescriptorLimit();
     if (pair->parsed()) { return runUdpPair(pairRt, pairFlags, pairDpdk); }
     if (client->parsed() && clientUdp) {
+        if (json) {
+            std::fprintf(stderr, "spindle-echo: --json: the UDP client's report is key=value pairs only (TCP has --json)\n");
+            return kExitUsage;
+        }
         if (clientOptions.messageSize < spindle::echo::kUdpMinMessage || clientOptions.messageSize > spindle::echo::kUdpMaxMessage) {
             std::fprintf(stderr, "spindle-echo: --udp: --size must be %zu..%zu bytes\n", spindle::echo::kUdpMinMessage,
                          spindle::echo::kUdpMaxMessage);

@@ -119,6 +119,17 @@ TEST(AppFlags, EchoRefusesBadNumbers) {
     expectRefused(SPINDLE_ECHO_BIN, {"udp-pair"}, "--window", "0");
 }
 
+// The UDP client has no JSON report: --json with --udp is refused, not ignored.
+TEST(AppFlags, EchoRefusesJsonForTheUdpClient) {
+    const std::vector<std::string> argv{SPINDLE_ECHO_BIN, "client", "--udp", "--json", "--port", "9"};
+    Child child;
+    ASSERT_NO_FATAL_FAILURE(spawn(child, argv, childEnvironment(), {.addressSpace = kAddressSpace}));
+    ASSERT_TRUE(child.finish(10s)) << joined(argv) << ": still running after 10 s";
+    EXPECT_TRUE(child.exitedWith(kExitUsage)) << describeStatus(*child.status) << "; stderr:\n" << child.stderrText;
+    EXPECT_TRUE(child.stderrText.starts_with("spindle-echo: --json: ")) << child.stderrText;
+    EXPECT_EQ(child.stdoutText, "");
+}
+
 TEST(AppFlags, KvRefusesBadNumbers) {
 #if defined(SPINDLE_KV_BIN)
     expectRefused(SPINDLE_KV_BIN, {}, "--carriers", "99999");
