@@ -91,6 +91,8 @@ enum class Point : uint8_t {
     kWakeFail,         // core's UringDriver, a carrier-to-carrier MSG_RING wake-up: aimed at no ring (EBADF)
     kEnterFail,        // uring::Ring::submitAndWait, in place of io_uring_enter (nothing submitted or reaped)
     kGrowFail,         // ChaseLevDeque::grow and DeadlineHeap::push when it must grow: std::bad_alloc, as if out of memory
+    kLogWrite,         // apps: a durable log's write, in place of the call (nothing is written)
+    kLogSync,          // apps: a durable log's fdatasync, in place of the call
     kCount,
 };
 
