@@ -44,6 +44,8 @@ int main(int argc, char** argv) {
     int64_t maxBulk = 512ll * 1024 * 1024;
     uint64_t queryBufferLimit = 1ull << 30;
     bool truncateCorrupt = false;
+    uint64_t autoRewritePct = 100;
+    std::string autoRewriteMin = "64mb";
     bool sharePort = false;
     unsigned ringEntries = 4096;
     std::string pollMode = "block";
@@ -70,6 +72,17 @@ int main(int argc, char** argv) {
         ->check(CLI::Range(uint64_t{1024 * 1024}, uint64_t{INT64_MAX}))->capture_default_str();
     app.add_flag("--truncate-corrupt-log", truncateCorrupt,
                  "recovery: drop a log's records from a corruption in the middle on, instead of refusing to start");
+    app.add_option("--auto-aof-rewrite-percentage", autoRewritePct,
+                   "rewrite a shard's log once it has grown this many percent over its size after the last rewrite "
+                   "(0: never on its own)")
+        ->check(CLI::Range(uint64_t{0}, uint64_t{1} << 32))->capture_default_str();
+    app.add_option("--auto-aof-rewrite-min-size", autoRewriteMin,
+                   "no automatic rewrite of a shard's log smaller than this (bytes, or with k, kb, m, mb, g, gb)")
+        ->check([](const std::string& v) {
+            uint64_t n = 0;
+            return spindle::kv::parseMemorySize(v, n) ? std::string() : "not a size: " + v;
+        })
+        ->capture_default_str();
     app.add_flag("--share-port", sharePort, "SO_REUSEPORT: let other processes bind the same port and split the clients");
     app.add_option("--ring-entries", ringEntries, "io_uring SQ entries per carrier (the CQ has twice as many)")
         ->check(CLI::Range(64u, 32768u))->capture_default_str();
@@ -123,6 +136,8 @@ int main(int argc, char** argv) {
     so.limits.maxBulkLength = maxBulk;
     so.queryBufferLimit = queryBufferLimit;
     so.truncateCorrupt = truncateCorrupt;
+    so.autoRewritePercentage = autoRewritePct;
+    (void)spindle::kv::parseMemorySize(autoRewriteMin, so.autoRewriteMinSize);
     so.shareAddress = sharePort;
     auto server = spindle::kv::Server::start(*rt, so);
     if (!server) {

@@ -8,11 +8,13 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cctype>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <optional>
 #include <random>
 #include <span>
@@ -22,9 +24,12 @@
 #include <fmt/format.h>
 
 #include "apps/kv/key_locks.h"
+#include "apps/kv/rewrite.h"
 #include "apps/kv/shard.h"
 #include "base/check.h"
 #include "base/log.h"
+#include "core/fiber_event.h"
+#include "core/fiber_mutex.h"
 #include "core/io.h"
 #include "net/tcp_server.h"
 
@@ -137,6 +142,19 @@ std::string formatDouble(long double v) {
 
 }  // namespace
 
+// One shard's log compaction: whether a rewrite runs, and what the last one left.
+struct RewriteState {
+    std::atomic<bool> active{false};     // a rewrite fiber runs (claimed by compare-exchange)
+    std::atomic<uint64_t> baseSize{0};   // the log's size after the last rewrite, or at start
+    std::atomic<int> lastError{0};       // of the last rewrite that ended
+    std::atomic<int64_t> startedMs{0};   // of the one that runs
+    std::atomic<int64_t> retryAfterMs{0};  // automatic rewrites wait after a failure
+    FiberEvent idle;                     // set while no rewrite runs
+    FiberHandle<void> fiber;             // guarded by Server::Impl::rewriteLock
+
+    RewriteState() { idle.set(); }
+};
+
 struct Server::Impl {
     Runtime* rt = nullptr;
     ServerOptions options;
@@ -155,7 +173,25 @@ struct Server::Impl {
     std::atomic<uint64_t> rejected{0};
     uint64_t replayed = 0;
     uint64_t droppedTail = 0;
+    uint64_t droppedRecords = 0;
     int64_t startedMs = 0;
+    std::vector<std::unique_ptr<RewriteState>> rewrites;  // one per shard, with a log
+    FiberMutex rewriteLock;  // serializes starting rewrite fibers and joining them
+    std::atomic<uint64_t> autoRewritePct{0};
+    std::atomic<uint64_t> autoRewriteMin{0};
+    std::atomic<uint64_t> rewritesDone{0};
+    std::atomic<uint64_t> rewritesFailed{0};
+    std::atomic<int64_t> lastRewriteMs{-1};
+
+    /// Starts a rewrite of shard i's log in a fiber on its carrier. 0, or EBUSY while one runs,
+    /// ENOENT without a log, ECANCELED while stopping, spawn's errors.
+    int startRewrite(unsigned i) noexcept;
+    void runRewrite(unsigned i) noexcept;
+    [[nodiscard]] bool rewriteInProgress() const noexcept {
+        return std::any_of(rewrites.begin(), rewrites.end(), [](const auto& r) { return r->active.load(); });
+    }
+    /// Starts shard i's rewrite if its log has grown enough (called from the shard's expiry fiber).
+    void maybeAutoRewrite(unsigned i) noexcept;
 
     [[nodiscard]] unsigned shardOf(std::string_view key) const noexcept {
         return static_cast<unsigned>(keyHash(key) % shards.size());
@@ -181,6 +217,12 @@ struct Server::Impl {
             f.cancel();
             f.join();
         }
+        {
+            std::lock_guard lock(rewriteLock);  // a rewrite sees `stopping` at its next slice
+            for (auto& r : rewrites) {
+                if (r->fiber.joinable()) { r->fiber.join(); }
+            }
+        }
         for (auto& l : logs) {
             const int e = l->stop();
             if (finishError == 0) { finishError = e; }
@@ -195,6 +237,93 @@ struct Server::Impl {
     bool finished = false;
     int finishError = 0;
 };
+
+bool parseMemorySize(std::string_view text, uint64_t& out) noexcept {
+    size_t digits = 0;
+    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') { ++digits; }
+    if (digits == 0 || digits > 19) { return false; }
+    std::string unit;
+    toLower(text.substr(digits), unit);
+    uint64_t mul = 1;
+    if (unit == "k") { mul = 1000; }
+    else if (unit == "kb") { mul = 1024; }
+    else if (unit == "m") { mul = 1000 * 1000; }
+    else if (unit == "mb") { mul = 1024 * 1024; }
+    else if (unit == "g") { mul = 1000ull * 1000 * 1000; }
+    else if (unit == "gb") { mul = 1024ull * 1024 * 1024; }
+    else if (!unit.empty()) { return false; }
+    int64_t v = 0;
+    if (!parseInt64(text.substr(0, digits), v) || v < 0 || static_cast<uint64_t>(v) > UINT64_MAX / mul) { return false; }
+    out = static_cast<uint64_t>(v) * mul;
+    return true;
+}
+
+int Server::Impl::startRewrite(unsigned i) noexcept {
+    if (logs.empty()) { return ENOENT; }
+    RewriteState& st = *rewrites[i];
+    bool expected = false;
+    if (!st.active.compare_exchange_strong(expected, true)) { return EBUSY; }
+    std::lock_guard lock(rewriteLock);
+    if (stopping.load()) {
+        st.active.store(false);
+        return ECANCELED;
+    }
+    st.idle.reset();
+    if (st.fiber.joinable()) { st.fiber.join(); }  // the last one has ended, or is about to
+    st.startedMs.store(nowMs());
+    auto f = rt->spawn([this, i]() noexcept { runRewrite(i); },
+                       SpawnOptions{.name = "kv-rewrite", .carrier = static_cast<int>(i), .pinned = true});
+    if (!f) {
+        st.idle.set();
+        st.active.store(false);
+        return f.errorCode();
+    }
+    st.fiber = std::move(*f);
+    return 0;
+}
+
+void Server::Impl::runRewrite(unsigned i) noexcept {
+    RewriteState& st = *rewrites[i];
+    RewriteStats rs;
+    const int64_t began = nowMs();
+    const uint64_t before = logs[i]->size();
+    const int err = rewriteShardLog(*shards[i], *logs[i], options.dir, stopping, &rs);
+    const int64_t took = nowMs() - began;
+    if (err == 0) {
+        st.baseSize.store(rs.size);
+        rewritesDone.fetch_add(1);
+        log::info("spindle-kv: shard {}'s log rewritten in {} ms: {} -> {} bytes ({} keys, {} bytes written meanwhile{})", i,
+                  took, before, rs.size, rs.keys, rs.tailBytes,
+                  rs.restarts > 0 ? fmt::format(", {} rehash restarts", rs.restarts) : std::string());
+    } else if (err != ECANCELED) {
+        rewritesFailed.fetch_add(1);
+        st.retryAfterMs.store(nowMs() + 5000);
+        log::warn("spindle-kv: rewriting shard {}'s log failed: {}; the old log stays in use", i, std::strerror(err));
+    }
+    if (err != ECANCELED) { lastRewriteMs.store(took); }
+    st.lastError.store(err);
+    st.idle.set();
+    st.active.store(false);
+}
+
+void Server::Impl::maybeAutoRewrite(unsigned i) noexcept {
+    const uint64_t pct = autoRewritePct.load(std::memory_order_relaxed);
+    if (logs.empty() || pct == 0) { return; }
+    const RewriteState& st = *rewrites[i];
+    const uint64_t size = logs[i]->size();
+    const uint64_t base = std::max<uint64_t>(st.baseSize.load(std::memory_order_relaxed), 1);
+    if (size < autoRewriteMin.load(std::memory_order_relaxed) || logs[i]->failed() != 0 || st.active.load() ||
+        nowMs() < st.retryAfterMs.load(std::memory_order_relaxed)) {
+        return;
+    }
+    // Redis's test: growth = size * 100 / base - 100 >= pct, without the overflow.
+    if (static_cast<long double>(size) * 100 >= static_cast<long double>(base) * static_cast<long double>(100 + pct)) {
+        if (startRewrite(i) == 0) {
+            log::info("spindle-kv: shard {}'s log is {} bytes, {}% over {}: rewriting it", i, size,
+                      (size - std::min(size, base)) * 100 / base, base);
+        }
+    }
+}
 
 namespace {
 
@@ -556,21 +685,46 @@ std::string infoText(Server::Impl& s, const Client& c, std::string_view section)
     if (want("persistence")) {
         LogStats ls;
         int failed = 0;
+        uint64_t current = 0, base = 0;
         for (const auto& l : s.logs) {
             const LogStats one = l->stats();
             ls.records += one.records;
             ls.bytes += one.bytes;
             ls.syncs += one.syncs;
             ls.syncedRecords += one.syncedRecords;
+            current += l->size();
             if (failed == 0) { failed = l->failed(); }
         }
+        int64_t runningSince = 0;
+        for (const auto& r : s.rewrites) {
+            base += r->baseSize.load();
+            if (r->active.load()) {
+                const int64_t t = r->startedMs.load();
+                runningSince = runningSince == 0 ? t : std::min(runningSince, t);
+            }
+        }
+        // err while any shard's last rewrite failed (one that shutdown cancelled does not count).
+        const bool rewriteFailed = std::any_of(s.rewrites.begin(), s.rewrites.end(), [](const auto& r) {
+            const int e = r->lastError.load();
+            return e != 0 && e != ECANCELED;
+        });
+        const int64_t lastMs = s.lastRewriteMs.load();
         out += fmt::format(
-            "# Persistence\r\nloading:0\r\naof_enabled:{}\r\naof_last_write_status:{}\r\n"
+            "# Persistence\r\nloading:0\r\naof_enabled:{}\r\naof_rewrite_in_progress:{}\r\naof_rewrite_scheduled:0\r\n"
+            "aof_last_rewrite_time_sec:{}\r\naof_current_rewrite_time_sec:{}\r\naof_last_bgrewrite_status:{}\r\n"
+            "aof_rewrites:{}\r\naof_rewrites_failed:{}\r\naof_last_write_status:{}\r\n",
+            s.logs.empty() ? 0 : 1, runningSince != 0 ? 1 : 0, lastMs < 0 ? -1 : lastMs / 1000,
+            runningSince != 0 ? (nowMs() - runningSince) / 1000 : -1, rewriteFailed ? "err" : "ok", s.rewritesDone.load(),
+            s.rewritesFailed.load(), failed == 0 ? "ok" : "err");
+        if (!s.logs.empty()) {
+            out += fmt::format("aof_current_size:{}\r\naof_base_size:{}\r\naof_pending_rewrite:0\r\n", current, base);
+        }
+        out += fmt::format(
             "aof_records:{}\r\naof_bytes:{}\r\naof_fsyncs:{}\r\naof_fsync_mean_batch:{:.2f}\r\n"
-            "aof_replayed_records:{}\r\naof_dropped_tail_bytes:{}\r\n\r\n",
-            s.logs.empty() ? 0 : 1, failed == 0 ? "ok" : "err", ls.records, ls.bytes, ls.syncs,
+            "aof_replayed_records:{}\r\naof_dropped_tail_bytes:{}\r\naof_dropped_records:{}\r\n\r\n",
+            ls.records, ls.bytes, ls.syncs,
             ls.syncs == 0 ? 0.0 : static_cast<double>(ls.syncedRecords) / static_cast<double>(ls.syncs), s.replayed,
-            s.droppedTail);
+            s.droppedTail, s.droppedRecords);
     }
     if (want("stats")) {
         uint64_t expired = 0;
@@ -615,7 +769,7 @@ void cmdConfig(Ctx& x) {
             x.w.error("ERR wrong number of arguments for 'config|get' command");
             return;
         }
-        const std::array<std::pair<const char*, std::string>, 7> params{{
+        const std::array<std::pair<const char*, std::string>, 9> params{{
             {"appendonly", x.s.logs.empty() ? "no" : "yes"},
             {"appendfsync", x.s.options.appendFsync == Fsync::kAlways ? "always"
                             : x.s.options.appendFsync == Fsync::kEverySec ? "everysec" : "no"},
@@ -624,6 +778,8 @@ void cmdConfig(Ctx& x) {
             {"requirepass", x.s.options.requirePass},
             {"proto-max-bulk-len", std::to_string(x.s.options.limits.maxBulkLength)},
             {"client-query-buffer-limit", std::to_string(x.s.options.queryBufferLimit)},
+            {"auto-aof-rewrite-percentage", std::to_string(x.s.autoRewritePct.load())},
+            {"auto-aof-rewrite-min-size", std::to_string(x.s.autoRewriteMin.load())},
         }};
         std::vector<std::pair<const char*, const std::string*>> found;
         for (size_t i = 2; i < x.argc(); ++i) {
@@ -652,7 +808,15 @@ void cmdConfig(Ctx& x) {
             std::string name;
             toLower(x.arg(i), name);
             int64_t v = 0;
-            if (name == "maxmemory" || name == "maxclients") {
+            uint64_t size = 0;
+            if (name == "auto-aof-rewrite-min-size" || name == "auto-aof-rewrite-percentage") {
+                const bool ok = name == "auto-aof-rewrite-min-size" ? parseMemorySize(x.arg(i + 1), size)
+                                                                    : parseInt64(x.arg(i + 1), v) && v >= 0;
+                if (!ok) {
+                    x.w.error(fmt::format("ERR CONFIG SET failed (possibly related to argument '{}') - argument must be a memory or a positive number", name));
+                    return;
+                }
+            } else if (name == "maxmemory" || name == "maxclients") {
                 if (!parseInt64(x.arg(i + 1), v) || v < 0 || (name == "maxclients" && v == 0)) {
                     x.w.error(fmt::format("ERR CONFIG SET failed (possibly related to argument '{}') - argument must be a memory or a positive number", name));
                     return;
@@ -670,7 +834,17 @@ void cmdConfig(Ctx& x) {
             std::string name;
             toLower(x.arg(i), name);
             int64_t v = 0;
+            if (name == "auto-aof-rewrite-min-size") {
+                uint64_t size = 0;
+                (void)parseMemorySize(x.arg(i + 1), size);
+                x.s.autoRewriteMin.store(size);
+                continue;
+            }
             (void)parseInt64(x.arg(i + 1), v);
+            if (name == "auto-aof-rewrite-percentage") {
+                x.s.autoRewritePct.store(static_cast<uint64_t>(v));
+                continue;
+            }
             (name == "maxmemory" ? x.s.maxMemory : x.s.maxClients).store(static_cast<uint64_t>(v));
         }
         x.w.ok();
@@ -681,6 +855,62 @@ void cmdConfig(Ctx& x) {
 
 void cmdCommand(Ctx& x);
 void cmdShutdown(Ctx& x);
+
+const char* kNoLog = "ERR spindle-kv keeps no log to rewrite (start it with --dir)";
+
+void cmdBgrewriteaof(Ctx& x) {
+    if (x.s.logs.empty()) {
+        x.w.error(kNoLog);
+        return;
+    }
+    if (x.s.rewriteInProgress()) {
+        x.w.error("ERR Background append only file rewriting already in progress");
+        return;
+    }
+    int err = 0;
+    for (unsigned i = 0; i < x.s.shards.size(); ++i) {
+        const int e = x.s.startRewrite(i);
+        if (e != 0 && e != EBUSY && err == 0) { err = e; }  // EBUSY: an automatic one began meanwhile
+    }
+    if (err != 0) {
+        x.w.error(fmt::format("ERR Can't rewrite append only file in background: {}", std::strerror(err)));
+        return;
+    }
+    x.w.simple("Background append only file rewriting started");
+}
+
+// SAVE: a rewrite of every shard's log that begins after the command did, answered when it is over.
+void cmdSave(Ctx& x) {
+    if (x.s.logs.empty()) {
+        x.w.error(kNoLog);
+        return;
+    }
+    for (unsigned i = 0; i < x.s.shards.size(); ++i) {
+        for (;;) {
+            const int e = x.s.startRewrite(i);
+            if (e == 0) { break; }
+            if (e != EBUSY) {
+                x.w.error(fmt::format("ERR {}", std::strerror(e)));
+                return;
+            }
+            x.s.rewrites[i]->idle.wait();  // one runs that may have read the shard before SAVE came
+            if (x.s.rewrites[i]->active.load() && !spindle::sleep(1ms)) {
+                x.w.error("ERR the server is shutting down");
+                return;
+            }
+        }
+    }
+    int err = 0;
+    for (unsigned i = 0; i < x.s.shards.size(); ++i) {
+        x.s.rewrites[i]->idle.wait();
+        if (const int e = x.s.rewrites[i]->lastError.load(); e != 0 && err == 0) { err = e; }
+    }
+    if (err != 0) {
+        x.w.error(fmt::format("ERR {}", std::strerror(err)));
+    } else {
+        x.w.ok();
+    }
+}
 
 // ---- strings ----
 
@@ -1885,41 +2115,6 @@ void cmdRandomkey(Ctx& x) {
     x.w.null();
 }
 
-// SAVE: there is no snapshot file yet (compaction is another change): SAVE makes everything the logs
-// hold durable now, whatever appendfsync says (each shard's records up to now written and
-// fdatasynced), which is what a restart will replay. MISCONF-like error when a log has failed.
-void cmdSave(Ctx& x) {
-    if (x.s.logs.empty()) {
-        x.w.ok();  // nothing is persisted without --dir
-        return;
-    }
-    const size_t n = x.s.shards.size();
-    std::vector<unsigned> all(n);
-    std::vector<uint64_t> seqs(n, 0);
-    for (unsigned i = 0; i < n; ++i) { all[i] = i; }
-    if (!x.fanOut(n, all.data(), [&](size_t i) { seqs[i] = x.s.shards[i]->lastSeq(); })) { return; }
-    int err = 0;
-    for (size_t i = 0; i < n; ++i) {
-        const int e = x.s.logs[i]->syncThrough(seqs[i]);
-        if (err == 0) { err = e; }
-    }
-    if (err != 0) {
-        x.w.error(std::string("ERR Background save failed: ") + std::strerror(err));
-    } else {
-        x.w.ok();
-    }
-}
-
-void cmdBgrewriteaof(Ctx& x) {
-    // TODO(#16): compaction (a snapshot writer) is being added separately; until then the log is
-    // only made durable, as SAVE does.
-    cmdSave(x);
-    if (x.w.buffer().ends_with("+OK\r\n")) {
-        x.w.buffer().resize(x.w.buffer().size() - 5);
-        x.w.simple("Background append only file rewriting started");
-    }
-}
-
 // KEYS pattern: every shard's matching keys (in no particular order, as in Redis).
 void cmdKeys(Ctx& x) {
     std::vector<std::string> keys;
@@ -2290,13 +2485,20 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
         // write a failed log did not cover, then the connection closes.
         size_t sendable = out.size();
         bool cut = false;
+        int cutError = 0;
         for (const Mark& m : marks) {
-            if (logs[m.shard]->waitDurable(m.seq) != 0 && m.replyOffset < sendable) {
+            if (const int err = logs[m.shard]->waitDurable(m.seq); err != 0 && m.replyOffset < sendable) {
                 sendable = m.replyOffset;
                 cut = true;
+                cutError = err;
             }
         }
         marks.clear();
+        if (cut) {  // the write that was not made durable gets the error, and nothing after it
+            out.resize(sendable);
+            w.error(misconf(cutError));
+            sendable = out.size();
+        }
         if (sendable > 0) {
             if (!stream.writeAll(out.data(), sendable)) { return; }
         }
@@ -2326,22 +2528,6 @@ Server::~Server() {
 }
 
 namespace {
-
-// Reads a whole file through the runtime's I/O calls.
-Result<std::string> readAll(int fd) {
-    struct stat st{};
-    if (::fstat(fd, &st) != 0) { return Error{errno}; }
-    std::string data(static_cast<size_t>(st.st_size), '\0');
-    size_t done = 0;
-    while (done < data.size()) {
-        auto n = spindle::read(fd, data.data() + done, data.size() - done, done);
-        if (!n) { return Error{n.errorCode()}; }
-        if (*n == 0) { break; }
-        done += *n;
-    }
-    data.resize(done);
-    return data;
-}
 
 // Checks (or writes, for a new directory) <dir>/kv.meta, which records the shard count.
 Result<void> checkMeta(const std::string& dir, unsigned shards) {
@@ -2389,6 +2575,8 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
     impl->maxMemory = options.maxMemory;
     impl->maxClients = options.maxClients;
     impl->startedMs = nowMs();
+    impl->autoRewritePct = options.autoRewritePercentage;
+    impl->autoRewriteMin = options.autoRewriteMinSize;
     const unsigned shards = rt.carrierCount();
     for (unsigned i = 0; i < shards; ++i) {
         impl->shards.push_back(std::make_unique<Shard>(i));
@@ -2403,32 +2591,40 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
         }
         if (auto m = checkMeta(options.dir, shards); !m) { return Error{m.errorCode()}; }
         for (unsigned i = 0; i < shards; ++i) {
-            const std::string path = fmt::format("{}/shard-{}.log", options.dir, i);
+            const std::string path = shardLogPath(options.dir, i);
+            if (removeStaleRewrite(options.dir, i)) {
+                log::warn("spindle-kv: removed {}.rewrite, left by a rewrite that did not finish ({} is the log)", path, path);
+            }
             const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
             if (fd < 0) {
                 const int err = errno;
                 log::error("spindle-kv: {}: {}", path, std::strerror(err));
                 return Error{err};
             }
-            auto data = readAll(fd);
-            if (!data) {
-                log::error("spindle-kv: reading {}: {}", path, data.error().message());
-                ::close(fd);
-                return Error{data.errorCode()};
-            }
             Shard& shard = *impl->shards[i];
-            const ScanReport rep = scanLog(*data, [&](std::string_view p) { return shard.replay(p); });
+            const auto replayBegan = std::chrono::steady_clock::now();
+            auto scanned = scanLogFile(fd, [&](std::string_view p) { return shard.replay(p); });
+            if (!scanned) {
+                log::error("spindle-kv: reading {}: {}", path, scanned.error().message());
+                ::close(fd);
+                return Error{scanned.errorCode()};
+            }
+            const ScanReport rep = *scanned;
+            const double replaySec = std::chrono::duration<double>(std::chrono::steady_clock::now() - replayBegan).count();
+            const uint64_t fileSize = rep.validBytes + rep.droppedBytes;
+            log::info("spindle-kv: {}: replayed {} records, {} bytes in {:.3f} s ({:.0f} MB/s)", path, rep.records,
+                      rep.validBytes, replaySec, replaySec > 0 ? static_cast<double>(rep.validBytes) / 1e6 / replaySec : 0.0);
             if (rep.corruptInMiddle && !options.truncateCorrupt) {
-                log::error("spindle-kv: {} is corrupt at byte {} of {} with valid records after it; refusing to start "
-                           "(--truncate-corrupt-log drops everything from there)",
-                           path, rep.badOffset, data->size());
+                log::error("spindle-kv: {} is corrupt at byte {} of {}, with {} valid records after it; refusing to start "
+                           "(--truncate-corrupt-log drops everything from there: {} bytes, those {} records)",
+                           path, rep.badOffset, fileSize, rep.droppedRecords, rep.droppedBytes, rep.droppedRecords);
                 ::close(fd);
                 return Error{EILSEQ};
             }
             if (rep.droppedBytes > 0) {
-                log::warn("spindle-kv: {}: {} {} bytes after byte {} ({} records kept)", path,
-                          rep.corruptInMiddle ? "dropped a corrupt part of" : "truncated a torn tail of", rep.droppedBytes,
-                          rep.validBytes, rep.records);
+                log::warn("spindle-kv: {}: {} {} bytes after byte {} ({} records kept, {} valid records after the damage dropped)",
+                          path, rep.corruptInMiddle ? "dropped a corrupt part of" : "truncated a torn tail of",
+                          rep.droppedBytes, rep.validBytes, rep.records, rep.droppedRecords);
                 if (::ftruncate(fd, static_cast<off_t>(rep.validBytes)) != 0 || ::fsync(fd) != 0) {
                     const int err = errno;
                     log::error("spindle-kv: truncating {}: {}", path, std::strerror(err));
@@ -2438,6 +2634,7 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
             }
             impl->replayed += rep.records;
             impl->droppedTail += rep.droppedBytes;
+            impl->droppedRecords += rep.droppedRecords;
             auto wal = ShardLog::start(rt, i, fd, rep.validBytes, options.appendFsync);
             if (!wal) {
                 ::close(fd);
@@ -2445,6 +2642,8 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
             }
             shard.attachLog(wal->get());
             impl->logs.push_back(std::move(*wal));
+            impl->rewrites.push_back(std::make_unique<RewriteState>());
+            impl->rewrites.back()->baseSize.store(rep.validBytes);
         }
         if (impl->replayed > 0) { log::info("spindle-kv: replayed {} records, {} keys", impl->replayed, impl->keyCount()); }
     }
@@ -2455,6 +2654,7 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
                 Shard& shard = *s->shards[i];
                 while (!s->stopping.load(std::memory_order_relaxed) && spindle::sleep(100ms)) {
                     (void)shard.activeExpire(nowMs(), kActiveExpireBudget);
+                    s->maybeAutoRewrite(i);
                 }
             },
             SpawnOptions{.name = "kv-expire", .carrier = static_cast<int>(i), .pinned = true});
@@ -2509,6 +2709,9 @@ ServerStats Server::stats() const noexcept {
     }
     st.replayedRecords = impl_->replayed;
     st.droppedTailBytes = impl_->droppedTail;
+    st.droppedRecords = impl_->droppedRecords;
+    st.rewrites = impl_->rewritesDone.load();
+    st.rewritesFailed = impl_->rewritesFailed.load();
     return st;
 }
 

@@ -16,6 +16,20 @@
 /// that is not durable), and every later write on that shard gets "-MISCONF Errors writing to the
 /// AOF file: <error>".
 ///
+/// Compaction (apps/kv/rewrite.h): BGREWRITEAOF rewrites every shard's log in the background, SAVE
+/// does the same and answers when it is done, and a shard whose log has grown past
+/// autoRewriteMinSize and by autoRewritePercentage percent over its size after the last rewrite (or
+/// at start) is rewritten on its own (Redis's auto-aof-rewrite-min-size and -percentage; 0 percent
+/// turns it off). Both are in CONFIG GET/SET. INFO persistence reports aof_rewrite_in_progress,
+/// aof_last_bgrewrite_status, aof_rewrites, aof_current_size, aof_base_size and the rest.
+///
+/// Log failure (EIO, ENOSPC, ... on a write or an fdatasync): the write whose record the log could not
+/// make durable gets "-MISCONF Errors writing to the AOF file: <error>" in place of its reply, after
+/// the replies before it, and the connection is then closed (the replies of the commands that followed
+/// it in the batch are dropped: they might acknowledge what is not durable). The write stays in memory
+/// (as in Redis), so reads until a restart may see it; after a restart it is gone unless it did reach
+/// the disk. Every later write on that shard gets the same -MISCONF error; reads keep working.
+///
 /// Recovery: at start each shard replays <dir>/shard-<i>.log (see wal.h: a torn tail is truncated and
 /// logged; corruption in the middle refuses to start unless truncateCorrupt). The shard count is kept
 /// in <dir>/kv.meta; a directory written with another count refuses to start (EINVAL, with a message
@@ -31,6 +45,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "apps/kv/resp.h"
@@ -52,7 +67,13 @@ struct ServerOptions {
     uint64_t queryBufferLimit = 1ull << 30;  // client-query-buffer-limit: past it the client is closed
     bool truncateCorrupt = false;     // recovery: truncate at a corruption in the middle instead of refusing
     bool shareAddress = false;        // SO_REUSEPORT sharing with other processes (net::TcpServer)
+    uint64_t autoRewritePercentage = 100;           // auto-aof-rewrite-percentage; 0: no automatic rewrite
+    uint64_t autoRewriteMinSize = 64ull << 20;      // auto-aof-rewrite-min-size, bytes per shard log
 };
+
+/// Parses a size as Redis's configuration does: digits, optionally followed by k, kb, m, mb, g or gb
+/// (k = 1000, kb = 1024, ...; any case). False for anything else or an overflow.
+[[nodiscard]] bool parseMemorySize(std::string_view text, uint64_t& out) noexcept;
 
 struct ServerStats {
     uint64_t connections = 0;      // accepted
@@ -64,6 +85,9 @@ struct ServerStats {
     LogStats log;                  // summed over the shards
     uint64_t replayedRecords = 0;
     uint64_t droppedTailBytes = 0;
+    uint64_t droppedRecords = 0;   // valid records after a corruption that truncation dropped
+    uint64_t rewrites = 0;         // log rewrites completed (one per shard rewritten)
+    uint64_t rewritesFailed = 0;
 };
 
 class Server {

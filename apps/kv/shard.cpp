@@ -140,9 +140,12 @@ Entry Entry::clone() const {
 }
 
 void appendRestoreRecords(std::string_view key, const Entry& e, std::string& out) {
-    std::string payload;
-    encodeRestore(key, e, payload);
-    frameRecord(out, payload);
+    // Built in place after the record header (wal.h's frameRecord would copy it): a snapshot writes
+    // one of these per key.
+    const size_t at = out.size();
+    out.append(kRecordHeader, '\0');
+    encodeRestore(key, e, out);
+    frameRecordInPlace(out, at);
 }
 
 uint64_t keyHash(std::string_view key) noexcept {
@@ -226,6 +229,17 @@ int64_t nowMs() noexcept {
     return static_cast<int64_t>(t.tv_sec) * 1000 + t.tv_nsec / 1'000'000;
 }
 
+namespace {
+
+void setPayload(std::string& out, std::string_view key, std::string_view value, int64_t expireAtMs) {
+    out.push_back(static_cast<char>(kSet));
+    putBytes(out, key);
+    putBytes(out, value);
+    putI64(out, expireAtMs);
+}
+
+}  // namespace
+
 void Shard::account() noexcept {
     used_.store(usedLocal_, std::memory_order_relaxed);
     keys_.store(map_.size(), std::memory_order_relaxed);
@@ -234,6 +248,28 @@ void Shard::account() noexcept {
 
 void Shard::record(std::string_view payload) {
     if (log_ != nullptr) { lastSeq_ = log_->append(payload); }
+}
+
+bool Shard::logWhole(std::string_view key) {
+    if (walk_ == nullptr) { return false; }
+    if (map_.bucket_count() != walk_->buckets) { return true; }  // the walk restarts: it visits every key again
+    auto it = map_.find(key);
+    if (it == map_.end()) { return false; }
+    if (map_.bucket(it->first) >= walk_->bucket) { return true; }
+    walkDeltas_ = true;
+    return false;
+}
+
+void Shard::recordWhole(std::string_view key) {
+    scratch_.clear();
+    auto it = map_.find(key);
+    if (it == map_.end() || std::visit([](const auto& c) { return c.empty(); }, it->second.coll->value)) {
+        scratch_.push_back(static_cast<char>(kDel));
+        putBytes(scratch_, key);
+    } else {
+        encodeRestore(it->first, it->second, scratch_);
+    }
+    record(scratch_);
 }
 
 void Shard::erase(Map::iterator it) {
@@ -289,10 +325,7 @@ void Shard::set(std::string_view key, std::string_view value, int64_t expireAtMs
     account();
     if (log_ != nullptr) {
         scratch_.clear();
-        scratch_.push_back(static_cast<char>(kSet));
-        putBytes(scratch_, key);
-        putBytes(scratch_, value);
-        putI64(scratch_, expireAtMs);
+        setPayload(scratch_, key, value, expireAtMs);
         record(scratch_);
     }
 }
@@ -352,12 +385,16 @@ int64_t Shard::hset(std::string_view key, std::span<const std::string_view> fiel
     }
     account();
     if (log_ != nullptr) {
-        scratch_.clear();
-        scratch_.push_back(static_cast<char>(kHSet));
-        putBytes(scratch_, key);
-        putU32(scratch_, static_cast<uint32_t>(fieldValues.size() / 2));
-        for (std::string_view x : fieldValues) { putBytes(scratch_, x); }
-        record(scratch_);
+        if (logWhole(key)) {
+            recordWhole(key);
+        } else {
+            scratch_.clear();
+            scratch_.push_back(static_cast<char>(kHSet));
+            putBytes(scratch_, key);
+            putU32(scratch_, static_cast<uint32_t>(fieldValues.size() / 2));
+            for (std::string_view x : fieldValues) { putBytes(scratch_, x); }
+            record(scratch_);
+        }
     }
     return added;
 }
@@ -378,11 +415,15 @@ int64_t Shard::hdel(std::string_view key, std::span<const std::string_view> fiel
     }
     if (removed == 0) { return 0; }
     if (log_ != nullptr) {
-        scratch_.clear();
-        scratch_.push_back(static_cast<char>(kHDel));
-        putBytes(scratch_, key);
-        putList(scratch_, fields);
-        record(scratch_);
+        if (logWhole(key)) {
+            recordWhole(key);
+        } else {
+            scratch_.clear();
+            scratch_.push_back(static_cast<char>(kHDel));
+            putBytes(scratch_, key);
+            putList(scratch_, fields);
+            record(scratch_);
+        }
     }
     settle(it);
     return removed;
@@ -402,12 +443,16 @@ int64_t Shard::push(std::string_view key, bool left, std::span<const std::string
     }
     account();
     if (log_ != nullptr) {
-        scratch_.clear();
-        scratch_.push_back(static_cast<char>(kPush));
-        putBytes(scratch_, key);
-        scratch_.push_back(left ? 1 : 0);
-        putList(scratch_, elements);
-        record(scratch_);
+        if (logWhole(key)) {
+            recordWhole(key);
+        } else {
+            scratch_.clear();
+            scratch_.push_back(static_cast<char>(kPush));
+            putBytes(scratch_, key);
+            scratch_.push_back(left ? 1 : 0);
+            putList(scratch_, elements);
+            record(scratch_);
+        }
     }
     return static_cast<int64_t>(l.size());
 }
@@ -430,12 +475,16 @@ std::vector<std::string> Shard::pop(std::string_view key, bool left, size_t coun
         }
     }
     if (log_ != nullptr) {
-        scratch_.clear();
-        scratch_.push_back(static_cast<char>(kPop));
-        putBytes(scratch_, key);
-        scratch_.push_back(left ? 1 : 0);
-        putU32(scratch_, static_cast<uint32_t>(out.size()));
-        record(scratch_);
+        if (logWhole(key)) {
+            recordWhole(key);
+        } else {
+            scratch_.clear();
+            scratch_.push_back(static_cast<char>(kPop));
+            putBytes(scratch_, key);
+            scratch_.push_back(left ? 1 : 0);
+            putU32(scratch_, static_cast<uint32_t>(out.size()));
+            record(scratch_);
+        }
     }
     settle(it);
     return out;
@@ -453,11 +502,15 @@ int64_t Shard::sadd(std::string_view key, std::span<const std::string_view> memb
     }
     account();
     if (log_ != nullptr && added > 0) {
-        scratch_.clear();
-        scratch_.push_back(static_cast<char>(kSAdd));
-        putBytes(scratch_, key);
-        putList(scratch_, members);
-        record(scratch_);
+        if (logWhole(key)) {
+            recordWhole(key);
+        } else {
+            scratch_.clear();
+            scratch_.push_back(static_cast<char>(kSAdd));
+            putBytes(scratch_, key);
+            putList(scratch_, members);
+            record(scratch_);
+        }
     }
     return added;
 }
@@ -477,11 +530,15 @@ int64_t Shard::srem(std::string_view key, std::span<const std::string_view> memb
     }
     if (removed == 0) { return 0; }
     if (log_ != nullptr) {
-        scratch_.clear();
-        scratch_.push_back(static_cast<char>(kSRem));
-        putBytes(scratch_, key);
-        putList(scratch_, members);
-        record(scratch_);
+        if (logWhole(key)) {
+            recordWhole(key);
+        } else {
+            scratch_.clear();
+            scratch_.push_back(static_cast<char>(kSRem));
+            putBytes(scratch_, key);
+            putList(scratch_, members);
+            record(scratch_);
+        }
     }
     settle(it);
     return removed;
@@ -731,6 +788,44 @@ bool Shard::randomKey(int64_t now, uint64_t seed, std::string& out) {
         }
     }
     return false;
+}
+
+bool Shard::snapshotSlice(SnapshotCursor& c, int64_t now, size_t budget, std::string& out) {
+    if (!c.started) {
+        c.loadFactor = map_.max_load_factor();
+        map_.max_load_factor(kSnapshotLoadFactor);  // sets the policy; rehashes nothing now
+    }
+    if (c.started && map_.bucket_count() != c.buckets && walkDeltas_) {
+        c.abandoned = true;  // see SnapshotCursor::abandoned
+        walk_ = nullptr;
+        return true;
+    }
+    if (!c.started || map_.bucket_count() != c.buckets) {
+        if (c.started) { ++c.restarts; }
+        c.started = true;
+        c.bucket = 0;
+        c.buckets = map_.bucket_count();
+        walk_ = &c;
+        walkDeltas_ = false;
+    }
+    const size_t target = out.size() + budget;
+    for (; c.bucket < c.buckets && out.size() < target; ++c.bucket) {
+        for (auto it = map_.cbegin(c.bucket); it != map_.cend(c.bucket); ++it) {
+            if (it->second.expireAtMs != 0 && it->second.expireAtMs <= now) { continue; }
+            appendRestoreRecords(it->first, it->second, out);
+            ++c.keys;
+        }
+    }
+    if (c.bucket < c.buckets) { return false; }
+    walk_ = nullptr;  // every key visited: deltas are right for all of them from now on
+    return true;
+}
+
+void Shard::endSnapshot(SnapshotCursor& c) noexcept {
+    if (!c.started || c.ended) { return; }
+    c.ended = true;
+    if (walk_ == &c) { walk_ = nullptr; }
+    map_.max_load_factor(c.loadFactor);  // the next insert rehashes if the map grew meanwhile
 }
 
 void Shard::forEachKey(int64_t now, const std::function<bool(std::string_view)>& fn) {

@@ -89,7 +89,7 @@ static_assert(sizeof(Entry) == sizeof(std::string) + 16, "a string entry: its by
 
 /// Appends to `out` the framed log records that rebuild `key` with `e`'s value and expiry on replay,
 /// replacing whatever the key held: one kRestore record per key. This is the one place that knows how
-/// an entry is written out whole (RENAME and a snapshot writer both use it); Shard::replay reads it back.
+/// an entry is written out whole (RENAME and compaction's snapshot, Shard::snapshotSlice, both use it); Shard::replay reads it back.
 void appendRestoreRecords(std::string_view key, const Entry& e, std::string& out);
 
 /// Whether `s` matches the glob `pattern` as KEYS matches keys in Redis: '*' any run, '?' any byte,
@@ -99,6 +99,21 @@ void appendRestoreRecords(std::string_view key, const Entry& e, std::string& out
 
 /// Unix time in milliseconds (CLOCK_REALTIME), what expiry times are kept in.
 [[nodiscard]] int64_t nowMs() noexcept;
+
+/// Where a compaction snapshot of a shard has got to (Shard::snapshotSlice).
+struct SnapshotCursor {
+    size_t bucket = 0;     // the next bucket to visit
+    size_t buckets = 0;    // the map's bucket count when the walk (re)started
+    bool started = false;
+    bool ended = false;
+    float loadFactor = 1.0f;  // the map's max_load_factor before the walk
+    uint64_t restarts = 0;  // walks begun again because the map rehashed between slices
+    uint64_t keys = 0;      // keys written (a restart writes some twice)
+    // The map rehashed after a collection command logged a delta for a key the walk had visited: a
+    // restart would write that key again with the delta in it, and the capture would apply it twice.
+    // snapshotSlice then returns true at once; the rewrite is abandoned (EAGAIN), the old log stays.
+    bool abandoned = false;
+};
 
 class Shard {
 public:
@@ -151,6 +166,29 @@ public:
     static constexpr uint64_t kScanGenerations = 1u << 14;
     /// A live key chosen at random, or "" with false when there is none (RANDOMKEY).
     bool randomKey(int64_t now, uint64_t seed, std::string& out);
+
+    /// Appends the restore records (appendRestoreRecords) of the keys in the next buckets of the map
+    /// to `out`, whole buckets at a time, until `out` has grown by about `budget` bytes; returns true
+    /// once every bucket has been visited. Between two calls the shard may change freely: a key that
+    /// exists from the first call to the last and is not written in between is visited at least once
+    /// (a rehash restarts the walk from the first bucket, so some keys are written twice, which a
+    /// replay takes in its stride). Keys written in between may or may not be visited; the caller
+    /// captures those writes (ShardLog::beginCapture) and appends them after the snapshot.
+    /// Progress: while a walk is under way the map's max_load_factor is raised to
+    /// kSnapshotLoadFactor, so that only a shard that grows that many times over during one walk
+    /// rehashes under it (and makes it restart); endSnapshot() puts it back.
+    ///
+    /// Collections: while a walk is under way, a hash, list or set command on a key in a bucket the
+    /// walk has not visited yet logs the key whole (one kRestore, or a kDel once it is emptied) instead
+    /// of its delta record: the snapshot will hold the change already, and a delta (an RPUSH, or an HSET
+    /// on a key that is a set by the time the walk gets there) would be applied to it a second time
+    /// when the capture is replayed after the snapshot. Keys already visited log deltas as usual.
+    bool snapshotSlice(SnapshotCursor& cursor, int64_t now, size_t budget, std::string& out);
+    /// Ends a walk, finished or not (restores the load factor). Idempotent.
+    void endSnapshot(SnapshotCursor& cursor) noexcept;
+
+    static constexpr float kSnapshotLoadFactor = 8.0f;
+
     void attachLog(ShardLog* log) noexcept { log_ = log; }
     [[nodiscard]] ShardLog* log() const noexcept { return log_; }
     /// The sequence number of the last record appended (0: none yet).
@@ -178,6 +216,11 @@ private:
     /// Removes `it` when its collection has been emptied; accounts either way.
     void settle(Map::iterator it);
     void record(std::string_view payload);
+    /// For a collection command on `key` (still in the map) about to log: whether it must log the key
+    /// whole (a snapshot walk has not visited its bucket yet; see snapshotSlice).
+    [[nodiscard]] bool logWhole(std::string_view key);
+    /// Logs `key` whole: its restore record, or a delete when its collection is empty (or it is gone).
+    void recordWhole(std::string_view key);
     void account() noexcept;
     void setExpiry(Entry& e, std::string_view key, int64_t atMs);
 
@@ -196,6 +239,8 @@ private:
     using Due = std::pair<int64_t, std::string>;
     std::priority_queue<Due, std::vector<Due>, std::greater<>> due_;
     ShardLog* log_ = nullptr;
+    const SnapshotCursor* walk_ = nullptr;  // the snapshot walk under way, if any (until it is done)
+    bool walkDeltas_ = false;  // a collection delta was logged for a key that walk had visited
     uint64_t lastSeq_ = 0;
     uint64_t usedLocal_ = 0;
     uint64_t expiresLocal_ = 0;

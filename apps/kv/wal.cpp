@@ -1,12 +1,18 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "apps/kv/wal.h"
 
+#include <fcntl.h>
 #include <isa-l/crc.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <utility>
 
+#include "base/inject.h"
 #include "base/log.h"
 #include "core/io.h"
 
@@ -24,15 +30,41 @@ uint32_t getU32(const char* p) noexcept {
     return uint32_t{u[0]} | (uint32_t{u[1]} << 8) | (uint32_t{u[2]} << 16) | (uint32_t{u[3]} << 24);
 }
 
+enum class Check : uint8_t { kValid, kShort, kBad };
+
+// The record at the start of `in`: kValid (its payload in `payload`), kShort when `in` ends before the
+// record does (`need`: the bytes it takes, once the header is whole), kBad when a checksum fails.
+Check checkRecord(std::string_view in, std::string_view& payload, size_t& need) noexcept {
+    need = kRecordHeader;
+    if (in.size() < kRecordHeader) { return Check::kShort; }
+    const char* h = in.data();
+    if (crc32c(h, 4) != getU32(h + 4)) { return Check::kBad; }
+    const uint32_t len = getU32(h);
+    need = kRecordHeader + len;
+    if (in.size() - kRecordHeader < len) { return Check::kShort; }
+    payload = in.substr(kRecordHeader, len);
+    return crc32c(payload.data(), payload.size()) == getU32(h + 8) ? Check::kValid : Check::kBad;
+}
+
 // The record at `at` when it is whole and both checksums hold; its payload in `payload`.
 bool validRecordAt(std::string_view log, size_t at, std::string_view& payload) noexcept {
-    if (log.size() - at < kRecordHeader) { return false; }
-    const char* h = log.data() + at;
-    if (crc32c(h, 4) != getU32(h + 4)) { return false; }
-    const uint32_t len = getU32(h);
-    if (log.size() - at - kRecordHeader < len) { return false; }
-    payload = log.substr(at + kRecordHeader, len);
-    return crc32c(payload.data(), payload.size()) == getU32(h + 8);
+    size_t need = 0;
+    return checkRecord(log.substr(at), payload, need) == Check::kValid;
+}
+
+// Fills in the part of `r` about what follows the first bad record: `rest` starts at that record.
+void probeAfterBad(std::string_view rest, ScanReport& r) noexcept {
+    std::string_view payload;
+    // Past the first one found, records are walked whole (and bytes one by one where none starts).
+    for (size_t probe = 1; probe + kRecordHeader <= rest.size();) {
+        if (validRecordAt(rest, probe, payload)) {
+            r.corruptInMiddle = true;
+            ++r.droppedRecords;
+            probe += kRecordHeader + payload.size();
+        } else {
+            ++probe;
+        }
+    }
 }
 
 }  // namespace
@@ -50,6 +82,17 @@ void frameRecord(std::string& out, std::string_view payload) {
     out.append(payload);
 }
 
+void frameRecordInPlace(std::string& out, size_t headerAt) noexcept {
+    char* h = out.data() + headerAt;
+    const size_t len = out.size() - headerAt - kRecordHeader;
+    auto put = [](char* p, uint32_t v) {
+        for (int i = 0; i < 4; ++i) { p[i] = static_cast<char>(v >> (8 * i)); }
+    };
+    put(h, static_cast<uint32_t>(len));
+    put(h + 4, crc32c(h, 4));
+    put(h + 8, crc32c(h + kRecordHeader, len));
+}
+
 ScanReport scanLog(std::string_view log, const std::function<bool(std::string_view)>& apply) {
     ScanReport r;
     size_t at = 0;
@@ -62,12 +105,77 @@ ScanReport scanLog(std::string_view log, const std::function<bool(std::string_vi
     r.validBytes = at;
     r.badOffset = at;
     r.droppedBytes = log.size() - at;
-    // A valid record after the bad one means the damage is not the end of the last write.
-    for (size_t probe = at + 1; probe + kRecordHeader <= log.size(); ++probe) {
-        if (validRecordAt(log, probe, payload)) {
-            r.corruptInMiddle = true;
+    probeAfterBad(log.substr(at), r);
+    return r;
+}
+
+Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view)>& apply, size_t chunk) {
+    struct stat st{};
+    if (::fstat(fd, &st) != 0) { return Error{errno}; }
+    const auto size = static_cast<uint64_t>(st.st_size);
+    (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_SEQUENTIAL);  // a larger read-ahead window
+    chunk = std::max<size_t>(chunk, 4096);
+    size_t cap = chunk;
+    auto buf = std::make_unique_for_overwrite<char[]>(cap);
+    size_t begin = 0, end = 0;  // buf[begin, end): bytes read, not parsed yet
+    uint64_t pos = 0;           // the file offset of buf[begin]
+    uint64_t readTo = 0;        // the file offset of buf[end]
+    ScanReport r;
+    std::string_view payload;
+    bool bad = false;
+    while (!bad) {
+        size_t need = 0;
+        for (;;) {
+            const Check c = checkRecord(std::string_view(buf.get() + begin, end - begin), payload, need);
+            if (c == Check::kShort) { break; }
+            if (c == Check::kBad || !apply(payload)) {
+                bad = true;
+                break;
+            }
+            ++r.records;
+            begin += kRecordHeader + payload.size();
+            pos += kRecordHeader + payload.size();
+        }
+        if (bad || readTo == size || pos + need > size) {  // a record the file ends in the middle of
+            bad = bad || readTo != pos || pos != size;
             break;
         }
+        // Keep the unparsed bytes, make room for the whole next record, and read the next chunk.
+        const size_t kept = end - begin;
+        if (need > cap) {
+            cap = std::max(need, cap * 2);
+            auto grown = std::make_unique_for_overwrite<char[]>(cap);
+            std::memcpy(grown.get(), buf.get() + begin, kept);
+            buf = std::move(grown);
+        } else if (begin > 0) {
+            std::memmove(buf.get(), buf.get() + begin, kept);
+        }
+        begin = 0;
+        end = kept;
+        while (end < cap && readTo < size) {
+            auto n = spindle::read(fd, buf.get() + end, cap - end, readTo);
+            if (!n) { return Error{n.errorCode()}; }
+            if (*n == 0) { break; }
+            end += *n;
+            readTo += *n;
+        }
+        if (end == kept) { break; }  // the file shrank under us: what is left is a tail
+    }
+    r.validBytes = pos;
+    r.badOffset = pos;
+    r.droppedBytes = size - pos;
+    if (r.droppedBytes > 0) {
+        // Damage: read everything after it, to tell a torn tail from corruption in the middle.
+        std::string rest(static_cast<size_t>(r.droppedBytes), '\0');
+        size_t done = 0;
+        while (done < rest.size()) {
+            auto n = spindle::read(fd, rest.data() + done, rest.size() - done, pos + done);
+            if (!n) { return Error{n.errorCode()}; }
+            if (*n == 0) { break; }
+            done += *n;
+        }
+        rest.resize(done);
+        probeAfterBad(rest, r);
     }
     return r;
 }
@@ -105,7 +213,9 @@ Result<std::unique_ptr<ShardLog>> ShardLog::start(Runtime& rt, unsigned carrier,
 ShardLog::~ShardLog() { (void)stop(); }
 
 uint64_t ShardLog::append(std::string_view payload) {
+    const size_t at = pending_.size();
     frameRecord(pending_, payload);
+    if (capturing_) { captured_.append(pending_, at, std::string::npos); }
     records_.fetch_add(1, std::memory_order_relaxed);
     wake_.set();
     return ++appended_;
@@ -118,17 +228,6 @@ int ShardLog::waitDurable(uint64_t seq) noexcept {
     if (durable_.load(std::memory_order_acquire) >= seq) { return 0; }  // synced before any failure
     const int err = failed();
     return err != 0 ? err : EIO;
-}
-
-int ShardLog::syncThrough(uint64_t seq) noexcept {
-    if (seq > 0) { (void)done_.wait(seq); }
-    if (failed() != 0) { return failed(); }
-    if (auto r = spindle::fdatasync(fd_); !r) {
-        fail(r.errorCode());
-        return failed();
-    }
-    syncs_.fetch_add(1, std::memory_order_relaxed);
-    return 0;
 }
 
 LogStats ShardLog::stats() const noexcept {
@@ -145,42 +244,61 @@ void ShardLog::fail(int err) noexcept {
     }
 }
 
+int logWrite(int fd, std::string_view bytes, uint64_t offset) noexcept {
+    if (bytes.empty()) { return 0; }
+    SPINDLE_INJECT(inject::Point::kLogWrite, { return injectedErrno; });
+    size_t done = 0;
+    while (done < bytes.size()) {
+        auto n = spindle::write(fd, bytes.data() + done, bytes.size() - done, offset + done);
+        if (!n) { return n.errorCode(); }
+        if (*n == 0) { return EIO; }
+        done += *n;
+    }
+    return 0;
+}
+
+int logSync(int fd) noexcept {
+    SPINDLE_INJECT(inject::Point::kLogSync, { return injectedErrno; });
+    auto r = spindle::fdatasync(fd);
+    return r ? 0 : r.errorCode();
+}
+
 void ShardLog::writerLoop() noexcept {
-    uint64_t lastSynced = 0;
     for (;;) {
+        if (switch_ != nullptr) {
+            Switch* s = std::exchange(switch_, nullptr);
+            doSwitch(*s);
+            s->done.set();
+            continue;
+        }
         if (pending_.empty()) {
             if (stopping_) { break; }
             wake_.reset();
-            if (pending_.empty() && !stopping_) { wake_.wait(); }
+            if (pending_.empty() && !stopping_ && switch_ == nullptr) { wake_.wait(); }
             continue;
         }
         writing_.swap(pending_);
         const uint64_t last = appended_;
         if (failed() == 0) {
-            size_t done = 0;
-            while (done < writing_.size()) {
-                auto n = spindle::write(fd_, writing_.data() + done, writing_.size() - done, offset_ + done);
-                if (!n || *n == 0) {
-                    fail(n ? EIO : n.errorCode());
-                    break;
-                }
-                done += *n;
+            if (const int err = logWrite(fd_, writing_, offset_); err != 0) {
+                fail(err);
+            } else {
+                offset_ += writing_.size();
+                size_.store(offset_, std::memory_order_relaxed);
+                bytes_.fetch_add(writing_.size(), std::memory_order_relaxed);
             }
-            offset_ += done;
-            size_.store(offset_, std::memory_order_relaxed);
-            bytes_.fetch_add(done, std::memory_order_relaxed);
         }
         writing_.clear();
         if (failed() == 0) {
             written_ = last;
             if (mode_ == Fsync::kAlways) {
-                if (auto r = spindle::fdatasync(fd_); r) {
+                if (const int err = logSync(fd_); err == 0) {
                     syncs_.fetch_add(1, std::memory_order_relaxed);
-                    syncedRecords_.fetch_add(last - lastSynced, std::memory_order_relaxed);
-                    lastSynced = last;
+                    syncedRecords_.fetch_add(last - lastSynced_, std::memory_order_relaxed);
+                    lastSynced_ = last;
                     durable_.store(last, std::memory_order_release);
                 } else {
-                    fail(r.errorCode());
+                    fail(err);
                 }
             } else {
                 unsynced_.fetch_add(1, std::memory_order_relaxed);
@@ -191,27 +309,107 @@ void ShardLog::writerLoop() noexcept {
         done_.advance(last);
     }
     // Stopping: a last sync in every mode, so that a clean shutdown loses nothing.
-    if (failed() == 0 && written_ > lastSynced) {
-        if (auto r = spindle::fdatasync(fd_); r) {
+    if (failed() == 0 && written_ > lastSynced_) {
+        if (const int err = logSync(fd_); err == 0) {
             syncs_.fetch_add(1, std::memory_order_relaxed);
-            syncedRecords_.fetch_add(written_ - lastSynced, std::memory_order_relaxed);
+            syncedRecords_.fetch_add(written_ - lastSynced_, std::memory_order_relaxed);
+            lastSynced_ = written_;
         } else {
-            fail(r.errorCode());
+            fail(err);
         }
     }
 }
 
+void ShardLog::beginCapture() {
+    captured_.clear();
+    capturing_ = true;
+}
+
+void ShardLog::takeCaptured(std::string& out) {
+    out.append(captured_);
+    captured_.clear();
+}
+
+void ShardLog::endCapture() noexcept {
+    capturing_ = false;
+    std::string().swap(captured_);
+}
+
+int ShardLog::switchTo(int newFd, uint64_t newSize, const std::string& tmpPath, const std::string& path, int dirFd) {
+    if (const int err = failed(); err != 0 || stopping_) {
+        endCapture();
+        ::close(newFd);
+        return err != 0 ? err : ECANCELED;
+    }
+    Switch s;
+    s.fd = newFd;
+    s.size = newSize;
+    s.tmpPath = &tmpPath;
+    s.path = &path;
+    s.dirFd = dirFd;
+    switch_ = &s;
+    wake_.set();
+    s.done.wait();
+    return s.result;
+}
+
+// On the writer fiber, between two batches: whatever is in pending_ was never written to the old file
+// (the last batch is written and, with kAlways, synced), and all of it is in the new file once the
+// captured tail is, because the capture began before the snapshot read the shard.
+void ShardLog::doSwitch(Switch& s) noexcept {
+    std::string tail;
+    tail.swap(captured_);
+    capturing_ = false;
+    const size_t pendingAtSwitch = pending_.size();
+    const uint64_t lastAtSwitch = appended_;
+    int err = failed();
+    if (err == 0) { err = logWrite(s.fd, tail, s.size); }
+    if (err == 0) { err = logSync(s.fd); }
+    if (err == 0) {
+        auto r = spindle::renameat(AT_FDCWD, s.tmpPath->c_str(), AT_FDCWD, s.path->c_str(), 0);
+        if (!r) { err = r.errorCode(); }
+    }
+    if (err != 0) {  // nothing renamed: the old file stays the log, pending_ goes there as before
+        ::close(s.fd);
+        (void)::unlink(s.tmpPath->c_str());
+        s.result = err;
+        return;
+    }
+    // The name is the new file's now: from here on the old file is no longer the log.
+    ::close(fd_);
+    fd_ = s.fd;
+    offset_ = s.size + tail.size();
+    size_.store(offset_, std::memory_order_relaxed);
+    bytes_.fetch_add(tail.size(), std::memory_order_relaxed);
+    pending_.erase(0, pendingAtSwitch);
+    if (auto r = spindle::fsync(s.dirFd); !r) {
+        fail(r.errorCode());
+        s.result = r.errorCode();
+        done_.advance(lastAtSwitch);  // their waiters learn that the log failed
+        return;
+    }
+    if (lastAtSwitch > lastSynced_) {
+        syncs_.fetch_add(1, std::memory_order_relaxed);
+        syncedRecords_.fetch_add(lastAtSwitch - lastSynced_, std::memory_order_relaxed);
+    }
+    written_ = lastAtSwitch;
+    lastSynced_ = lastAtSwitch;
+    durable_.store(lastAtSwitch, std::memory_order_release);
+    done_.advance(lastAtSwitch);
+}
+
 void ShardLog::syncerLoop() noexcept {
-    uint64_t lastSynced = 0;
     while (spindle::sleep(std::chrono::seconds(1))) {
         if (unsynced_.exchange(0, std::memory_order_relaxed) == 0 || failed() != 0) { continue; }
         const uint64_t covered = written_;
-        if (auto r = spindle::fdatasync(fd_); r) {
-            syncs_.fetch_add(1, std::memory_order_relaxed);
-            syncedRecords_.fetch_add(covered - lastSynced, std::memory_order_relaxed);
-            lastSynced = covered;
+        if (const int err = logSync(fd_); err == 0) {
+            if (covered > lastSynced_) {
+                syncs_.fetch_add(1, std::memory_order_relaxed);
+                syncedRecords_.fetch_add(covered - lastSynced_, std::memory_order_relaxed);
+                lastSynced_ = covered;
+            }
         } else {
-            fail(r.errorCode());
+            fail(err);
         }
     }
 }

@@ -23,6 +23,19 @@
 /// Errors: a write or fdatasync that fails (EIO, ENOSPC, ...) puts the log in the failed state for
 /// good: the records of that batch and every later one are never reported durable, waitDurable()
 /// returns the errno, and the shard refuses new writes (failed() != 0). Nothing is retried.
+/// Fault points (base/inject.h): kLogWrite fails a batch's write, kLogSync its fdatasync.
+///
+/// Compaction (apps/kv/rewrite.h drives it): beginCapture() makes append() copy every record into a
+/// capture buffer as well; the rewriter writes a snapshot of the shard to a new file, then what was
+/// captured (takeCaptured), syncs it, and calls switchTo(). The writer fiber does the switch between two
+/// batches: it writes what was captured since into the new file, fdatasyncs it, renames it over the
+/// log and fsyncs the directory, and only then goes on, writing to the new file. The records that were
+/// pending for the old file are in the new one (captured), so they are released as durable with it.
+/// Crash safety: until the rename the log's name is the old file, complete, and the writer still
+/// appends to it; the new file is complete (synced) before the rename; records appended during the
+/// switch are acknowledged only after the directory fsync, so whichever file the name points to after
+/// a crash holds every acknowledged record. A failure before the rename leaves the old file in use
+/// and the log healthy (the switch returns the errno); one after it (the directory fsync) fails the log.
 
 #include <atomic>
 #include <cstddef>
@@ -49,12 +62,22 @@ inline constexpr size_t kRecordHeader = 12;
 
 /// Appends one framed record holding `payload` to `out`.
 void frameRecord(std::string& out, std::string_view payload);
+/// Frames the payload already in `out` after a placeholder header of kRecordHeader bytes at
+/// `headerAt` (the payload runs to the end of `out`): fills the header in, copying nothing.
+void frameRecordInPlace(std::string& out, size_t headerAt) noexcept;
+
+/// Writes all of `bytes` to `fd` at `offset` through the runtime (a short write is continued).
+/// Returns 0 or the errno (EIO for a write that wrote nothing). Fault point: kLogWrite.
+[[nodiscard]] int logWrite(int fd, std::string_view bytes, uint64_t offset) noexcept;
+/// fdatasync(fd) through the runtime. Returns 0 or the errno. Fault point: kLogSync.
+[[nodiscard]] int logSync(int fd) noexcept;
 
 struct ScanReport {
     uint64_t records = 0;       // valid records applied
     uint64_t validBytes = 0;    // the length of the good prefix
     uint64_t droppedBytes = 0;  // bytes after it (torn tail, or what truncation at a corruption lost)
     bool corruptInMiddle = false;  // a valid record follows the first bad one
+    uint64_t droppedRecords = 0;   // valid records found after the first bad one (what truncation there loses)
     uint64_t badOffset = 0;     // where the first bad record starts (== validBytes)
 };
 
@@ -62,6 +85,13 @@ struct ScanReport {
 /// file comment for the torn-tail and corruption rules. apply returns false to stop (bad payload:
 /// treated as corruption at that record).
 [[nodiscard]] ScanReport scanLog(std::string_view log, const std::function<bool(std::string_view)>& apply);
+
+/// scanLog over the file `fd` (from offset 0 to its size), read through the runtime in chunks of
+/// `chunk` bytes (more for a record that is bigger) instead of whole: memory stays at a chunk or a
+/// record, and parsing a chunk overlaps the kernel's read-ahead of the next. The same report as
+/// scanLog on the whole file. Errors: fstat's and read's errno.
+[[nodiscard]] Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view)>& apply,
+                                             size_t chunk = size_t{8} << 20);
 
 struct LogStats {
     uint64_t records = 0;   // appended
@@ -87,10 +117,6 @@ public:
     /// Waits until the record `seq` is durable as the mode promises (kAlways: synced; otherwise: at
     /// once). Returns 0, or the errno that failed the log before the record was synced.
     [[nodiscard]] int waitDurable(uint64_t seq) noexcept;
-    /// Waits until every record up to `seq` has been written, then fdatasyncs the file whatever the
-    /// mode (SAVE). Returns 0, or the errno that failed the log (a failed sync fails it for good). From
-    /// any fiber.
-    [[nodiscard]] int syncThrough(uint64_t seq) noexcept;
     /// 0, or the errno that put the log in the failed state.
     [[nodiscard]] int failed() const noexcept { return failed_.load(std::memory_order_acquire); }
     [[nodiscard]] Fsync mode() const noexcept { return mode_; }
@@ -100,11 +126,35 @@ public:
     /// thread. Returns 0 or the errno of the last write or sync. Idempotent.
     int stop() noexcept;
 
+    /// Compaction (see the file comment). Precondition for all four: on the shard's carrier thread.
+    /// From now on append() also copies each record into the capture buffer.
+    void beginCapture();
+    /// Moves what was captured since the last call to the end of `out`.
+    void takeCaptured(std::string& out);
+    /// Ends a capture that will not be switched to (a rewrite that failed or was abandoned).
+    void endCapture() noexcept;
+    /// Has the writer switch the log to `newFd` (open for writing, holding `newSize` bytes of synced
+    /// records), renaming `tmpPath` over `path` and fsyncing `dirFd`. Parks the calling fiber until the
+    /// switch is done. Returns 0, or the errno that stopped it: before the rename, `newFd` is closed,
+    /// the capture ended and the old file stays in use; after it, the log has failed (see the file
+    /// comment). Ownership of `newFd` passes to the log in every case.
+    [[nodiscard]] int switchTo(int newFd, uint64_t newSize, const std::string& tmpPath, const std::string& path, int dirFd);
+
 private:
     ShardLog(int fd, uint64_t offset, Fsync mode) noexcept;
+    struct Switch {
+        int fd = -1;
+        uint64_t size = 0;
+        const std::string* tmpPath = nullptr;
+        const std::string* path = nullptr;
+        int dirFd = -1;
+        int result = 0;
+        FiberEvent done;
+    };
     void writerLoop() noexcept;
     void syncerLoop() noexcept;
     void fail(int err) noexcept;
+    void doSwitch(Switch& s) noexcept;
 
     int fd_;
     uint64_t offset_;
@@ -114,7 +164,11 @@ private:
     std::string writing_;
     uint64_t appended_ = 0;  // sequence number of the last record appended
     uint64_t written_ = 0;   // last record written to the file
+    uint64_t lastSynced_ = 0;  // last record an fdatasync covered
     bool stopping_ = false;
+    bool capturing_ = false;
+    std::string captured_;    // records appended since the capture began (or the last takeCaptured)
+    Switch* switch_ = nullptr;  // a switch the writer is asked to make
     FiberEvent wake_;        // set when something is pending or stopping_
     FiberSequencer done_;    // reaches a record's number once it is durable (or the log failed)
     std::atomic<uint64_t> durable_{0};  // last record synced (kAlways) or written

@@ -90,6 +90,53 @@ TEST(Wal, FlippedBitInTheMiddleIsCorruptionNotATail) {
 
 class WalLog : public spindle::testing_support::WithRuntime {};
 
+// scanLogFile, chunk by chunk, reports what scanLog reports on the whole file: records that straddle
+// chunks, records bigger than a chunk, torn tails at every cut, and a corruption in the middle.
+TEST_F(WalLog, ChunkedScanOfAFileMatchesTheWholeScan) {
+    std::string log;
+    for (int i = 0; i < 40; ++i) { frameRecord(log, std::string(static_cast<size_t>(i * 37 % 300), static_cast<char>('a' + i % 26))); }
+    frameRecord(log, std::string(20000, 'B'));  // bigger than any chunk below
+    for (int i = 0; i < 5; ++i) { frameRecord(log, "after the big one " + std::to_string(i)); }
+    char path[] = "/tmp/spindle-kv-scan-XXXXXX";
+    const int fd = ::mkstemp(path);
+    ASSERT_GE(fd, 0);
+    ::unlink(path);
+    auto check = [&](const std::string& bytes, size_t chunk) {
+        ASSERT_EQ(::ftruncate(fd, 0), 0);
+        ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
+        std::vector<std::string> whole, chunked;
+        const ScanReport a = scanLog(bytes, [&](std::string_view p) {
+            whole.emplace_back(p);
+            return true;
+        });
+        auto b = onFiber([&] {
+            return scanLogFile(fd, [&](std::string_view p) {
+                chunked.emplace_back(p);
+                return true;
+            }, chunk);
+        });
+        ASSERT_TRUE(b) << b.error().message();
+        EXPECT_EQ(chunked, whole);
+        EXPECT_EQ(b->records, a.records);
+        EXPECT_EQ(b->validBytes, a.validBytes);
+        EXPECT_EQ(b->droppedBytes, a.droppedBytes);
+        EXPECT_EQ(b->corruptInMiddle, a.corruptInMiddle);
+        EXPECT_EQ(b->droppedRecords, a.droppedRecords);
+    };
+    for (size_t chunk : {size_t{4096}, size_t{5000}, size_t{1} << 20}) {
+        SCOPED_TRACE(chunk);
+        check(log, chunk);
+        for (size_t cut = log.size() - 40; cut < log.size(); ++cut) { check(log.substr(0, cut), chunk); }
+        check(log.substr(0, 9000), chunk);  // inside the big record
+        check("", chunk);
+        check(log.substr(0, 7), chunk);
+        std::string bad = log;
+        bad[300] = static_cast<char>(bad[300] ^ 1);
+        check(bad, chunk);
+    }
+    ::close(fd);
+}
+
 TEST_F(WalLog, ShardMutationsReplayIntoTheSameKeyspace) {
     char path[] = "/tmp/spindle-kv-wal-XXXXXX";
     const int fd = ::mkstemp(path);

@@ -1,0 +1,197 @@
+// SPDX-License-Identifier: Apache-2.0
+// spindle-kv when its write-ahead log fails (base/inject.h's kLogWrite and kLogSync points, ENOSPC and
+// EIO): with appendfsync always the write is never acknowledged and gets -MISCONF, the connection
+// closes, later writes on that shard get -MISCONF, reads keep working, INFO says so, and after a
+// restart every acknowledged write is there; with everysec the write is acknowledged at once (as
+// Redis does) and the writes after the failure are refused. Recovery: a log cut at every byte of its
+// last record comes back without that record; a flipped bit in the middle refuses to start and says
+// what --truncate-corrupt-log would drop, which then starts and reports it.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "apps/kv/rewrite.h"
+#include "apps/kv/shard.h"
+#include "apps/kv/wal.h"
+#include "base/inject.h"
+#include "tests/kv/server_fixture.h"
+
+namespace spindle::kv {
+namespace {
+
+using namespace std::chrono_literals;
+using testing_support::dumpKeyspace;
+using testing_support::infoField;
+using testing_support::RespClient;
+
+const std::string kOk = "+OK\r\n";
+
+// Keys of shard `shard` (of 2): the test's runtime has two carriers, so two shards.
+std::vector<std::string> keysOfShard(unsigned shard, size_t n, const std::string& prefix) {
+    std::vector<std::string> out;
+    for (int i = 0; out.size() < n; ++i) {
+        std::string k = prefix + std::to_string(1000 + i);  // one width: records of one size
+        if (keyHash(k) % 2 == shard) { out.push_back(std::move(k)); }
+    }
+    return out;
+}
+
+std::string misconf(int err) { return std::string("-MISCONF Errors writing to the AOF file: ") + std::strerror(err) + "\r\n"; }
+
+class KvLogFault : public testing_support::KvServerFixture {
+protected:
+    void SetUp() override {
+#if !defined(SPINDLE_FAULT_INJECTION)
+        GTEST_SKIP() << "built without SPINDLE_FAULT_INJECTION";
+#endif
+        KvServerFixture::SetUp();
+    }
+    void TearDown() override {
+        inject::disarm(inject::Point::kLogWrite);
+        inject::disarm(inject::Point::kLogSync);
+        KvServerFixture::TearDown();
+    }
+};
+
+TEST_F(KvLogFault, AFailedWriteOrSyncIsNeverAcknowledgedAndNothingAcknowledgedIsLost) {
+    for (inject::Point point : {inject::Point::kLogWrite, inject::Point::kLogSync}) {
+        for (int err : {ENOSPC, EIO}) {
+            SCOPED_TRACE(std::string(point == inject::Point::kLogWrite ? "write " : "fdatasync ") + std::strerror(err));
+            std::filesystem::remove_all(dir_);
+            std::filesystem::create_directory(dir_);
+            startServer(withDir(Fsync::kAlways));
+            const auto keys = keysOfShard(0, 21, "k");
+            const auto other = keysOfShard(1, 2, "o");
+            {
+                RespClient c(port_);
+                for (size_t i = 0; i < 20; ++i) { ASSERT_EQ(c.call({"SET", keys[i], "v" + std::to_string(i)}), kOk); }
+                ASSERT_EQ(c.call({"SET", other[0], "o"}), kOk);
+                inject::arm(point, err, 1);
+                EXPECT_EQ(c.call({"SET", keys[20], "never acknowledged"}), misconf(err));
+                EXPECT_TRUE(c.closedByPeer());
+                EXPECT_EQ(inject::remaining(point), 0u);
+            }
+            {
+                RespClient c(port_);
+                EXPECT_EQ(c.call({"GET", keys[3]}), "$2\r\nv3\r\n");        // reads work
+                EXPECT_EQ(c.call({"SET", keys[3], "no"}), misconf(err));     // writes to that shard are refused
+                EXPECT_EQ(c.call({"DEL", keys[4]}), misconf(err));
+                EXPECT_EQ(c.call({"GET", keys[4]}), "$2\r\nv4\r\n");
+                EXPECT_EQ(c.call({"SET", other[1], "o"}), kOk);             // the other shard's log is fine
+                EXPECT_EQ(infoField(port_, "persistence", "aof_last_write_status"), "err");
+            }
+            server_.reset();
+            startServer(withDir(Fsync::kAlways));
+            RespClient c(port_);
+            for (size_t i = 0; i < 20; ++i) {
+                EXPECT_EQ(c.call({"GET", keys[i]}), "$" + std::to_string(std::to_string(i).size() + 1) + "\r\nv" + std::to_string(i) + "\r\n");
+            }
+            EXPECT_EQ(c.call({"GET", other[1]}), "$1\r\no\r\n");
+            if (point == inject::Point::kLogWrite) { EXPECT_EQ(c.call({"GET", keys[20]}), "$-1\r\n"); }
+            EXPECT_EQ(c.call({"SET", keys[3], "writable again"}), kOk);
+            server_.reset();
+        }
+    }
+}
+
+TEST_F(KvLogFault, EverysecAcknowledgesAtOnceAndRefusesTheWritesAfterAFailure) {
+    startServer(withDir(Fsync::kEverySec));
+    const auto keys = keysOfShard(1, 3, "k");
+    RespClient c(port_);
+    ASSERT_EQ(c.call({"SET", keys[0], "durable"}), kOk);
+    inject::arm(inject::Point::kLogWrite, EIO, 1);
+    EXPECT_EQ(c.call({"SET", keys[1], "acknowledged, then lost"}), kOk);  // Redis's everysec promise
+    std::string r;
+    for (int i = 0; i < 500 && r != misconf(EIO); ++i) {
+        r = c.call({"SET", keys[2], "x"});
+        std::this_thread::sleep_for(2ms);
+    }
+    EXPECT_EQ(r, misconf(EIO));
+    EXPECT_EQ(c.call({"GET", keys[0]}), "$7\r\ndurable\r\n");
+}
+
+// Cuts shard 0's log at every byte of its last record: each start drops just that record, truncates
+// the file to the good prefix and reports the bytes.
+TEST_F(KvLogFault, ALogCutAtEveryByteOfItsLastRecordLosesOnlyThatRecord) {
+    startServer(withDir(Fsync::kAlways));
+    const auto keys = keysOfShard(0, 6, "k");
+    {
+        RespClient c(port_);
+        for (const auto& k : keys) { ASSERT_EQ(c.call({"SET", k, "value of " + k}), kOk); }
+    }
+    server_.reset();
+    const std::string path = shardLogPath(dir_, 0);
+    std::string bytes;
+    {
+        std::ifstream in(path, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    std::string lastPayload;
+    const ScanReport whole = scanLog(bytes, [&](std::string_view p) {
+        lastPayload = p;
+        return true;
+    });
+    ASSERT_EQ(whole.records, 6u);
+    const size_t lastStart = bytes.size() - kRecordHeader - lastPayload.size();
+    for (size_t cut = lastStart; cut < bytes.size(); ++cut) {
+        SCOPED_TRACE(cut);
+        {
+            std::ofstream out(path, std::ios::binary | std::ios::trunc);
+            out.write(bytes.data(), static_cast<std::streamsize>(cut));
+        }
+        startServer(withDir(Fsync::kAlways));
+        EXPECT_EQ(server_->stats().droppedTailBytes, cut - lastStart);
+        EXPECT_EQ(server_->stats().replayedRecords, 5u);
+        server_.reset();
+        EXPECT_EQ(std::filesystem::file_size(path), lastStart);
+    }
+    startServer(withDir(Fsync::kAlways));
+    RespClient c(port_);
+    const std::string v4 = "value of " + keys[4];
+    EXPECT_EQ(c.call({"GET", keys[4]}), "$" + std::to_string(v4.size()) + "\r\n" + v4 + "\r\n");
+    EXPECT_EQ(c.call({"GET", keys[5]}), "$-1\r\n");
+}
+
+TEST_F(KvLogFault, AFlippedBitInTheMiddleRefusesToStartAndTruncationReportsTheLoss) {
+    startServer(withDir(Fsync::kAlways));
+    const auto keys = keysOfShard(0, 10, "k");
+    {
+        RespClient c(port_);
+        for (const auto& k : keys) { ASSERT_EQ(c.call({"SET", k, std::string(30, 'v')}), kOk); }
+    }
+    server_.reset();
+    const std::string path = shardLogPath(dir_, 0);
+    std::string bytes;
+    {
+        std::ifstream in(path, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    const size_t record = bytes.size() / 10;
+    bytes[4 * record + kRecordHeader + 5] ^= 0x04;  // in the payload of record 4 (of 0..9)
+    {
+        std::ofstream out(path, std::ios::binary | std::ios::trunc);
+        out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
+    }
+    const ScanReport rep = scanLog(bytes, [](std::string_view) { return true; });
+    EXPECT_TRUE(rep.corruptInMiddle);
+    EXPECT_EQ(rep.records, 4u);
+    EXPECT_EQ(rep.droppedRecords, 5u);  // the valid ones after the damage
+    auto refused = Server::start(rt(), withDir(Fsync::kAlways));
+    ASSERT_FALSE(refused);
+    EXPECT_EQ(refused.errorCode(), EILSEQ);
+    EXPECT_EQ(std::filesystem::file_size(path), bytes.size()) << "a refused start must not touch the log";
+    ServerOptions o = withDir(Fsync::kAlways);
+    o.truncateCorrupt = true;
+    startServer(o);
+    EXPECT_EQ(server_->stats().droppedTailBytes, bytes.size() - 4 * record);
+    EXPECT_EQ(server_->stats().droppedRecords, 5u);
+    EXPECT_EQ(infoField(port_, "persistence", "aof_dropped_records"), "5");
+    EXPECT_EQ(dumpKeyspace(port_).size(), 4u);
+}
+
+}  // namespace
+}  // namespace spindle::kv
