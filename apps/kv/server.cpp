@@ -20,6 +20,7 @@
 #include <span>
 #include <string_view>
 #include <unordered_map>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -2590,27 +2591,64 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
             return Error{err};
         }
         if (auto m = checkMeta(options.dir, shards); !m) { return Error{m.errorCode()}; }
+        // Open every log, then replay them all at once, each shard on its own carrier (the thread that
+        // owns it), then check the reports in shard order.
+        std::vector<int> fds(shards, -1);
+        struct CloseRest {
+            std::vector<int>& fds;
+            ~CloseRest() {
+                for (int& fd : fds) {
+                    if (fd >= 0) { ::close(std::exchange(fd, -1)); }
+                }
+            }
+        } closeRest{fds};
         for (unsigned i = 0; i < shards; ++i) {
             const std::string path = shardLogPath(options.dir, i);
             if (removeStaleRewrite(options.dir, i)) {
                 log::warn("spindle-kv: removed {}.rewrite, left by a rewrite that did not finish ({} is the log)", path, path);
             }
-            const int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-            if (fd < 0) {
+            fds[i] = ::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+            if (fds[i] < 0) {
                 const int err = errno;
                 log::error("spindle-kv: {}: {}", path, std::strerror(err));
                 return Error{err};
             }
-            Shard& shard = *impl->shards[i];
-            const auto replayBegan = std::chrono::steady_clock::now();
-            auto scanned = scanLogFile(fd, [&](std::string_view p) { return shard.replay(p); });
-            if (!scanned) {
-                log::error("spindle-kv: reading {}: {}", path, scanned.error().message());
-                ::close(fd);
-                return Error{scanned.errorCode()};
+        }
+        std::vector<Result<ScanReport>> scans(shards, Error{ECANCELED});
+        std::vector<double> seconds(shards, 0.0);
+        const auto replayBegan = std::chrono::steady_clock::now();
+        {
+            std::vector<FiberHandle<void>> replays;
+            for (unsigned i = 0; i < shards; ++i) {
+                Shard* shard = impl->shards[i].get();
+                auto f = rt.spawn(
+                    [&, i, shard]() noexcept {
+                        const auto began = std::chrono::steady_clock::now();
+                        scans[i] = scanLogFile(
+                            fds[i], [shard](std::string_view p) { return shard->replay(p); }, size_t{8} << 20,
+                            [shard](uint64_t records) { shard->expectKeys(records); });
+                        shard->endReplay();
+                        seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
+                    },
+                    SpawnOptions{.name = "kv-replay", .carrier = static_cast<int>(i), .pinned = true});
+                if (!f) {
+                    for (auto& r : replays) { r.join(); }
+                    return Error{f.errorCode()};
+                }
+                replays.push_back(std::move(*f));
             }
-            const ScanReport rep = *scanned;
-            const double replaySec = std::chrono::duration<double>(std::chrono::steady_clock::now() - replayBegan).count();
+            for (auto& r : replays) { r.join(); }
+        }
+        const double replaySeconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - replayBegan).count();
+        for (unsigned i = 0; i < shards; ++i) {
+            const std::string path = shardLogPath(options.dir, i);
+            const int fd = fds[i];
+            if (!scans[i]) {
+                log::error("spindle-kv: reading {}: {}", path, scans[i].error().message());
+                return Error{scans[i].errorCode()};
+            }
+            const ScanReport rep = *scans[i];
+            const double replaySec = seconds[i];
             const uint64_t fileSize = rep.validBytes + rep.droppedBytes;
             log::info("spindle-kv: {}: replayed {} records, {} bytes in {:.3f} s ({:.0f} MB/s)", path, rep.records,
                       rep.validBytes, replaySec, replaySec > 0 ? static_cast<double>(rep.validBytes) / 1e6 / replaySec : 0.0);
@@ -2618,7 +2656,6 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
                 log::error("spindle-kv: {} is corrupt at byte {} of {}, with {} valid records after it; refusing to start "
                            "(--truncate-corrupt-log drops everything from there: {} bytes, those {} records)",
                            path, rep.badOffset, fileSize, rep.droppedRecords, rep.droppedBytes, rep.droppedRecords);
-                ::close(fd);
                 return Error{EILSEQ};
             }
             if (rep.droppedBytes > 0) {
@@ -2628,7 +2665,6 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
                 if (::ftruncate(fd, static_cast<off_t>(rep.validBytes)) != 0 || ::fsync(fd) != 0) {
                     const int err = errno;
                     log::error("spindle-kv: truncating {}: {}", path, std::strerror(err));
-                    ::close(fd);
                     return Error{err};
                 }
             }
@@ -2636,16 +2672,20 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
             impl->droppedTail += rep.droppedBytes;
             impl->droppedRecords += rep.droppedRecords;
             auto wal = ShardLog::start(rt, i, fd, rep.validBytes, options.appendFsync);
-            if (!wal) {
-                ::close(fd);
-                return Error{wal.errorCode()};
-            }
-            shard.attachLog(wal->get());
+            if (!wal) { return Error{wal.errorCode()}; }
+            fds[i] = -1;  // the log owns it now
+            impl->shards[i]->attachLog(wal->get());
             impl->logs.push_back(std::move(*wal));
             impl->rewrites.push_back(std::make_unique<RewriteState>());
             impl->rewrites.back()->baseSize.store(rep.validBytes);
         }
-        if (impl->replayed > 0) { log::info("spindle-kv: replayed {} records, {} keys", impl->replayed, impl->keyCount()); }
+        if (impl->replayed > 0) {
+            uint64_t bytes = 0;
+            for (const auto& l : impl->logs) { bytes += l->size(); }
+            log::info("spindle-kv: replayed {} records, {} keys: {} bytes from {} logs in {:.3f} s ({:.0f} MB/s)", impl->replayed,
+                      impl->keyCount(), bytes, shards, replaySeconds,
+                      replaySeconds > 0 ? static_cast<double>(bytes) / 1e6 / replaySeconds : 0.0);
+        }
     }
     for (unsigned i = 0; i < shards; ++i) {
         Impl* s = impl.get();

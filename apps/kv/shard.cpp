@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "apps/kv/shard.h"
 
+#include <algorithm>
 #include <ctime>
 #include <type_traits>
 #include <utility>
@@ -730,6 +731,20 @@ bool Shard::replay(std::string_view payload) {
     }
     log_ = log;
     return ok;
+}
+
+void Shard::expectKeys(uint64_t keys) {
+    constexpr uint64_t kMost = uint64_t{1} << 27;  // a bound on the guess (1 GiB of buckets)
+    map_.reserve(static_cast<size_t>(std::min<uint64_t>(map_.size() + keys, kMost)));
+    noteInsert();  // a new bucket count: SCAN positions of before are stale
+}
+
+void Shard::endReplay() {
+    // A log that rewrote few keys many times had far fewer keys than records: shrink the buckets.
+    if (map_.bucket_count() > 4 * (map_.size() + 16)) {
+        map_.rehash(0);
+        noteInsert();  // the one place the table shrinks; SCAN sees it as a new generation
+    }
 }
 
 size_t Shard::activeExpire(int64_t now, size_t budget) {

@@ -14,6 +14,7 @@
 
 #include "base/inject.h"
 #include "base/log.h"
+#include "core/fiber.h"
 #include "core/io.h"
 
 namespace spindle::kv {
@@ -109,7 +110,8 @@ ScanReport scanLog(std::string_view log, const std::function<bool(std::string_vi
     return r;
 }
 
-Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view)>& apply, size_t chunk) {
+Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view)>& apply, size_t chunk,
+                               const std::function<void(uint64_t)>& expect) {
     struct stat st{};
     if (::fstat(fd, &st) != 0) { return Error{errno}; }
     const auto size = static_cast<uint64_t>(st.st_size);
@@ -123,6 +125,9 @@ Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view
     ScanReport r;
     std::string_view payload;
     bool bad = false;
+    constexpr uint64_t kYieldEvery = 64 * 1024;
+    uint64_t lastYield = 0;
+    bool expected = false;
     while (!bad) {
         size_t need = 0;
         for (;;) {
@@ -135,6 +140,13 @@ Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view
             ++r.records;
             begin += kRecordHeader + payload.size();
             pos += kRecordHeader + payload.size();
+            if (pos - lastYield >= kYieldEvery) {  // let the carrier's other fibers (and its stall detector) in
+                lastYield = pos;
+                this_fiber::yield();
+            }
+        }
+        if (expect && r.records > 0 && !std::exchange(expected, true)) {
+            expect((size - pos) * r.records / pos);
         }
         if (bad || readTo == size || pos + need > size) {  // a record the file ends in the middle of
             bad = bad || readTo != pos || pos != size;
