@@ -2614,6 +2614,16 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
                 return Error{err};
             }
         }
+        // A log just created must not vanish with its directory entry after a power cut.
+        if (const int dfd = ::open(options.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+            const int rc = ::fsync(dfd);
+            const int err = errno;
+            ::close(dfd);
+            if (rc != 0) {
+                log::error("spindle-kv: fsync of {}: {}", options.dir, std::strerror(err));
+                return Error{err};
+            }
+        }
         std::vector<Result<ScanReport>> scans(shards, Error{ECANCELED});
         std::vector<double> seconds(shards, 0.0);
         const auto replayBegan = std::chrono::steady_clock::now();

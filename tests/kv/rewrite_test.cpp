@@ -76,11 +76,11 @@ TEST_F(KvRewrite, RewritesUnderConcurrentWritesLoseNothing) {
         // Enough keys for several slices per shard, written in one pipeline.
         RespClient c(port_);
         std::string batch;
-        for (int k = 0; k < 6000; ++k) { batch += RespClient::encode({"SET", "pre:" + std::to_string(k), std::string(100, 'p')}); }
+        for (int k = 0; k < 5000; ++k) { batch += RespClient::encode({"SET", "pre:" + std::to_string(k), std::string(100, 'p')}); }
         ASSERT_TRUE(c.sendRaw(batch));
-        for (int k = 0; k < 6000; ++k) { ASSERT_EQ(c.reply().value_or(""), kOk); }
+        for (int k = 0; k < 5000; ++k) { ASSERT_EQ(c.reply().value_or(""), kOk); }
     }
-    constexpr int kWriters = 3, kKeys = 150, kOps = 1500;
+    constexpr int kWriters = 3, kKeys = 150, kOps = 1000;
     std::vector<Keyspace> models(kWriters);
     std::atomic<int> running{kWriters};
     std::vector<std::thread> writers;
@@ -141,7 +141,7 @@ TEST_F(KvRewrite, RewritesUnderConcurrentWritesLoseNothing) {
     EXPECT_GE(started, 3) << "too few rewrites overlapped the writers";
     EXPECT_EQ(infoField(port_, "persistence", "aof_last_bgrewrite_status"), "ok");
     Keyspace want;
-    for (int k = 0; k < 6000; ++k) { want["pre:" + std::to_string(k)] = {std::string(100, 'p'), -1}; }
+    for (int k = 0; k < 5000; ++k) { want["pre:" + std::to_string(k)] = {std::string(100, 'p'), -1}; }
     for (const Keyspace& m : models) { want.insert(m.begin(), m.end()); }
     EXPECT_EQ(dumpKeyspace(port_), want);
     server_.reset();
