@@ -228,6 +228,31 @@ TEST_F(KvRewrite, ARewriteThatCannotWriteLeavesTheOldLogInUse) {
     EXPECT_EQ(dumpKeyspace(port_).size(), 21u);
 }
 
+// Each fdatasync of a rewrite (of the new file after the snapshot, then in the switch before the
+// rename) failing in turn: SAVE reports it, the old logs stay the logs and keep every write.
+TEST_F(KvRewrite, AFailedSyncBeforeTheRenameKeepsTheOldLog) {
+#if !defined(SPINDLE_FAULT_INJECTION)
+    GTEST_SKIP() << "built without SPINDLE_FAULT_INJECTION";
+#endif
+    startServer(withDir(Fsync::kNo));
+    RespClient c(port_);
+    for (int i = 0; i < 20; ++i) { ASSERT_EQ(c.call({"SET", "k" + std::to_string(i), "v"}), kOk); }
+    for (uint32_t skip = 0; skip < 4; ++skip) {  // two shards, two fdatasyncs each
+        SCOPED_TRACE(skip);
+        {
+            inject::ArmedFault f(inject::Point::kLogSync, EIO, 1, skip);
+            EXPECT_EQ(c.call({"SAVE"}), "-ERR Input/output error\r\n");
+            EXPECT_EQ(inject::remaining(inject::Point::kLogSync), 0u);
+        }
+        EXPECT_EQ(infoField(port_, "persistence", "aof_last_write_status"), "ok");
+        EXPECT_EQ(c.call({"SET", "after" + std::to_string(skip), "v"}), kOk);
+        for (unsigned i = 0; i < 2; ++i) { EXPECT_FALSE(std::filesystem::exists(shardLogPath(dir_, i) + ".rewrite")); }
+    }
+    server_.reset();
+    startServer(withDir(Fsync::kNo));
+    EXPECT_EQ(dumpKeyspace(port_).size(), 24u);
+}
+
 TEST_F(KvRewrite, ALeftoverRewriteFileIsRemovedAtStart) {
     startServer(withDir(Fsync::kAlways));
     {
