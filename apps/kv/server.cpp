@@ -789,7 +789,7 @@ void cmdConfig(Ctx& x) {
             for (const auto& param : params) {
                 const char* name = param.first;
                 const std::string& value = param.second;
-                const bool match = pattern == "*" || pattern == name;
+                const bool match = globMatch(pattern, name);  // Redis matches parameter names as globs
                 if (match && std::none_of(found.begin(), found.end(), [&](const auto& f) { return f.first == name; })) {
                     found.emplace_back(name, &value);
                 }

@@ -186,6 +186,9 @@ TEST_F(KvRewrite, AutomaticRewriteAndItsConfig) {
     RespClient c(port_);
     EXPECT_EQ(c.call({"CONFIG", "GET", "auto-aof-rewrite-percentage"}),
               "*2\r\n$27\r\nauto-aof-rewrite-percentage\r\n$3\r\n100\r\n");
+    EXPECT_EQ(c.call({"CONFIG", "GET", "auto-aof-*"}),
+              "*4\r\n$27\r\nauto-aof-rewrite-percentage\r\n$3\r\n100\r\n"
+              "$25\r\nauto-aof-rewrite-min-size\r\n$10\r\n1073741824\r\n");
     EXPECT_EQ(c.call({"CONFIG", "SET", "auto-aof-rewrite-min-size", "lots"}),
               "-ERR CONFIG SET failed (possibly related to argument 'auto-aof-rewrite-min-size') - argument must be a memory or a positive number\r\n");
     EXPECT_EQ(c.call({"CONFIG", "SET", "auto-aof-rewrite-min-size", "4kb", "auto-aof-rewrite-percentage", "50"}), kOk);
@@ -248,6 +251,23 @@ TEST_F(KvRewrite, AFailedSyncBeforeTheRenameKeepsTheOldLog) {
     server_.reset();
     startServer(withDir(Fsync::kNo));
     EXPECT_EQ(dumpKeyspace(port_).size(), 24u);
+}
+
+TEST_F(KvRewrite, StoppingDuringARewriteKeepsEveryWrite) {
+    startServer(withDir(Fsync::kAlways));
+    {
+        RespClient c(port_);
+        std::string batch;
+        for (int k = 0; k < 20000; ++k) { batch += RespClient::encode({"SET", "k" + std::to_string(k), std::string(100, 'v')}); }
+        ASSERT_TRUE(c.sendRaw(batch));
+        for (int k = 0; k < 20000; ++k) { ASSERT_EQ(c.reply().value_or(""), kOk); }
+        EXPECT_EQ(c.call({"BGREWRITEAOF"}), "+Background append only file rewriting started\r\n");
+    }
+    server_.reset();  // the rewrite stops at its next slice, or finishes its switch
+    for (unsigned i = 0; i < 2; ++i) { EXPECT_FALSE(std::filesystem::exists(shardLogPath(dir_, i) + ".rewrite")); }
+    startServer(withDir(Fsync::kAlways));
+    RespClient c(port_);
+    EXPECT_EQ(c.call({"DBSIZE"}), ":20000\r\n");
 }
 
 TEST_F(KvRewrite, ALeftoverRewriteFileIsRemovedAtStart) {
