@@ -38,6 +38,13 @@ inline void writeServerMetrics(metrics::Writer& w, const ServerStats& s) {
     w.sample({}, s.replayedRecords);
     w.family("spindle_kv_dropped_tail_bytes", Type::kGauge, "Bytes of torn or corrupt log tails dropped at start-up.");
     w.sample({}, s.droppedTailBytes);
+    w.family("spindle_kv_dropped_records", Type::kGauge,
+             "Valid log records after a corruption that --truncate-corrupt-log dropped at start-up.");
+    w.sample({}, s.droppedRecords);
+    w.family("spindle_kv_log_rewrites_total", Type::kCounter,
+             "Shard log rewrites (BGREWRITEAOF, SAVE, automatic) that switched to the new log, or failed.");
+    w.sample({{"result", "ok"}}, s.rewrites);
+    w.sample({{"result", "failed"}}, s.rewritesFailed);
 }
 
 }  // namespace spindle::kv

@@ -251,6 +251,7 @@ TEST(AppMetrics, KvServesMetricsThatCurlScrapes) {
     EXPECT_EQ(samplesOf(page, "spindle_kv_commands_total").at(""), 2) << page;
     EXPECT_EQ(samplesOf(page, "spindle_kv_keys").at(""), 1) << page;
     EXPECT_GT(samplesOf(page, "spindle_kv_used_memory_bytes").at(""), 0) << page;
+    EXPECT_EQ(samplesOf(page, "spindle_kv_log_rewrites_total").size(), 2u) << page;
     EXPECT_EQ(samplesOf(page, "spindle_carrier_fibers_run_total").size(), 2u) << page;
     stopDaemon(kv);
 }
