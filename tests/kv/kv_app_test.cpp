@@ -14,6 +14,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <memory>
@@ -408,7 +409,10 @@ std::vector<std::optional<std::string>> mgetValues(const std::string& r) {
 // random moment, round after round. Every start must find every key of the prefill and, for each
 // writer key, a value between the last one acknowledged and the last one sent.
 TEST_F(KvApp, EveryAcknowledgedWriteSurvivesSigkillDuringRewrites) {
-    constexpr int kWriters = 4, kKeys = 20, kRounds = 6, kPrefill = 20000;
+    constexpr int kWriters = 4, kKeys = 20, kPrefill = 20000;
+    // Six rounds keep CI fast; SPINDLE_KV_CRASH_ROUNDS=100 runs more of them by hand.
+    const char* roundsEnv = std::getenv("SPINDLE_KV_CRASH_ROUNDS");
+    const int kRounds = roundsEnv != nullptr && std::atoi(roundsEnv) > 0 ? std::atoi(roundsEnv) : 6;
     const std::vector<std::string> flags{"--appendfsync", "always", "--auto-aof-rewrite-min-size", "64kb",
                                          "--auto-aof-rewrite-percentage", "10"};
     std::mt19937 rng(std::random_device{}());
