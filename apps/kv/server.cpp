@@ -2636,7 +2636,8 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
                         const auto began = std::chrono::steady_clock::now();
                         scans[i] = scanLogFile(
                             fds[i], [shard](std::string_view p) { return shard->replay(p); }, size_t{8} << 20,
-                            [shard](uint64_t records) { shard->expectKeys(records); });
+                            [shard](uint64_t records) { shard->expectKeys(records); },
+                            [shard](std::string_view p) { shard->prefetch(p); });
                         shard->endReplay();
                         seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
                     },

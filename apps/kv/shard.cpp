@@ -739,6 +739,18 @@ void Shard::expectKeys(uint64_t keys) {
     noteInsert();  // a new bucket count: SCAN positions of before are stale
 }
 
+void Shard::prefetch(std::string_view payload) const noexcept {
+    // Every record but kFlush starts with the key: op, u32 length, bytes.
+    if (payload.size() < 5 || static_cast<uint8_t>(payload[0]) == kFlush) { return; }
+    Reader r{payload.substr(1)};
+    const std::string_view key = r.bytes();
+    if (!r.ok) { return; }
+    // libstdc++'s bucket is hash % bucket_count (_Mod_range_hashing); elsewhere this is a useless hint.
+    const size_t b = static_cast<size_t>(keyHash(key)) % map_.bucket_count();
+    auto it = map_.cbegin(b);
+    if (it != map_.cend(b)) { __builtin_prefetch(&*it); }
+}
+
 void Shard::endReplay() {
     // A log that rewrote few keys many times had far fewer keys than records: shrink the buckets.
     if (map_.bucket_count() > 4 * (map_.size() + 16)) {

@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -111,7 +112,8 @@ ScanReport scanLog(std::string_view log, const std::function<bool(std::string_vi
 }
 
 Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view)>& apply, size_t chunk,
-                               const std::function<void(uint64_t)>& expect) {
+                               const std::function<void(uint64_t)>& expect,
+                               const std::function<void(std::string_view)>& prefetch) {
     struct stat st{};
     if (::fstat(fd, &st) != 0) { return Error{errno}; }
     const auto size = static_cast<uint64_t>(st.st_size);
@@ -126,24 +128,43 @@ Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view
     std::string_view payload;
     bool bad = false;
     constexpr uint64_t kYieldEvery = 64 * 1024;
+    constexpr size_t kBatch = 16;
+    std::array<std::string_view, kBatch> batch;
     uint64_t lastYield = 0;
     bool expected = false;
     while (!bad) {
         size_t need = 0;
         for (;;) {
-            const Check c = checkRecord(std::string_view(buf.get() + begin, end - begin), payload, need);
-            if (c == Check::kShort) { break; }
-            if (c == Check::kBad || !apply(payload)) {
+            // Check a batch of records, let prefetch() start their memory loads, then apply them in order.
+            size_t n = 0, at = begin;
+            Check c = Check::kValid;
+            while (n < kBatch) {
+                c = checkRecord(std::string_view(buf.get() + at, end - at), payload, need);
+                if (c != Check::kValid) { break; }
+                batch[n++] = payload;
+                at += kRecordHeader + payload.size();
+            }
+            if (prefetch) {
+                for (size_t i = 0; i < n; ++i) { prefetch(batch[i]); }
+            }
+            for (size_t i = 0; i < n && !bad; ++i) {
+                if (!apply(batch[i])) {
+                    bad = true;
+                    break;
+                }
+                ++r.records;
+                begin += kRecordHeader + batch[i].size();
+                pos += kRecordHeader + batch[i].size();
+                if (pos - lastYield >= kYieldEvery) {  // let the carrier's other fibers (and its stall detector) in
+                    lastYield = pos;
+                    this_fiber::yield();
+                }
+            }
+            if (bad || c == Check::kBad) {
                 bad = true;
                 break;
             }
-            ++r.records;
-            begin += kRecordHeader + payload.size();
-            pos += kRecordHeader + payload.size();
-            if (pos - lastYield >= kYieldEvery) {  // let the carrier's other fibers (and its stall detector) in
-                lastYield = pos;
-                this_fiber::yield();
-            }
+            if (c == Check::kShort) { break; }  // `need` is the next record's
         }
         if (expect && r.records > 0 && !std::exchange(expected, true)) {
             expect((size - pos) * r.records / pos);

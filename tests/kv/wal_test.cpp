@@ -110,6 +110,7 @@ TEST_F(WalLog, ChunkedScanOfAFileMatchesTheWholeScan) {
             return true;
         });
         int expectCalls = 0;
+        size_t prefetched = 0;
         uint64_t expected = 0;
         auto b = onFiber([&] {
             return scanLogFile(
@@ -122,8 +123,14 @@ TEST_F(WalLog, ChunkedScanOfAFileMatchesTheWholeScan) {
                 [&](uint64_t n) {
                     ++expectCalls;
                     expected = n;
+                },
+                [&](std::string_view p) {
+                    // Each record is announced before it is applied (and a bad one may be announced only).
+                    EXPECT_EQ(p, (whole.size() > prefetched ? std::string_view(whole[prefetched]) : p));
+                    ++prefetched;
                 });
         });
+        EXPECT_GE(prefetched, chunked.size());
         EXPECT_LE(expectCalls, 1);
         if (expectCalls == 1) { EXPECT_LT(expected, 100'000u); }  // a guess from the first chunk, not a wild one
         ASSERT_TRUE(b) << b.error().message();
