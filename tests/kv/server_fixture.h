@@ -3,12 +3,13 @@
 // The kv durability tests' fixture: spindle-kv's server in process on a two-carrier runtime with a
 // fresh data directory, restartable on it, plus helpers that read INFO fields and dump the whole
 // keyspace (every key with its value and absolute expiry) through a client, to compare a keyspace
-// before and after a restart or a rewrite.
+// before and after a restart or a rewrite; dumpTypedKeyspace does it for keys of every type.
 
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <cstdlib>
+#include <algorithm>
 #include <map>
 #include <string>
 #include <thread>
@@ -54,6 +55,47 @@ inline Keyspace dumpKeyspace(uint16_t port) {
         const std::string v = c.call({"GET", key});
         const std::string t = c.call({"PEXPIRETIME", key});
         ks[key] = {bulkValue(v), std::atoll(t.c_str() + 1)};
+    }
+    return ks;
+}
+
+// A key of any type as a client sees it: TYPE, its contents in a canonical order (a string's value;
+// a hash's field, value pairs sorted by field; a list's elements in order; a set's members sorted),
+// and PEXPIRETIME (-1 for none).
+struct TypedValue {
+    std::string type;
+    std::vector<std::string> items;
+    int64_t expireAtMs = -1;
+    bool operator==(const TypedValue&) const = default;
+};
+using TypedKeyspace = std::map<std::string, TypedValue>;
+
+inline TypedKeyspace dumpTypedKeyspace(uint16_t port) {
+    RespClient c(port);
+    TypedKeyspace ks;
+    for (const std::string& key : bulkItems(c.call({"KEYS", "*"}))) {
+        TypedValue v;
+        const std::string t = c.call({"TYPE", key});
+        v.type = t.size() > 3 ? t.substr(1, t.size() - 3) : t;  // +hash\r\n
+        if (v.type == "string") {
+            v.items.push_back(bulkValue(c.call({"GET", key})));
+        } else if (v.type == "hash") {
+            const std::vector<std::string> flat = bulkItems(c.call({"HGETALL", key}));
+            std::vector<std::pair<std::string, std::string>> pairs;
+            for (size_t i = 0; i + 1 < flat.size(); i += 2) { pairs.emplace_back(flat[i], flat[i + 1]); }
+            std::sort(pairs.begin(), pairs.end());
+            for (auto& [f, val] : pairs) {
+                v.items.push_back(f);
+                v.items.push_back(val);
+            }
+        } else if (v.type == "list") {
+            v.items = bulkItems(c.call({"LRANGE", key, "0", "-1"}));
+        } else if (v.type == "set") {
+            v.items = bulkItems(c.call({"SMEMBERS", key}));
+            std::sort(v.items.begin(), v.items.end());
+        }
+        v.expireAtMs = std::atoll(c.call({"PEXPIRETIME", key}).c_str() + 1);
+        ks[key] = std::move(v);
     }
     return ks;
 }
