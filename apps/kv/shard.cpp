@@ -273,6 +273,20 @@ void Shard::recordWhole(std::string_view key) {
     record(scratch_);
 }
 
+template <class Fields>
+void Shard::logChange(std::string_view key, uint8_t op, Fields&& fields) {
+    if (log_ == nullptr) { return; }
+    if (logWhole(key)) {
+        recordWhole(key);
+        return;
+    }
+    scratch_.clear();
+    scratch_.push_back(static_cast<char>(op));
+    putBytes(scratch_, key);
+    fields(scratch_);
+    record(scratch_);
+}
+
 void Shard::erase(Map::iterator it) {
     usedLocal_ -= it->first.size() + entryBytes(it->second) + kEntryOverhead;
     if (it->second.expireAtMs != 0) { --expiresLocal_; }
@@ -385,18 +399,10 @@ int64_t Shard::hset(std::string_view key, std::span<const std::string_view> fiel
         }
     }
     account();
-    if (log_ != nullptr) {
-        if (logWhole(key)) {
-            recordWhole(key);
-        } else {
-            scratch_.clear();
-            scratch_.push_back(static_cast<char>(kHSet));
-            putBytes(scratch_, key);
-            putU32(scratch_, static_cast<uint32_t>(fieldValues.size() / 2));
-            for (std::string_view x : fieldValues) { putBytes(scratch_, x); }
-            record(scratch_);
-        }
-    }
+    logChange(key, kHSet, [&](std::string& rec) {
+        putU32(rec, static_cast<uint32_t>(fieldValues.size() / 2));
+        for (std::string_view x : fieldValues) { putBytes(rec, x); }
+    });
     return added;
 }
 
@@ -415,17 +421,7 @@ int64_t Shard::hdel(std::string_view key, std::span<const std::string_view> fiel
         ++removed;
     }
     if (removed == 0) { return 0; }
-    if (log_ != nullptr) {
-        if (logWhole(key)) {
-            recordWhole(key);
-        } else {
-            scratch_.clear();
-            scratch_.push_back(static_cast<char>(kHDel));
-            putBytes(scratch_, key);
-            putList(scratch_, fields);
-            record(scratch_);
-        }
-    }
+    logChange(key, kHDel, [&](std::string& rec) { putList(rec, fields); });
     settle(it);
     return removed;
 }
@@ -443,18 +439,10 @@ int64_t Shard::push(std::string_view key, bool left, std::span<const std::string
         usedLocal_ += v.size() + kElementOverhead;
     }
     account();
-    if (log_ != nullptr) {
-        if (logWhole(key)) {
-            recordWhole(key);
-        } else {
-            scratch_.clear();
-            scratch_.push_back(static_cast<char>(kPush));
-            putBytes(scratch_, key);
-            scratch_.push_back(left ? 1 : 0);
-            putList(scratch_, elements);
-            record(scratch_);
-        }
-    }
+    logChange(key, kPush, [&](std::string& rec) {
+        rec.push_back(left ? 1 : 0);
+        putList(rec, elements);
+    });
     return static_cast<int64_t>(l.size());
 }
 
@@ -475,18 +463,10 @@ std::vector<std::string> Shard::pop(std::string_view key, bool left, size_t coun
             l.pop_back();
         }
     }
-    if (log_ != nullptr) {
-        if (logWhole(key)) {
-            recordWhole(key);
-        } else {
-            scratch_.clear();
-            scratch_.push_back(static_cast<char>(kPop));
-            putBytes(scratch_, key);
-            scratch_.push_back(left ? 1 : 0);
-            putU32(scratch_, static_cast<uint32_t>(out.size()));
-            record(scratch_);
-        }
-    }
+    logChange(key, kPop, [&](std::string& rec) {
+        rec.push_back(left ? 1 : 0);
+        putU32(rec, static_cast<uint32_t>(out.size()));
+    });
     settle(it);
     return out;
 }
@@ -502,16 +482,8 @@ int64_t Shard::sadd(std::string_view key, std::span<const std::string_view> memb
         }
     }
     account();
-    if (log_ != nullptr && added > 0) {
-        if (logWhole(key)) {
-            recordWhole(key);
-        } else {
-            scratch_.clear();
-            scratch_.push_back(static_cast<char>(kSAdd));
-            putBytes(scratch_, key);
-            putList(scratch_, members);
-            record(scratch_);
-        }
+    if (added > 0) {
+        logChange(key, kSAdd, [&](std::string& rec) { putList(rec, members); });
     }
     return added;
 }
@@ -530,17 +502,7 @@ int64_t Shard::srem(std::string_view key, std::span<const std::string_view> memb
         ++removed;
     }
     if (removed == 0) { return 0; }
-    if (log_ != nullptr) {
-        if (logWhole(key)) {
-            recordWhole(key);
-        } else {
-            scratch_.clear();
-            scratch_.push_back(static_cast<char>(kSRem));
-            putBytes(scratch_, key);
-            putList(scratch_, members);
-            record(scratch_);
-        }
-    }
+    logChange(key, kSRem, [&](std::string& rec) { putList(rec, members); });
     settle(it);
     return removed;
 }

@@ -238,6 +238,10 @@ private:
     [[nodiscard]] bool logWhole(std::string_view key);
     /// Logs `key` whole: its restore record, or a delete when its collection is empty (or it is gone).
     void recordWhole(std::string_view key);
+    /// With a log, logs a collection command on `key`: the key whole where logWhole says so, else the
+    /// change: the record type `op`, the key, then what fields(std::string&) appends.
+    template <class Fields>
+    void logChange(std::string_view key, uint8_t op, Fields&& fields);
     void account() noexcept;
     void setExpiry(Entry& e, std::string_view key, int64_t atMs);
 
