@@ -16,6 +16,7 @@
 #include "apps/kv/shard.h"
 #include "tests/core/with_runtime.h"
 #include "tests/kv/resp_client.h"
+#include "tests/kv/server_fixture.h"
 
 namespace spindle::kv {
 namespace {
@@ -37,39 +38,10 @@ std::string keyOn(unsigned shard, const std::string& prefix) {
     }
 }
 
-class KvCollections : public spindle::testing_support::WithRuntime {
-protected:
-    void SetUp() override {
-        WithRuntime::SetUp();
-        if (HasFatalFailure()) { return; }
-        ASSERT_TRUE(scratch_.ok());
-        dir_ = scratch_.dir();
-    }
-    void TearDown() override {
-        server_.reset();
-        WithRuntime::TearDown();
-    }
-    ServerOptions options(bool withDir) const {
-        ServerOptions o;
-        o.address = net::SocketAddress::ipv4Loopback(0);
-        if (withDir) { o.dir = dir_; }
-        return o;
-    }
-    void startServer(const ServerOptions& o) {
-        server_.reset();
-        auto s = Server::start(rt(), o);
-        ASSERT_TRUE(s) << s.error().message();
-        server_ = std::move(*s);
-        port_ = server_->localAddress().port();
-    }
-    std::unique_ptr<Server> server_;
-    uint16_t port_ = 0;
-    spindle::testing_support::ScratchDir scratch_;
-    std::string dir_;
-};
+class KvCollections : public testing_support::KvServerFixture {};
 
 TEST_F(KvCollections, HashesAnswerAsRedis) {
-    startServer(options(false));
+    startServer(defaults(false));
     RespClient c(port_);
     EXPECT_EQ(c.call({"HSET", "h", "a", "1", "b", "2"}), ":2\r\n");
     EXPECT_EQ(c.call({"HSET", "h", "a", "10", "c", "3"}), ":1\r\n");
@@ -122,7 +94,7 @@ TEST_F(KvCollections, HashesAnswerAsRedis) {
 }
 
 TEST_F(KvCollections, ListsAnswerAsRedis) {
-    startServer(options(false));
+    startServer(defaults(false));
     RespClient c(port_);
     EXPECT_EQ(c.call({"RPUSH", "l", "a", "b", "c"}), ":3\r\n");
     EXPECT_EQ(c.call({"LPUSH", "l", "z", "y"}), ":5\r\n");  // y z a b c
@@ -158,7 +130,7 @@ TEST_F(KvCollections, ListsAnswerAsRedis) {
 }
 
 TEST_F(KvCollections, SetsAnswerAsRedis) {
-    startServer(options(false));
+    startServer(defaults(false));
     RespClient c(port_);
     EXPECT_EQ(c.call({"SADD", "s", "a", "b", "a"}), ":2\r\n");
     EXPECT_EQ(c.call({"SADD", "s", "b", "c"}), ":1\r\n");
@@ -180,7 +152,7 @@ TEST_F(KvCollections, SetsAnswerAsRedis) {
 }
 
 TEST_F(KvCollections, MemoryAccountingAndExpiryCoverCollections) {
-    startServer(options(false));
+    startServer(defaults(false));
     RespClient c(port_);
     EXPECT_EQ(server_->stats().usedMemory, 0u);
     EXPECT_EQ(c.call({"HSET", "h", "field", "value"}), ":1\r\n");
@@ -249,7 +221,7 @@ std::string dump(RespClient& c, const std::vector<std::string>& keys) {
 }
 
 TEST_F(KvCollections, EveryMutationReplaysExactly) {
-    const ServerOptions o = options(true);
+    const ServerOptions o = defaults(true);
     startServer(o);
     std::vector<std::string> keys{"h", "l", "s", "gone", "renamed", "moved", "typechange", "lpopped", "hx", "str"};
     keys.push_back(keyOn(0, "cross"));   // 10
@@ -314,7 +286,7 @@ TEST_F(KvCollections, EveryMutationReplaysExactly) {
 }
 
 TEST_F(KvCollections, RenameAndMsetnxAcrossShards) {
-    startServer(options(false));
+    startServer(defaults(false));
     RespClient c(port_);
     const std::string a = keyOn(0, "a"), b = keyOn(1, "b"), a2 = keyOn(0, "a2-");
     EXPECT_EQ(c.call({"RENAME", a, b}), "-ERR no such key\r\n");
@@ -342,7 +314,7 @@ TEST_F(KvCollections, RenameAndMsetnxAcrossShards) {
 }
 
 TEST_F(KvCollections, ScanReturnsEveryKeyAcrossShardsAndRehashes) {
-    startServer(options(false));
+    startServer(defaults(false));
     RespClient c(port_);
     RespClient writer(port_);
     std::set<std::string> present;
@@ -406,7 +378,7 @@ TEST_F(KvCollections, ScanReturnsEveryKeyAcrossShardsAndRehashes) {
 }
 
 TEST_F(KvCollections, RandomkeyClientListAndSave) {
-    startServer(options(true));
+    startServer(defaults(true));
     RespClient c(port_);
     EXPECT_EQ(c.call({"RANDOMKEY"}), kNil);
     EXPECT_EQ(c.call({"SET", "only", "v"}), kOk);
@@ -441,7 +413,7 @@ TEST_F(KvCollections, RandomkeyClientListAndSave) {
 // Writers MSET two keys on different shards to the same value over and over; readers, with MGET and
 // with GET one key after the other, must never see the two differ in a way that shows half an MSET.
 TEST_F(KvCollections, NoClientSeesHalfAnMset) {
-    startServer(options(false));
+    startServer(defaults(false));
     const std::string a = keyOn(0, "atomic-a"), b = keyOn(1, "atomic-b");
     {
         RespClient c(port_);

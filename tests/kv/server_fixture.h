@@ -135,6 +135,13 @@ protected:
         WithRuntime::TearDown();
     }
 
+    /// Loopback, any port; with `withDir`, the logs in the scratch directory.
+    ServerOptions defaults(bool withDir = false) const {
+        ServerOptions o;
+        o.address = net::SocketAddress::ipv4Loopback(0);
+        if (withDir) { o.dir = dir_; }
+        return o;
+    }
     ServerOptions withDir(Fsync mode) const {
         ServerOptions o;
         o.address = net::SocketAddress::ipv4Loopback(0);

@@ -17,6 +17,7 @@
 
 #include "tests/core/with_runtime.h"
 #include "tests/kv/resp_client.h"
+#include "tests/kv/server_fixture.h"
 
 namespace spindle::kv {
 namespace {
@@ -29,38 +30,7 @@ std::string bulk(std::string_view s) { return "$" + std::to_string(s.size()) + "
 const std::string kOk = "+OK\r\n";
 const std::string kNil = "$-1\r\n";
 
-class KvServer : public spindle::testing_support::WithRuntime {
-protected:
-    void SetUp() override {
-        WithRuntime::SetUp();
-        if (HasFatalFailure()) { return; }
-        ASSERT_TRUE(scratch_.ok()) << "mkdtemp under " << std::filesystem::temp_directory_path();
-        dir_ = scratch_.dir();
-    }
-    void TearDown() override {
-        server_.reset();
-        WithRuntime::TearDown();
-    }
-
-    ServerOptions defaults(bool withDir = false) const {
-        ServerOptions o;
-        o.address = net::SocketAddress::ipv4Loopback(0);
-        if (withDir) { o.dir = dir_; }
-        return o;
-    }
-    void startServer(const ServerOptions& o) {
-        server_.reset();
-        auto s = Server::start(rt(), o);
-        ASSERT_TRUE(s) << s.error().message();
-        server_ = std::move(*s);
-        port_ = server_->localAddress().port();
-    }
-
-    std::unique_ptr<Server> server_;
-    uint16_t port_ = 0;
-    spindle::testing_support::ScratchDir scratch_;  // removed with the fixture, after TearDown
-    std::string dir_;
-};
+class KvServer : public testing_support::KvServerFixture {};
 
 TEST_F(KvServer, StringCommandsAnswerAsRedis) {
     startServer(defaults());

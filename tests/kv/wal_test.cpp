@@ -97,10 +97,10 @@ TEST_F(WalLog, ChunkedScanOfAFileMatchesTheWholeScan) {
     for (int i = 0; i < 40; ++i) { frameRecord(log, std::string(static_cast<size_t>(i * 37 % 300), static_cast<char>('a' + i % 26))); }
     frameRecord(log, std::string(20000, 'B'));  // bigger than any chunk below
     for (int i = 0; i < 5; ++i) { frameRecord(log, "after the big one " + std::to_string(i)); }
-    char path[] = "/tmp/spindle-kv-scan-XXXXXX";
-    const int fd = ::mkstemp(path);
+    spindle::testing_support::ScratchDir scratch;
+    ASSERT_TRUE(scratch.ok());
+    const int fd = ::open(scratch.path("scan.log").c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
     ASSERT_GE(fd, 0);
-    ::unlink(path);
     auto check = [&](const std::string& bytes, size_t chunk) {
         ASSERT_EQ(::ftruncate(fd, 0), 0);
         ASSERT_EQ(::pwrite(fd, bytes.data(), bytes.size(), 0), static_cast<ssize_t>(bytes.size()));
