@@ -33,8 +33,8 @@ namespace {
 using namespace std::chrono_literals;
 using namespace testing_support;
 
-constexpr int kRaceRounds = kSanitized ? 1'000 : 3'000;
-constexpr int kPingPongRounds = kSanitized ? 1'000 : 3'000;
+constexpr int kRaceRounds = kSlowRounds ? 1'000 : 3'000;
+constexpr int kPingPongRounds = kSlowRounds ? 1'000 : 3'000;
 
 using FiberCondVarTest = WithRuntime;
 

@@ -30,9 +30,9 @@ namespace {
 using namespace std::chrono_literals;
 using namespace testing_support;
 
-constexpr int kRaceIterations = kSanitized ? 10'000 : 100'000;
-constexpr int kMultiRaceIterations = kSanitized ? 1'000 : 10'000;
-constexpr int kPingPongRounds = kSanitized ? 1'000 : 10'000;
+constexpr int kRaceIterations = kSlowRounds ? 10'000 : 100'000;
+constexpr int kMultiRaceIterations = kSlowRounds ? 1'000 : 10'000;
+constexpr int kPingPongRounds = kSlowRounds ? 1'000 : 10'000;
 
 using FiberFutureTest = WithRuntime;
 
@@ -421,7 +421,7 @@ TEST_F(FiberFutureTest, WaitWithTimeoutRacingSetsAcrossCarriers) {
     // the other carrier (stolen) and then disarm its timer from there. Either answer is right; what must hold
     // is that a timed-out future stays armed and later yields the set value, and that nothing hangs.
     constexpr int kWaiters = 8;
-    constexpr int kRounds = kSanitized ? 50 : 200;
+    constexpr int kRounds = kSlowRounds ? 50 : 200;
     std::atomic<uint64_t> progress{0};
     Watchdog dog("WaitWithTimeoutRacingSetsAcrossCarriers", progress, 30s);
     std::vector<FiberHandle<int>> hs;

@@ -32,8 +32,8 @@ namespace {
 using namespace std::chrono_literals;
 using namespace testing_support;
 
-constexpr int kRaceAttempts = kSanitized ? 10'000 : 20'000;
-constexpr int kBoundRounds = kSanitized ? 1'000 : 3'000;
+constexpr int kRaceAttempts = kSlowRounds ? 10'000 : 20'000;
+constexpr int kBoundRounds = kSlowRounds ? 1'000 : 3'000;
 
 using FiberSemaphoreTest = WithRuntime;
 

@@ -37,9 +37,9 @@ using namespace std::chrono_literals;
 using namespace testing_support;
 using Future = FiberSequencer::Future;
 
-constexpr int kCancelRaceRounds = kSanitized ? 5'000 : 20'000;
-constexpr int kPingPongRounds = kSanitized ? 1'000 : 10'000;
-constexpr int kDestroyRounds = kSanitized ? 500 : 2'000;
+constexpr int kCancelRaceRounds = kSlowRounds ? 5'000 : 20'000;
+constexpr int kPingPongRounds = kSlowRounds ? 1'000 : 10'000;
+constexpr int kDestroyRounds = kSlowRounds ? 500 : 2'000;
 constexpr int kOrderedWaiters = 1'000;
 
 /// Spins (yielding) until `pred` holds; the caller's watchdog catches a condition that never comes.

@@ -43,6 +43,18 @@ inline constexpr bool kSanitized = true;
 inline constexpr bool kSanitized = false;
 #endif
 
+/// Whether these tests run under an emulator (the aarch64 flavour: qemu-user, each test program on one
+/// host CPU, so that every hand-over between two carriers waits for a time slice).
+#if defined(SPINDLE_TEST_EMULATED)
+inline constexpr bool kEmulated = true;
+#else
+inline constexpr bool kEmulated = false;
+#endif
+
+/// Where a round of a race test is slow (sanitizers, emulation): such tests run fewer rounds, with the
+/// same checks in each.
+inline constexpr bool kSlowRounds = kSanitized || kEmulated;
+
 /// The backend this test process runs on: SPINDLE_BACKEND's (ctest runs every suite once with
 /// "epoll"), else io_uring where it can be set up.
 inline Backend testBackend() { return detail::threadBackend(); }
