@@ -46,10 +46,6 @@ int rewriteShardLog(Shard& shard, ShardLog& log, const std::string& dir, const s
     int err = 0;
     for (bool done = false; !done && err == 0;) {
         done = shard.snapshotSlice(cursor, nowMs(), kSliceBytes, buf);
-        if (cursor.abandoned) {
-            err = EAGAIN;  // a rehash under a walk that collection deltas depend on: try again later
-            break;
-        }
         if (!buf.empty()) {
             err = logWrite(*fd, buf, offset);  // parks: the carrier serves commands meanwhile
             offset += buf.size();
@@ -83,7 +79,6 @@ int rewriteShardLog(Shard& shard, ShardLog& log, const std::string& dir, const s
         stats->keys = cursor.keys;
         stats->tailBytes = tailBytes;
         stats->size = log.size();
-        stats->restarts = cursor.restarts;
     }
     return err;
 }

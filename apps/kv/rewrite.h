@@ -35,7 +35,6 @@ struct RewriteStats {
     uint64_t keys = 0;       // restore records' keys written by the snapshot
     uint64_t tailBytes = 0;  // bytes of records captured during the rewrite and appended after it
     uint64_t size = 0;       // the new log's size at the switch
-    uint64_t restarts = 0;   // snapshot walks restarted by a rehash
 };
 
 /// Rewrites the log of `shard` (whose log is `log`, kept in `dir`).

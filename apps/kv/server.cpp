@@ -293,9 +293,8 @@ void Server::Impl::runRewrite(unsigned i) noexcept {
     if (err == 0) {
         st.baseSize.store(rs.size);
         rewritesDone.fetch_add(1);
-        log::info("spindle-kv: shard {}'s log rewritten in {} ms: {} -> {} bytes ({} keys, {} bytes written meanwhile{})", i,
-                  took, before, rs.size, rs.keys, rs.tailBytes,
-                  rs.restarts > 0 ? fmt::format(", {} rehash restarts", rs.restarts) : std::string());
+        log::info("spindle-kv: shard {}'s log rewritten in {} ms: {} -> {} bytes ({} keys, {} bytes written meanwhile)", i,
+                  took, before, rs.size, rs.keys, rs.tailBytes);
     } else if (err != ECANCELED) {
         rewritesFailed.fetch_add(1);
         st.retryAfterMs.store(nowMs() + 5000);
@@ -2020,10 +2019,10 @@ void cmdScard(Ctx& x) {
 }
 
 // SCAN cursor [MATCH pattern] [COUNT n] [TYPE type]. The cursor is (shard << 54) | the shard's own
-// position (Shard::scan: table generation and bucket), so a scan walks the shards one after another
-// and returns every key present for the whole scan at least once.
+// position (Shard::scan: the top bits of the hash to go on from), so a scan walks the shards one after
+// another and returns every key present for the whole scan once (more than once only across a FLUSHALL).
 constexpr int kScanShardShift = 54;
-static_assert(Shard::kScanBucketBits + 14 == kScanShardShift, "a shard's scan position fits below the shard");
+static_assert(Shard::kScanPositionBits + 14 == kScanShardShift, "a shard's scan position fits below the shard");
 
 void cmdScan(Ctx& x) {
     // The cursor parses as Redis's (strtoul: an optional sign, base 10, no trailing bytes).

@@ -243,7 +243,7 @@ void setPayload(std::string& out, std::string_view key, std::string_view value, 
 
 void Shard::account() noexcept {
     used_.store(usedLocal_, std::memory_order_relaxed);
-    keys_.store(map_.size(), std::memory_order_relaxed);
+    keys_.store(table_.size(), std::memory_order_relaxed);
     expires_.store(expiresLocal_, std::memory_order_relaxed);
 }
 
@@ -252,23 +252,17 @@ void Shard::record(std::string_view payload) {
 }
 
 bool Shard::logWhole(std::string_view key) {
-    if (walk_ == nullptr) { return false; }
-    if (map_.bucket_count() != walk_->buckets) { return true; }  // the walk restarts: it visits every key again
-    auto it = map_.find(key);
-    if (it == map_.end()) { return false; }
-    if (map_.bucket(it->first) >= walk_->bucket) { return true; }
-    walkDeltas_ = true;
-    return false;
+    return walk_ != nullptr && keyHash(key) >= walk_->next;  // the walk has not got to it
 }
 
 void Shard::recordWhole(std::string_view key) {
     scratch_.clear();
-    auto it = map_.find(key);
-    if (it == map_.end() || std::visit([](const auto& c) { return c.empty(); }, it->second.coll->value)) {
+    const Entry* e = table_.find(key, keyHash(key));
+    if (e == nullptr || std::visit([](const auto& c) { return c.empty(); }, e->coll->value)) {
         scratch_.push_back(static_cast<char>(kDel));
         putBytes(scratch_, key);
     } else {
-        encodeRestore(it->first, it->second, scratch_);
+        encodeRestore(key, *e, scratch_);
     }
     record(scratch_);
 }
@@ -287,33 +281,40 @@ void Shard::logChange(std::string_view key, uint8_t op, Fields&& fields) {
     record(scratch_);
 }
 
-void Shard::erase(Map::iterator it) {
-    usedLocal_ -= it->first.size() + entryBytes(it->second) + kEntryOverhead;
-    if (it->second.expireAtMs != 0) { --expiresLocal_; }
-    map_.erase(it);
+void Shard::erase(std::string_view key, uint64_t hash, const Entry& e) {
+    usedLocal_ -= key.size() + entryBytes(e) + kEntryOverhead;
+    if (e.expireAtMs != 0) { --expiresLocal_; }
+    (void)table_.erase(key, hash);
     account();
 }
 
-Entry* Shard::find(std::string_view key, int64_t now) {
-    auto it = map_.find(key);
-    if (it == map_.end()) { return nullptr; }
-    if (it->second.expireAtMs != 0 && it->second.expireAtMs <= now) {
-        expire(it);
-        return nullptr;
-    }
-    return &it->second;
+Entry& Shard::insert(std::string_view key, uint64_t hash, Entry e) {
+    Entry& in = table_.insert(key, hash, std::move(e));
+    usedLocal_ += key.size() + kEntryOverhead;
+    return in;
 }
 
-void Shard::expire(Map::iterator it) {
+Entry* Shard::find(std::string_view key, int64_t now) {
+    const uint64_t hash = keyHash(key);
+    Entry* e = table_.find(key, hash);
+    if (e == nullptr) { return nullptr; }
+    if (e->expireAtMs != 0 && e->expireAtMs <= now) {
+        expire(key, hash, *e);
+        return nullptr;
+    }
+    return e;
+}
+
+void Shard::expire(std::string_view key, uint64_t hash, const Entry& e) {
     // Logged as a delete (as Redis propagates a DEL): a replay does not expire, and without it a later
     // HSET or LPUSH on the same name would replay into the old value.
     if (log_ != nullptr && log_->failed() == 0) {
         scratch_.clear();
         scratch_.push_back(static_cast<char>(kDel));
-        putBytes(scratch_, it->first);
+        putBytes(scratch_, key);
         record(scratch_);
     }
-    erase(it);
+    erase(key, hash, e);
     expired_.fetch_add(1, std::memory_order_relaxed);
 }
 
@@ -325,18 +326,17 @@ void Shard::setExpiry(Entry& e, std::string_view key, int64_t atMs) {
 }
 
 void Shard::set(std::string_view key, std::string_view value, int64_t expireAtMs) {
-    auto it = map_.find(key);
-    if (it == map_.end()) {
-        it = map_.emplace(std::string(key), Entry{}).first;
-        usedLocal_ += key.size() + kEntryOverhead;
-        noteInsert();
+    const uint64_t hash = keyHash(key);
+    Entry* e = table_.find(key, hash);
+    if (e == nullptr) {
+        e = &insert(key, hash, Entry{});
     } else {
-        usedLocal_ -= entryBytes(it->second);
-        it->second.coll.reset();
+        usedLocal_ -= entryBytes(*e);
+        e->coll.reset();
     }
-    it->second.value.assign(value);
+    e->value.assign(value);
     usedLocal_ += value.size();
-    setExpiry(it->second, key, expireAtMs);
+    setExpiry(*e, key, expireAtMs);
     account();
     if (log_ != nullptr) {
         scratch_.clear();
@@ -346,9 +346,10 @@ void Shard::set(std::string_view key, std::string_view value, int64_t expireAtMs
 }
 
 bool Shard::del(std::string_view key) {
-    auto it = map_.find(key);
-    if (it == map_.end()) { return false; }
-    erase(it);
+    const uint64_t hash = keyHash(key);
+    const Entry* e = table_.find(key, hash);
+    if (e == nullptr) { return false; }
+    erase(key, hash, *e);
     if (log_ != nullptr) {
         scratch_.clear();
         scratch_.push_back(static_cast<char>(kDel));
@@ -359,20 +360,17 @@ bool Shard::del(std::string_view key) {
 }
 
 Entry& Shard::collection(std::string_view key, ValueType type) {
-    auto it = map_.find(key);
-    if (it != map_.end()) { return it->second; }
-    it = map_.emplace(std::string(key), Entry{}).first;
-    usedLocal_ += key.size() + kEntryOverhead;
-    noteInsert();
-    it->second.coll = emptyCollection(type);
-    return it->second;
+    const uint64_t hash = keyHash(key);
+    if (Entry* e = table_.find(key, hash)) { return *e; }
+    Entry fresh;
+    fresh.coll = emptyCollection(type);
+    return insert(key, hash, std::move(fresh));
 }
 
-void Shard::settle(Map::iterator it) {
-    const Entry& e = it->second;
+void Shard::settle(std::string_view key, uint64_t hash, const Entry& e) {
     const bool empty = std::visit([](const auto& c) { return c.empty(); }, e.coll->value);
     if (empty) {
-        erase(it);
+        erase(key, hash, e);
     } else {
         account();
     }
@@ -407,9 +405,10 @@ int64_t Shard::hset(std::string_view key, std::span<const std::string_view> fiel
 }
 
 int64_t Shard::hdel(std::string_view key, std::span<const std::string_view> fields) {
-    auto it = map_.find(key);
-    if (it == map_.end()) { return 0; }
-    Entry& e = it->second;
+    const uint64_t hash = keyHash(key);
+    Entry* found = table_.find(key, hash);
+    if (found == nullptr) { return 0; }
+    Entry& e = *found;
     int64_t removed = 0;
     for (std::string_view f : fields) {
         auto at = e.hash().find(f);
@@ -422,7 +421,7 @@ int64_t Shard::hdel(std::string_view key, std::span<const std::string_view> fiel
     }
     if (removed == 0) { return 0; }
     logChange(key, kHDel, [&](std::string& rec) { putList(rec, fields); });
-    settle(it);
+    settle(key, hash, e);
     return removed;
 }
 
@@ -448,9 +447,10 @@ int64_t Shard::push(std::string_view key, bool left, std::span<const std::string
 
 std::vector<std::string> Shard::pop(std::string_view key, bool left, size_t count) {
     std::vector<std::string> out;
-    auto it = map_.find(key);
-    if (it == map_.end() || count == 0) { return out; }
-    Entry& e = it->second;
+    const uint64_t hash = keyHash(key);
+    Entry* found = table_.find(key, hash);
+    if (found == nullptr || count == 0) { return out; }
+    Entry& e = *found;
     ListValue& l = e.list();
     while (out.size() < count && !l.empty()) {
         std::string& v = left ? l.front() : l.back();
@@ -467,7 +467,7 @@ std::vector<std::string> Shard::pop(std::string_view key, bool left, size_t coun
         rec.push_back(left ? 1 : 0);
         putU32(rec, static_cast<uint32_t>(out.size()));
     });
-    settle(it);
+    settle(key, hash, e);
     return out;
 }
 
@@ -489,9 +489,10 @@ int64_t Shard::sadd(std::string_view key, std::span<const std::string_view> memb
 }
 
 int64_t Shard::srem(std::string_view key, std::span<const std::string_view> members) {
-    auto it = map_.find(key);
-    if (it == map_.end()) { return 0; }
-    Entry& e = it->second;
+    const uint64_t hash = keyHash(key);
+    Entry* found = table_.find(key, hash);
+    if (found == nullptr) { return 0; }
+    Entry& e = *found;
     int64_t removed = 0;
     for (std::string_view m : members) {
         auto at = e.set().find(m);
@@ -503,30 +504,30 @@ int64_t Shard::srem(std::string_view key, std::span<const std::string_view> memb
     }
     if (removed == 0) { return 0; }
     logChange(key, kSRem, [&](std::string& rec) { putList(rec, members); });
-    settle(it);
+    settle(key, hash, e);
     return removed;
 }
 
 void Shard::restore(std::string_view key, Entry e) {
-    if (auto old = map_.find(key); old != map_.end()) { erase(old); }
+    const uint64_t hash = keyHash(key);
+    if (const Entry* old = table_.find(key, hash)) { erase(key, hash, *old); }
     if (log_ != nullptr) {
         scratch_.clear();
         encodeRestore(key, e, scratch_);
     }
     const int64_t at = e.expireAtMs;
     e.expireAtMs = 0;
-    auto it = map_.emplace(std::string(key), std::move(e)).first;
-    noteInsert();
-    usedLocal_ += key.size() + kEntryOverhead + entryBytes(it->second);
-    setExpiry(it->second, key, at);
+    Entry& in = insert(key, hash, std::move(e));
+    usedLocal_ += entryBytes(in);
+    setExpiry(in, key, at);
     account();
     if (log_ != nullptr) { record(scratch_); }
 }
 
 void Shard::expireAt(std::string_view key, int64_t atMs) {
-    auto it = map_.find(key);
-    if (it == map_.end()) { return; }
-    setExpiry(it->second, key, atMs);
+    Entry* e = table_.find(key, keyHash(key));
+    if (e == nullptr) { return; }
+    setExpiry(*e, key, atMs);
     account();
     if (log_ != nullptr) {
         scratch_.clear();
@@ -538,9 +539,9 @@ void Shard::expireAt(std::string_view key, int64_t atMs) {
 }
 
 bool Shard::persist(std::string_view key) {
-    auto it = map_.find(key);
-    if (it == map_.end() || it->second.expireAtMs == 0) { return false; }
-    setExpiry(it->second, key, 0);
+    Entry* e = table_.find(key, keyHash(key));
+    if (e == nullptr || e->expireAtMs == 0) { return false; }
+    setExpiry(*e, key, 0);
     account();
     if (log_ != nullptr) {
         scratch_.clear();
@@ -552,7 +553,7 @@ bool Shard::persist(std::string_view key) {
 }
 
 void Shard::flush() {
-    map_.clear();
+    table_.clear(walk_ != nullptr);  // a walk under way stays exact (see snapshotSlice)
     due_ = {};
     usedLocal_ = 0;
     expiresLocal_ = 0;
@@ -696,9 +697,8 @@ bool Shard::replay(std::string_view payload) {
 }
 
 void Shard::expectKeys(uint64_t keys) {
-    constexpr uint64_t kMost = uint64_t{1} << 27;  // a bound on the guess (1 GiB of buckets)
-    map_.reserve(static_cast<size_t>(std::min<uint64_t>(map_.size() + keys, kMost)));
-    noteInsert();  // a new bucket count: SCAN positions of before are stale
+    constexpr uint64_t kMost = uint64_t{1} << 27;  // a bound on the guess (2 GiB of slots)
+    table_.reserve(static_cast<size_t>(std::min<uint64_t>(table_.size() + keys, kMost)));
 }
 
 void Shard::prefetch(std::string_view payload) const noexcept {
@@ -706,28 +706,23 @@ void Shard::prefetch(std::string_view payload) const noexcept {
     if (payload.size() < 5 || static_cast<uint8_t>(payload[0]) == kFlush) { return; }
     Reader r{payload.substr(1)};
     const std::string_view key = r.bytes();
-    if (!r.ok) { return; }
-    // libstdc++'s bucket is hash % bucket_count (_Mod_range_hashing); elsewhere this is a useless hint.
-    const size_t b = static_cast<size_t>(keyHash(key)) % map_.bucket_count();
-    auto it = map_.cbegin(b);
-    if (it != map_.cend(b)) { __builtin_prefetch(&*it); }
+    if (r.ok) { table_.prefetch(keyHash(key)); }
 }
 
 void Shard::endReplay() {
-    // A log that rewrote few keys many times had far fewer keys than records: shrink the buckets.
-    if (map_.bucket_count() > 4 * (map_.size() + 16)) {
-        map_.rehash(0);
-        noteInsert();  // the one place the table shrinks; SCAN sees it as a new generation
-    }
+    // A log that rewrote few keys many times had far fewer keys than records: give back the slots.
+    table_.shrinkToFit();
 }
 
 size_t Shard::activeExpire(int64_t now, size_t budget) {
     size_t removed = 0;
     while (!due_.empty() && due_.top().first <= now && budget > 0) {
         --budget;
-        auto it = map_.find(std::string_view(due_.top().second));
-        if (it != map_.end() && it->second.expireAtMs == due_.top().first) {
-            expire(it);
+        const std::string_view key = due_.top().second;
+        const uint64_t hash = keyHash(key);
+        const Entry* e = table_.find(key, hash);
+        if (e != nullptr && e->expireAtMs == due_.top().first) {
+            expire(key, hash, *e);
             ++removed;
         }
         due_.pop();
@@ -737,75 +732,44 @@ size_t Shard::activeExpire(int64_t now, size_t budget) {
 
 uint64_t Shard::scan(uint64_t pos, size_t count, int64_t now,
                      const std::function<void(std::string_view, const Entry&)>& fn) {
-    constexpr uint64_t kBucketMask = (uint64_t{1} << kScanBucketBits) - 1;
-    uint64_t bucket = pos & kBucketMask;
-    if ((pos >> kScanBucketBits) != generation_) { bucket = 0; }  // the table grew since: walk it again
-    const size_t buckets = map_.bucket_count();
-    size_t seen = 0, empty = 0, visited = 0;
-    const size_t maxEmpty = count * 10;
-    // At least 1/kScanSteps of the table per step, so that a walk ends within kScanSteps steps: a
-    // walk restarts only when the table grew meanwhile, and it would never end if the table could grow
-    // faster than small steps go.
-    const size_t minBuckets = buckets / kScanSteps + 1;
-    while (bucket < buckets && (visited < minBuckets || (seen < count && empty < maxEmpty))) {
-        ++visited;
-        const size_t b = static_cast<size_t>(bucket++);
-        if (map_.bucket_size(b) == 0) {
-            ++empty;
-            continue;
-        }
-        for (auto it = map_.begin(b); it != map_.end(b); ++it) {
-            ++seen;
-            if (it->second.expireAtMs != 0 && it->second.expireAtMs <= now) { continue; }
-            fn(it->first, it->second);
-        }
-    }
-    return bucket >= buckets ? 0 : (generation_ << kScanBucketBits) | bucket;
+    constexpr int kShift = 64 - kScanPositionBits;
+    // Whole home slots until about `count` keys; as many empty ones as Redis would pass (10 x count).
+    const auto step = table_.walk(pos << kShift, count, count * 10, [&](std::string_view key, uint64_t, const Entry& e) {
+        if (e.expireAtMs != 0 && e.expireAtMs <= now) { return; }
+        fn(key, e);
+    });
+    // A table of more than 2^40 slots would need a finer position; KeyTable's positions are home slots.
+    return step.done ? 0 : step.next >> kShift;
 }
 
 bool Shard::randomKey(int64_t now, uint64_t seed, std::string& out) {
-    const size_t buckets = map_.bucket_count();
-    if (map_.empty() || buckets == 0) { return false; }
-    // From a random bucket on, the first live key; a full turn finds any there is.
-    const size_t start = static_cast<size_t>(seed % buckets);
-    for (size_t i = 0; i < buckets; ++i) {
-        const size_t b = (start + i) % buckets;
-        for (auto it = map_.begin(b); it != map_.end(b); ++it) {
-            if (it->second.expireAtMs != 0 && it->second.expireAtMs <= now) { continue; }
-            out = it->first;
-            return true;
-        }
-    }
-    return false;
+    return table_.pick(seed, [&](std::string_view key, const Entry& e) {
+        if (e.expireAtMs != 0 && e.expireAtMs <= now) { return false; }
+        out.assign(key);
+        return true;
+    });
 }
 
 bool Shard::snapshotSlice(SnapshotCursor& c, int64_t now, size_t budget, std::string& out) {
+    if (c.done) { return true; }
     if (!c.started) {
-        c.loadFactor = map_.max_load_factor();
-        map_.max_load_factor(kSnapshotLoadFactor);  // sets the policy; rehashes nothing now
-    }
-    if (c.started && map_.bucket_count() != c.buckets && walkDeltas_) {
-        c.abandoned = true;  // see SnapshotCursor::abandoned
-        walk_ = nullptr;
-        return true;
-    }
-    if (!c.started || map_.bucket_count() != c.buckets) {
-        if (c.started) { ++c.restarts; }
         c.started = true;
-        c.bucket = 0;
-        c.buckets = map_.bucket_count();
+        c.next = 0;
         walk_ = &c;
-        walkDeltas_ = false;
     }
     const size_t target = out.size() + budget;
-    for (; c.bucket < c.buckets && out.size() < target; ++c.bucket) {
-        for (auto it = map_.cbegin(c.bucket); it != map_.cend(c.bucket); ++it) {
-            if (it->second.expireAtMs != 0 && it->second.expireAtMs <= now) { continue; }
-            appendRestoreRecords(it->first, it->second, out);
+    // A slice ends after whole home slots once `out` has grown by `budget`: about that many keys' worth.
+    KeyTable<Entry>::WalkStep step{c.next, false};
+    while (!step.done && out.size() < target) {
+        step = table_.walk(step.next, 1, SIZE_MAX, [&](std::string_view key, uint64_t, const Entry& e) {
+            if (e.expireAtMs != 0 && e.expireAtMs <= now) { return; }
+            appendRestoreRecords(key, e, out);
             ++c.keys;
-        }
+        });
     }
-    if (c.bucket < c.buckets) { return false; }
+    c.next = step.next;
+    if (!step.done) { return false; }
+    c.done = true;
     walk_ = nullptr;  // every key visited: deltas are right for all of them from now on
     return true;
 }
@@ -814,14 +778,14 @@ void Shard::endSnapshot(SnapshotCursor& c) noexcept {
     if (!c.started || c.ended) { return; }
     c.ended = true;
     if (walk_ == &c) { walk_ = nullptr; }
-    map_.max_load_factor(c.loadFactor);  // the next insert rehashes if the map grew meanwhile
 }
 
 void Shard::forEachKey(int64_t now, const std::function<bool(std::string_view)>& fn) {
-    for (const auto& [key, entry] : map_) {
-        if (entry.expireAtMs != 0 && entry.expireAtMs <= now) { continue; }
-        if (!fn(key)) { return; }
-    }
+    bool more = true;
+    table_.forEach([&](std::string_view key, const Entry& e) {
+        if (!more || (e.expireAtMs != 0 && e.expireAtMs <= now)) { return; }
+        more = fn(key);
+    });
 }
 
 }  // namespace spindle::kv

@@ -34,6 +34,8 @@
 #include <variant>
 #include <vector>
 
+#include "apps/kv/key_table.h"
+
 namespace spindle::kv {
 
 class ShardLog;
@@ -100,19 +102,14 @@ void appendRestoreRecords(std::string_view key, const Entry& e, std::string& out
 /// Unix time in milliseconds (CLOCK_REALTIME), what expiry times are kept in.
 [[nodiscard]] int64_t nowMs() noexcept;
 
-/// Where a compaction snapshot of a shard has got to (Shard::snapshotSlice).
+/// Where a compaction snapshot of a shard has got to (Shard::snapshotSlice): the keys whose hash is
+/// below `next` have been written.
 struct SnapshotCursor {
-    size_t bucket = 0;     // the next bucket to visit
-    size_t buckets = 0;    // the map's bucket count when the walk (re)started
+    uint64_t next = 0;
     bool started = false;
-    bool ended = false;
-    float loadFactor = 1.0f;  // the map's max_load_factor before the walk
-    uint64_t restarts = 0;  // walks begun again because the map rehashed between slices
-    uint64_t keys = 0;      // keys written (a restart writes some twice)
-    // The map rehashed after a collection command logged a delta for a key the walk had visited: a
-    // restart would write that key again with the delta in it, and the capture would apply it twice.
-    // snapshotSlice then returns true at once; the rewrite is abandoned (EAGAIN), the old log stays.
-    bool abandoned = false;
+    bool done = false;   // every key visited
+    bool ended = false;  // endSnapshot() was called
+    uint64_t keys = 0;   // keys written
 };
 
 class Shard {
@@ -149,53 +146,48 @@ public:
     /// third of a replay's time with a million keys). endReplay() gives back what was not used.
     void expectKeys(uint64_t keys);
     void endReplay();
-    /// Recovery: starts loading the map's memory that replaying `payload` will touch (its key's
-    /// bucket and first node), so that a batch of records wait for memory together, not one by one.
-    /// Only a hint: it changes nothing.
+    /// Recovery: starts loading the table's slot that replaying `payload` will look its key up in, so
+    /// that a batch of records wait for memory together, not one by one. Only a hint: it changes nothing.
     void prefetch(std::string_view payload) const noexcept;
+    /// Start loading what a lookup of the key whose keyHash is `hash` reads: its slot, then (once the
+    /// slot is cached) its node. A pipeline of commands prefetches the slots of the keys a few commands
+    /// ahead, and their nodes a little less far ahead. Only hints: they change nothing.
+    void prefetchSlot(uint64_t hash) const noexcept { table_.prefetch(hash); }
+    void prefetchNode(uint64_t hash) const noexcept { table_.prefetchNode(hash); }
 
     /// Removes up to `budget` keys whose time has come; returns how many.
     size_t activeExpire(int64_t now, size_t budget);
 
     /// Calls fn(key) for every live key (KEYS); stops when fn returns false.
     void forEachKey(int64_t now, const std::function<bool(std::string_view)>& fn);
-    /// One SCAN step over this shard: calls fn(key, entry) for the live keys of whole buckets of the
-    /// key table from position `pos` on, until about `count` keys (or 10 x count empty buckets) have
-    /// been seen, and at least 1/kScanSteps of the table. Returns the position to go on from, 0 once
-    /// the table has been walked; `pos` 0 starts. A position is (table generation << 40 | bucket). The
-    /// table only grows (std::unordered_map rehashes on insert and never on erase), and each growth
-    /// bumps the generation: a position of an older generation restarts the walk at bucket 0, so a key
-    /// present for the whole walk is returned at least once (possibly more often, as SCAN allows). A
-    /// walk takes at most kScanSteps steps, so it ends unless the shard doubles within that many.
-    /// Cost: a step on a large shard returns up to 1/kScanSteps of its keys (COUNT is a hint).
+    /// One SCAN step over this shard: calls fn(key, entry) for the live keys of the key table in hash
+    /// order from position `pos` on, whole home slots at a time, until about `count` keys (or 10 x
+    /// count empty slots) have been seen. Returns the position to go on from, 0 once the table has
+    /// been walked; `pos` 0 starts. A position is the top kScanPositionBits bits of the hash to go on
+    /// from (KeyTable::walk), so a key present for the whole walk is returned exactly once however the
+    /// table grows meanwhile (more than once only if it shrinks, which FLUSHALL and nothing else does).
     uint64_t scan(uint64_t pos, size_t count, int64_t now, const std::function<void(std::string_view, const Entry&)>& fn);
-    static constexpr int kScanBucketBits = 40;
-    static constexpr size_t kScanSteps = 64;
-    static constexpr uint64_t kScanGenerations = 1u << 14;
+    static constexpr int kScanPositionBits = 40;
     /// A live key chosen at random, or "" with false when there is none (RANDOMKEY).
     bool randomKey(int64_t now, uint64_t seed, std::string& out);
 
-    /// Appends the restore records (appendRestoreRecords) of the keys in the next buckets of the map
-    /// to `out`, whole buckets at a time, until `out` has grown by about `budget` bytes; returns true
-    /// once every bucket has been visited. Between two calls the shard may change freely: a key that
-    /// exists from the first call to the last and is not written in between is visited at least once
-    /// (a rehash restarts the walk from the first bucket, so some keys are written twice, which a
-    /// replay takes in its stride). Keys written in between may or may not be visited; the caller
+    /// Appends the restore records (appendRestoreRecords) of the next keys of the table in hash order
+    /// to `out`, whole home slots at a time, until `out` has grown by about `budget` bytes; returns true
+    /// once every key has been visited. Between two calls the shard may change freely: a key that
+    /// exists from the first call to the last and is not written in between is visited exactly once,
+    /// however much the table grows (KeyTable::walk; a FLUSHALL during the walk keeps the slot array so
+    /// that this holds there too). Keys written in between may or may not be visited; the caller
     /// captures those writes (ShardLog::beginCapture) and appends them after the snapshot.
-    /// Progress: while a walk is under way the map's max_load_factor is raised to
-    /// kSnapshotLoadFactor, so that only a shard that grows that many times over during one walk
-    /// rehashes under it (and makes it restart); endSnapshot() puts it back.
     ///
-    /// Collections: while a walk is under way, a hash, list or set command on a key in a bucket the
-    /// walk has not visited yet logs the key whole (one kRestore, or a kDel once it is emptied) instead
-    /// of its delta record: the snapshot will hold the change already, and a delta (an RPUSH, or an HSET
-    /// on a key that is a set by the time the walk gets there) would be applied to it a second time
-    /// when the capture is replayed after the snapshot. Keys already visited log deltas as usual.
+    /// Collections: while a walk is under way, a hash, list or set command on a key the walk has not
+    /// visited yet (its hash is at or above the cursor) logs the key whole (one kRestore, or a kDel once
+    /// it is emptied) instead of its delta record: the snapshot will hold the change already, and a
+    /// delta (an RPUSH, or an HSET on a key that is a set by the time the walk gets there) would be
+    /// applied to it a second time when the capture is replayed after the snapshot. Keys already
+    /// visited log deltas as usual.
     bool snapshotSlice(SnapshotCursor& cursor, int64_t now, size_t budget, std::string& out);
-    /// Ends a walk, finished or not (restores the load factor). Idempotent.
+    /// Ends a walk, finished or not. Idempotent.
     void endSnapshot(SnapshotCursor& cursor) noexcept;
-
-    static constexpr float kSnapshotLoadFactor = 8.0f;
 
     void attachLog(ShardLog* log) noexcept { log_ = log; }
     [[nodiscard]] ShardLog* log() const noexcept { return log_; }
@@ -207,31 +199,23 @@ public:
     [[nodiscard]] uint64_t expiresCount() const noexcept { return expires_.load(std::memory_order_relaxed); }
     [[nodiscard]] uint64_t expiredKeys() const noexcept { return expired_.load(std::memory_order_relaxed); }
 
-    // Bytes counted per key besides its name and value (hash node, Entry, string headers).
-    static constexpr size_t kEntryOverhead = 96;
+    // Bytes counted per key besides its name and value (the table's node and slot, Entry).
+    static constexpr size_t kEntryOverhead = KeyTable<Entry>::kBytesPerKey;
     // Bytes counted per element of a collection besides its bytes (node, string headers; a hash
     // field's value is counted with it).
     static constexpr size_t kElementOverhead = 48;
 
 private:
-    // The key map's hasher: KeyHasher, deliberately not noexcept. libstdc++ then keeps each key's hash
-    // in its node (it does so for a hash it may not call freely), so a lookup walks a bucket comparing
-    // stored hashes instead of hashing every key it passes, and a rehash hashes nothing. Replaying a
-    // log of a million keys spent most of its time there. The node grows by 8 bytes, to 96 with
-    // today's Entry (a 112-byte malloc chunk instead of 96). Collections and KeyLocks keep KeyHasher.
-    struct Hash {
-        using is_transparent = void;
-        size_t operator()(std::string_view s) const { return static_cast<size_t>(keyHash(s)); }  // NOLINT
-    };
-    using Map = std::unordered_map<std::string, Entry, Hash, std::equal_to<>>;
-
-    void erase(Map::iterator it);
+    /// Removes `key` (present, holding `e`), accounting for it.
+    void erase(std::string_view key, uint64_t hash, const Entry& e);
     /// erase() for a key whose time has come, logged as a delete.
-    void expire(Map::iterator it);
+    void expire(std::string_view key, uint64_t hash, const Entry& e);
     /// The entry of `key` holding a collection of `type`, created empty when absent.
     Entry& collection(std::string_view key, ValueType type);
-    /// Removes `it` when its collection has been emptied; accounts either way.
-    void settle(Map::iterator it);
+    /// Adds `key` (absent) holding `e`, accounting for the key (not for e's value).
+    Entry& insert(std::string_view key, uint64_t hash, Entry e);
+    /// Removes `key` (present, holding `e`) when its collection has been emptied; accounts either way.
+    void settle(std::string_view key, uint64_t hash, const Entry& e);
     void record(std::string_view payload);
     /// For a collection command on `key` (still in the map) about to log: whether it must log the key
     /// whole (a snapshot walk has not visited its bucket yet; see snapshotSlice).
@@ -245,23 +229,12 @@ private:
     void account() noexcept;
     void setExpiry(Entry& e, std::string_view key, int64_t atMs);
 
-    /// Notes a rehash of map_ (a grown bucket count) after an insert: SCAN positions of before are stale.
-    void noteInsert() noexcept {
-        if (map_.bucket_count() != buckets_) {
-            buckets_ = map_.bucket_count();
-            generation_ = (generation_ + 1) % kScanGenerations;
-        }
-    }
-
     unsigned index_;
-    Map map_;
-    size_t buckets_ = 0;       // map_.bucket_count() when last seen
-    uint64_t generation_ = 0;  // bumped on every change of buckets_ (SCAN)
+    KeyTable<Entry> table_;
     using Due = std::pair<int64_t, std::string>;
     std::priority_queue<Due, std::vector<Due>, std::greater<>> due_;
     ShardLog* log_ = nullptr;
     const SnapshotCursor* walk_ = nullptr;  // the snapshot walk under way, if any (until it is done)
-    bool walkDeltas_ = false;  // a collection delta was logged for a key that walk had visited
     uint64_t lastSeq_ = 0;
     uint64_t usedLocal_ = 0;
     uint64_t expiresLocal_ = 0;

@@ -1,0 +1,169 @@
+// SPDX-License-Identifier: Apache-2.0
+// KeyTable (apps/kv/key_table.h): a model check against std::unordered_map with hashes chosen to
+// collide and to wrap round the end of the slot array, backward-shift removal, walks that survive
+// doubling (each key exactly once) and shrinking (none missed), clear() with and without the slots.
+
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "apps/kv/key_table.h"
+
+namespace spindle::kv {
+namespace {
+
+using Table = KeyTable<std::string>;
+
+// Hashes from a few clusters, some at the very top of the hash space (their home slots are the last
+// ones, so their runs wrap round to slot 0), so that runs are long and removals shift a lot.
+uint64_t clusteredHash(std::mt19937_64& rng) {
+    static constexpr uint64_t kBases[] = {0, uint64_t{1} << 62, ~uint64_t{0} - 5};
+    const uint64_t base = kBases[rng() % 3];
+    const uint64_t offset = rng() % (uint64_t{1} << 58);
+    return base == kBases[2] ? base - (offset >> 40) : base + offset;
+}
+
+TEST(KeyTable, AgreesWithAMapThroughInsertsAndRemovalsOfCollidingKeys) {
+    std::mt19937_64 rng(7);
+    Table t;
+    std::unordered_map<std::string, std::pair<uint64_t, std::string>> model;
+    std::vector<std::string> names;
+    for (int i = 0; i < 3000; ++i) { names.push_back("k" + std::to_string(i)); }
+    std::unordered_map<std::string, uint64_t> hashOf;
+    for (const std::string& n : names) { hashOf[n] = clusteredHash(rng); }
+    for (int op = 0; op < 60'000; ++op) {
+        const std::string& k = names[rng() % names.size()];
+        const uint64_t h = hashOf[k];
+        if (rng() % 3 != 0) {
+            if (std::string* v = t.find(k, h)) {
+                *v = "v" + std::to_string(op);
+            } else {
+                t.insert(k, h, "v" + std::to_string(op));
+            }
+            model[k] = {h, "v" + std::to_string(op)};
+        } else {
+            EXPECT_EQ(t.erase(k, h), model.erase(k) == 1) << k;
+        }
+        ASSERT_EQ(t.size(), model.size());
+        ASSERT_LE(t.size() * 4, t.capacity() * 3);
+    }
+    for (const std::string& n : names) {
+        const std::string* v = t.find(n, hashOf[n]);
+        auto it = model.find(n);
+        ASSERT_EQ(v != nullptr, it != model.end()) << n;
+        if (v != nullptr) { EXPECT_EQ(*v, it->second.second); }
+    }
+    size_t visited = 0;
+    t.forEach([&](std::string_view key, const std::string& v) {
+        ++visited;
+        EXPECT_EQ(model.at(std::string(key)).second, v);
+    });
+    EXPECT_EQ(visited, model.size());
+}
+
+TEST(KeyTable, AValueStaysWhereItIsWhileOtherKeysComeAndGo) {
+    Table t;
+    std::string& first = t.insert("first", 1, "one");
+    for (uint64_t i = 0; i < 10'000; ++i) { t.insert("k" + std::to_string(i), i * 0x9E3779B97F4A7C15ull, "x"); }
+    for (uint64_t i = 0; i < 10'000; i += 2) { ASSERT_TRUE(t.erase("k" + std::to_string(i), i * 0x9E3779B97F4A7C15ull)); }
+    EXPECT_EQ(t.find("first", 1), &first);
+    EXPECT_EQ(first, "one");
+    EXPECT_FALSE(t.erase("first", 2)) << "a key is found by its hash and its bytes";
+    EXPECT_EQ(t.find("first", 2), nullptr);
+}
+
+// Walks a table in steps of about `keys`, running `between` after each step; returns how many times
+// each key was visited.
+template <class F>
+std::map<std::string, int> walkAll(Table& t, size_t keys, F&& between) {
+    std::map<std::string, int> seen;
+    Table::WalkStep step;
+    uint64_t lastNext = 0;
+    do {
+        step = t.walk(step.next, keys, SIZE_MAX, [&](std::string_view k, uint64_t, const std::string&) { ++seen[std::string(k)]; });
+        if (!step.done) {
+            EXPECT_GT(step.next, lastNext) << "a walk goes forward";
+            lastNext = step.next;
+        }
+        between();
+    } while (!step.done);
+    return seen;
+}
+
+TEST(KeyTable, AWalkVisitsEveryKeyThatStayedOnceThoughTheTableDoublesUnderIt) {
+    std::mt19937_64 rng(11);
+    Table t;
+    for (int i = 0; i < 500; ++i) { t.insert("stay" + std::to_string(i), rng(), "v"); }
+    const size_t before = t.capacity();
+    int added = 0;
+    const auto seen = walkAll(t, 20, [&] {
+        for (int j = 0; j < 200; ++j) { t.insert("new" + std::to_string(added++), rng(), "v"); }
+    });
+    EXPECT_GE(t.capacity(), before * 16) << "the table did not grow much under the walk";
+    for (int i = 0; i < 500; ++i) { EXPECT_EQ(seen.count("stay" + std::to_string(i)) ? seen.at("stay" + std::to_string(i)) : 0, 1) << i; }
+}
+
+TEST(KeyTable, AWalkMissesNothingWhenTheTableShrinksUnderIt) {
+    std::mt19937_64 rng(13);
+    Table t;
+    std::vector<std::pair<std::string, uint64_t>> gone;
+    for (int i = 0; i < 4000; ++i) {
+        const uint64_t h = rng();
+        t.insert("k" + std::to_string(i), h, "v");
+        if (i >= 200) { gone.emplace_back("k" + std::to_string(i), h); }
+    }
+    bool shrunk = false;
+    const auto seen = walkAll(t, 30, [&] {
+        if (shrunk) { return; }
+        for (const auto& [k, h] : gone) { ASSERT_TRUE(t.erase(k, h)); }
+        const size_t cap = t.capacity();
+        t.shrinkToFit();
+        EXPECT_LT(t.capacity(), cap);
+        shrunk = true;
+    });
+    for (int i = 0; i < 200; ++i) { EXPECT_GE(seen.count("k" + std::to_string(i)), 1u) << i; }
+}
+
+TEST(KeyTable, ClearKeepsTheSlotsOnlyWhenAsked) {
+    Table t;
+    t.reserve(1000);
+    const size_t cap = t.capacity();
+    EXPECT_GE(cap * 3, 1000u * 4);
+    for (uint64_t i = 0; i < 100; ++i) { t.insert(std::to_string(i), i << 50, "v"); }
+    t.clear(true);
+    EXPECT_EQ(t.size(), 0u);
+    EXPECT_EQ(t.capacity(), cap);
+    EXPECT_EQ(t.find("1", uint64_t{1} << 50), nullptr);
+    t.insert("again", 5, "v");
+    t.clear();
+    EXPECT_EQ(t.capacity(), 0u);
+    EXPECT_EQ(t.find("again", 5), nullptr);
+    const auto step = t.walk(0, 10, SIZE_MAX, [](std::string_view, uint64_t, const std::string&) { FAIL(); });
+    EXPECT_TRUE(step.done);
+    EXPECT_FALSE(t.pick(3, [](std::string_view, const std::string&) { return true; }));
+    t.prefetch(5);  // hints on an empty table touch nothing
+    t.prefetchNode(5);
+}
+
+TEST(KeyTable, PickFindsTheOneAcceptableKeyFromAnySeed) {
+    Table t;
+    for (uint64_t i = 0; i < 300; ++i) { t.insert("k" + std::to_string(i), i * 0x9E3779B97F4A7C15ull, i == 123 ? "yes" : "no"); }
+    for (uint64_t seed = 0; seed < 50; ++seed) {
+        std::string got;
+        ASSERT_TRUE(t.pick(seed * 7919, [&](std::string_view k, const std::string& v) {
+            if (v != "yes") { return false; }
+            got = k;
+            return true;
+        }));
+        EXPECT_EQ(got, "k123");
+    }
+    EXPECT_FALSE(t.pick(1, [](std::string_view, const std::string&) { return false; }));
+}
+
+}  // namespace
+}  // namespace spindle::kv
