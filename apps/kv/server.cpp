@@ -44,6 +44,7 @@ constexpr size_t kRecvChunk = 16 * 1024;
 constexpr size_t kActiveExpireBudget = 200;  // keys per shard per 100 ms tick
 constexpr size_t kMaxBatch = 4096;           // requests parsed before their replies are sent
 constexpr size_t kMaxShardRun = 256;         // commands sent to another shard in one message
+constexpr size_t kPrefetchAhead = 16;        // commands ahead whose keys' slots are prefetched (nodes: half)
 
 // Command flags.
 constexpr uint32_t kWrite = 1;     // mutates: refused while the shard's log has failed
@@ -2384,6 +2385,53 @@ void execute(Server::Impl& s, Client& client, const std::vector<std::string_view
 
 }  // namespace
 
+namespace {
+
+// Prefetches the key table of the connection's own shard for the commands of a batch a little ahead
+// of running them: a command's second argument, its key for nearly every command, when it hashes to
+// this shard (any other shard's table belongs to another thread). The slots go kPrefetchAhead
+// commands ahead and the nodes half as far, once their slots are cached, so that a pipeline of
+// commands on keys spread over a large table waits for memory about once, not twice per command.
+// Hints only: a command whose second argument is no key costs a useless load.
+class KeyPrefetch {
+public:
+    KeyPrefetch(const Shard* shard, unsigned shards, unsigned carrier) noexcept
+        : shard_(shard), shards_(shards), carrier_(carrier) {}
+
+    void begin(size_t n) {
+        slots_ = nodes_ = 0;
+        n_ = shard_ != nullptr && n > 1 ? n : 0;  // one command alone has nothing to overlap with
+        if (hashes_.size() < n_) { hashes_.resize(n_); }
+    }
+    // Before running command `i`.
+    void upTo(size_t i, const std::vector<Request>& reqs) noexcept {
+        const size_t issued = slots_;  // slots asked for by an earlier call: a node load now need not wait
+        for (const size_t to = std::min(n_, i + kPrefetchAhead); slots_ < to; ++slots_) {
+            const auto& args = reqs[slots_].args;
+            uint64_t h = 0;
+            if (args.size() >= 2 && (h = keyHash(args[1])) % shards_ == carrier_) {
+                shard_->prefetchSlot(h);
+            } else {
+                h = kNotHere;
+            }
+            hashes_[slots_] = h;
+        }
+        for (const size_t to = std::min(issued, i + kPrefetchAhead / 2); nodes_ < to; ++nodes_) {
+            if (hashes_[nodes_] != kNotHere) { shard_->prefetchNode(hashes_[nodes_]); }
+        }
+    }
+
+private:
+    static constexpr uint64_t kNotHere = ~uint64_t{0};  // a hash that is this shard's is taken as not
+    const Shard* shard_;
+    unsigned shards_;
+    unsigned carrier_;
+    size_t n_ = 0, slots_ = 0, nodes_ = 0;
+    std::vector<uint64_t> hashes_;
+};
+
+}  // namespace
+
 void Server::Impl::serve(net::TcpConnection& conn) noexcept {
     // A client may connect between the listeners' start and start()'s return: wait for the latter.
     while (!started.load(std::memory_order_acquire)) {
@@ -2421,6 +2469,8 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
     std::vector<Request> reqs;  // the complete requests of one batch (reused)
     std::vector<Mark> marks;
     std::string lower;
+    KeyPrefetch ahead(conn.carrier() < shards.size() ? shards[conn.carrier()].get() : nullptr,
+                      static_cast<unsigned>(shards.size()), conn.carrier());
     for (;;) {
         ReplyWriter w(out, client.protocol);
         // Parse every complete request buffered (up to kMaxBatch). Before AUTH only one: the limits of
@@ -2446,7 +2496,9 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
         }
         // Run them in order. Consecutive commands on one key of the same other shard go there in one
         // message, so a pipeline does not pay a round trip between carriers per command.
+        ahead.begin(n);
         for (size_t i = 0; i < n && !client.closeAfterReply;) {
+            ahead.upTo(i, reqs);
             const int shard = singleShard(*this, client, reqs[i].args, lower);
             size_t j = i + 1;
             if (shard >= 0 && static_cast<unsigned>(shard) != conn.carrier()) {
