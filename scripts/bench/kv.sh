@@ -1,32 +1,39 @@
 #!/usr/bin/env bash
 # Runs Debian's redis-benchmark against spindle-kv and redis-server 7.0 with the same persistence
 # setting, side by side: the server pinned to one CPU and redis-benchmark to the other, a fresh server
-# per run, the two servers alternating (spindle-kv first in odd rounds, redis-server first in even
-# ones). For each persistence mode (none: no log; everysec; always) and pipeline depth (-P), each test
-# (SET, then GET on the keys SET wrote) runs on its own, so that the server's CPU time over it is that
-# test's alone. Then, with --memory, the resident memory per key of 1,000,000 keys of 16-byte values,
-# and with --both-cpus, spindle-kv on 2 carriers against redis-server --io-threads 2, both CPUs each.
+# per run, the servers alternating (spindle-kv first in odd rounds, last in even ones). For each
+# persistence mode (none: no log; everysec; always) and pipeline depth (-P), each test (SET, then GET
+# on the keys SET wrote) runs on its own, so that the server's CPU time over it is that test's alone.
+# Then, with --memory, the resident memory per key of 1,000,000 keys of 16-byte values, and with
+# --both-cpus, spindle-kv on 2 carriers against redis-server --io-threads 2, both CPUs each.
+# --floor: also runs scripts/bench/raw_resp.c (raw-resp) in the same rotation, without a log only (in
+# persistence mode none; the other modes run without it): an io_uring loop that finds each command and
+# answers SET +OK and GET a fixed 3-byte value, storing nothing, so that what it costs per request is
+# what the kernel charges any server here (the floor), as http.sh --floor measures under HTTP.
 #
 # usage: scripts/bench/kv.sh [--requests N] [--clients N] [--pipelines "1 16"] [--tests "set get"]
 #                            [--persistence "none everysec always"] [--keyspace N] [--repetitions R]
 #                            [--server-cpu C] [--client-cpu C] [--port-base P] [--memory [--memory-keys N]]
-#                            [--both-cpus] [--dir DIR] [--no-build] [--out DIR]
+#                            [--both-cpus] [--floor] [--dir DIR] [--no-build] [--out DIR]
 #   --requests N      requests per test run (redis-benchmark -n; default 1000000)
 #   --clients N       connections (redis-benchmark -c; default 50)
 #   --pipelines L     pipeline depths to sweep (redis-benchmark -P; default "1 16")
 #   --tests L         tests, in order, from set, get (default "set get")
 #   --persistence L   modes from none, everysec, always (default "none everysec always")
 #   --keyspace N      random keys per test (redis-benchmark -r; default 100000)
-#   --repetitions R   rounds, each running both servers once per mode and depth (default 3)
+#   --repetitions R   rounds, each running every server once per mode and depth (default 3)
 #   --server-cpu C    CPU the servers are pinned to (default 0)
 #   --client-cpu C    CPU redis-benchmark is pinned to (default 1)
-#   --port-base P     spindle-kv listens on P, redis-server on P+1 (default 16380)
+#   --port-base P     spindle-kv listens on P, redis-server on P+1, raw-resp on P+2 (default 16380)
 #   --memory          also measure RSS per key: --memory-keys keys of 16-byte values, loaded with
 #                     redis-cli --pipe, VmRSS before and after (default 1000000 keys)
 #   --both-cpus       also run spindle-kv --carriers 2 against redis-server --io-threads 2
 #                     --io-threads-do-reads yes, servers and client on all CPUs (no pinning)
+#   --floor           add raw_resp.c's loop (raw-resp) to the rotation in mode none, which
+#                     --persistence must then name (needs cc and liburing-dev; built into
+#                     build/bench-kv/raw_resp)
 #   --dir DIR         where the logs go (default: a temporary directory under /var/tmp, removed after)
-#   --no-build        use the existing build/release/apps/spindle-kv
+#   --no-build        use the existing build/release/apps/spindle-kv (and build/bench-kv/raw_resp)
 #   --out DIR         also keep the results in DIR: kv.csv (one row per test run: mode, depth, test,
 #                     server, round, requests/s, latency p50/p99 from redis-benchmark's CSV, the
 #                     server's CPU ticks and CPU per request, and for spindle-kv under always the mean
@@ -38,7 +45,8 @@
 # server's own speed, requests/s alone says little here. Ratio lines, of medians: spindle-kv /
 # redis-server CPU per request (< 1: spindle-kv cheaper; the targets are 0.67 at -P 16 and 0.9 at
 # -P 1) and requests/s (> 1: faster), and for spindle-kv SET under always against everysec, requests/s
-# (target >= 0.8, thanks to group commit).
+# (target >= 0.8, thanks to group commit). With --floor, the no-log lines add each server's CPU per
+# request over raw-resp's (how far above the floor; 1 would be a server that costs nothing itself).
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -57,6 +65,7 @@ port_base=16380
 memory=0
 memory_keys=1000000
 both_cpus=0
+floor=0
 data_root=""
 build=1
 out_dir=""
@@ -75,6 +84,7 @@ while (($# > 0)); do
     --memory) memory=1 ;;
     --memory-keys) memory_keys="$2"; shift ;;
     --both-cpus) both_cpus=1 ;;
+    --floor) floor=1 ;;
     --dir) data_root="$2"; shift ;;
     --no-build) build=0 ;;
     --out) out_dir="$2"; shift ;;
@@ -86,7 +96,7 @@ done
 for v in requests clients keyspace reps memory_keys port_base; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "kv.sh: --${v//_/-} needs a positive integer" >&2; exit 2; }
 done
-((port_base < 65535)) || { echo "kv.sh: --port-base must leave room for P+1 below 65536" >&2; exit 2; }
+((port_base < 65534)) || { echo "kv.sh: --port-base must leave room for P+2 below 65536" >&2; exit 2; }
 read -r -a pipeline_list <<<"$pipelines"
 read -r -a test_list <<<"$tests"
 read -r -a mode_list <<<"$modes"
@@ -102,15 +112,34 @@ done
 ((${#pipeline_list[@]} > 0 && ${#test_list[@]} > 0 && ${#mode_list[@]} > 0)) ||
   { echo "kv.sh: --pipelines, --tests and --persistence need at least one value each" >&2; exit 2; }
 
+# The floor runs only without a log: raw-resp keeps nothing, so beside a server that writes one it
+# would measure the log's absence, not the kernel's share.
+floor_modes=""
+if ((floor)); then
+  [[ " ${mode_list[*]} " == *" none "* ]] ||
+    { echo "kv.sh: --floor runs in persistence mode none only; add none to --persistence" >&2; exit 2; }
+  floor_modes=none
+fi
+
 root="$SPINDLE_REPO_ROOT"
 bin="$root/build/release/apps/spindle-kv"
+raw_resp="$root/build/bench-kv/raw_resp"
 bench_install_tools kv.sh redis-benchmark=redis-tools redis-cli=redis-tools redis-server=redis-server python3=python3
 if ((build)); then bench_build spindle-kv; fi
+if ((floor && build)); then
+  mkdir -p "$(dirname "$raw_resp")"
+  cc -O2 -o "$raw_resp" "$root/scripts/bench/raw_resp.c" -luring ||
+    { echo "kv.sh: cannot build scripts/bench/raw_resp.c" >&2; exit 1; }
+fi
 bench_require "$bin"
+((floor == 0)) || bench_require "$raw_resp"
 kv_port=$port_base
 redis_port=$((port_base + 1))
+floor_port=$((port_base + 2))
 spindle_port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
-for p in "$kv_port" "$redis_port"; do
+ports=("$kv_port" "$redis_port")
+((floor == 0)) || ports+=("$floor_port")
+for p in "${ports[@]}"; do
   if spindle_port_taken "$p"; then echo "kv.sh: port $p is in use; pick another --port-base" >&2; exit 1; fi
 done
 
@@ -133,7 +162,7 @@ bench_out_init "$out_dir" "${files[@]}"
 
 echo "machine: $(bench_machine_line)"
 echo "redis-benchmark $(redis-benchmark --version | awk '{print $2}'), redis-server $(redis-server --version | awk '{print $3}' | cut -d= -f2)"
-echo "runs: $reps rounds x 2 servers; -n $requests -c $clients -r $keyspace; depths: ${pipeline_list[*]}; tests: ${test_list[*]}; persistence: ${mode_list[*]}"
+echo "runs: $reps rounds x 2 servers${floor_modes:+ (3 with raw-resp in mode $floor_modes)}; -n $requests -c $clients -r $keyspace; depths: ${pipeline_list[*]}; tests: ${test_list[*]}; persistence: ${mode_list[*]}"
 echo "servers on CPU $server_cpu (spindle-kv --carriers 1), redis-benchmark on CPU $client_cpu; logs in $data_root"
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
@@ -153,8 +182,8 @@ wait_port() {
   return 1
 }
 
-# start_server SERVER MODE CPUS [EXTRA...]: a fresh server with an empty data directory; sets
-# server_pid and server_port.
+# start_server SERVER MODE CPUS [EXTRA...]: a fresh server (spindle-kv, redis-server or raw-resp,
+# which has no data and ignores MODE) with an empty data directory; sets server_pid and server_port.
 start_server() {
   local server=$1 mode=$2 cpus=$3 dir="$data_root/$1-$2"
   shift 3
@@ -164,6 +193,10 @@ start_server() {
     local -a args=(--port "$kv_port" --carriers "${kv_carriers:-1}")
     [[ "$mode" == none ]] || args+=(--dir "$dir" --appendfsync "$mode")
     taskset -c "$cpus" "$bin" "${args[@]}" "$@" >"$data_root/server.log" 2>&1 &
+  elif [[ "$server" == raw-resp ]]; then
+    server_port=$floor_port
+    taskset -c "$cpus" "$raw_resp" --address 127.0.0.1 --port "$floor_port" "$@" \
+      >"$data_root/server.log" 2>&1 &
   else
     server_port=$redis_port
     local -a args=(--port "$redis_port" --save '' --dir "$dir" --protected-mode no --daemonize no)
@@ -201,14 +234,29 @@ mean_batch() {
 }
 
 declare -A results=()  # key "mode depth test server" -> "rps cpu p50 p99" lines, one per round
-steps=$((${#mode_list[@]} * ${#pipeline_list[@]} * reps * 2))
+# servers_in MODE: the servers of the rotation in MODE, in the order of odd rounds.
+servers_in() {
+  local servers="spindle-kv redis-server"
+  [[ " $floor_modes " != *" $1 "* ]] || servers+=" raw-resp"
+  echo "$servers"
+}
+steps=0
+for mode in "${mode_list[@]}"; do
+  read -r -a order <<<"$(servers_in "$mode")"
+  steps=$((steps + ${#pipeline_list[@]} * reps * ${#order[@]}))
+done
 per_step=$(awk -v n="$requests" -v t="${#test_list[@]}" 'BEGIN { print 1 + t * n / 150000 }')
 bench_progress_start "$steps" "$(awk -v s="$steps" -v p="$per_step" 'BEGIN { print s * p }')"
 for mode in "${mode_list[@]}"; do
   for depth in "${pipeline_list[@]}"; do
     for ((r = 1; r <= reps; ++r)); do
-      order=(spindle-kv redis-server)
-      ((r % 2)) || order=(redis-server spindle-kv)
+      # Odd rounds in servers_in's order, even ones backward: no server always follows the same one.
+      read -r -a order <<<"$(servers_in "$mode")"
+      if ((r % 2 == 0)); then
+        for ((i = 0, j = ${#order[@]} - 1; i < j; ++i, --j)); do
+          s=${order[i]} order[i]=${order[j]} order[j]=$s
+        done
+      fi
       for server in "${order[@]}"; do
         bench_step "$per_step" "kv $server $mode -P $depth, round $r/$reps"
         start_server "$server" "$mode" "$server_cpu"
@@ -241,7 +289,7 @@ printf '%-9s %3s %-4s %-13s %22s %13s %9s %9s\n' mode P test server "requests/s 
 for mode in "${mode_list[@]}"; do
   for depth in "${pipeline_list[@]}"; do
     for t in "${test_list[@]}"; do
-      for server in spindle-kv redis-server; do
+      for server in $(servers_in "$mode"); do
         rows=${results["$mode $depth $t $server"]}
         printf '%-9s %3s %-4s %-13s %12s [%s] %13s %9s %9s\n' "$mode" "$depth" "$t" "$server" \
           "$(median 1 <<<"$rows")" "$(range 1 <<<"$rows")" "$(median 2 <<<"$rows")" \
@@ -257,7 +305,13 @@ for mode in "${mode_list[@]}"; do
     for t in "${test_list[@]}"; do
       a=${results["$mode $depth $t spindle-kv"]}
       b=${results["$mode $depth $t redis-server"]}
-      echo "  $mode -P $depth $t: CPU/req $(ratio "$(median 2 <<<"$a")" "$(median 2 <<<"$b")"), requests/s $(ratio "$(median 1 <<<"$a")" "$(median 1 <<<"$b")")"
+      line="  $mode -P $depth $t: CPU/req $(ratio "$(median 2 <<<"$a")" "$(median 2 <<<"$b")"), requests/s $(ratio "$(median 1 <<<"$a")" "$(median 1 <<<"$b")")"
+      if [[ " $floor_modes " == *" $mode "* ]]; then
+        f=$(median 2 <<<"${results["$mode $depth $t raw-resp"]}")
+        line+="; CPU/req over the floor: spindle-kv/raw-resp $(ratio "$(median 2 <<<"$a")" "$f")"
+        line+=", redis-server/raw-resp $(ratio "$(median 2 <<<"$b")" "$f")"
+      fi
+      echo "$line"
     done
   done
 done
