@@ -5,8 +5,8 @@
  * in what a connection sends and answers it from a static buffer, storing nothing: SET gets +OK, GET a
  * fixed bulk string of --value-size bytes of 'x' (what redis-benchmark stores: its -d defaults to 3),
  * PING +PONG, CONFIG (redis-benchmark's CONFIG GET save and CONFIG GET appendonly at start) a two-element
- * array of empty bulk strings, which redis-benchmark takes as the name and value of each, and any other
- * command an error (redis-benchmark stops on it: the floor only stands for SET and GET). It is not a
+ * array of empty bulk strings, which redis-benchmark reads as the parameter's name and value, and any
+ * other command an error (redis-benchmark stops on it: the floor only stands for SET and GET). It is not a
  * server to use; it is what the kernel charges any server for one command and its answer on this
  * machine, so that kv.sh can say how much of a server's CPU per request is the server's own.
  *
@@ -18,9 +18,9 @@
  * Answers: consecutive answers of one kind go out in one send of up to kBatch copies from a static
  * buffer. Sends are not linked: the kernel issues each at submission, in order, and only a full socket
  * (a send that has to wait) could let a later one pass it, which redis-benchmark never allows (its
- * -P answers per connection are far below a socket's buffer). Linking them would cost more than
- * the order: a link's next send waits for the deferred task work, and the next receive's sends can
- * then pass it.
+ * -P answers per connection are far below a socket's buffer). Linking them would not keep the order
+ * either: a link's next send waits for deferred task work, which the next receive's sends, issued at
+ * submission, overtake (SET and PING alternating in one stream came back out of order that way).
  *
  * usage: raw_resp [--port N] [--address A] [--value-size N]     (SIGINT/SIGTERM: exit, counts on stderr)
  * Build: cc -O2 -o raw_resp raw_resp.c -luring     (raw_loop.h beside it)
