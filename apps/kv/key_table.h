@@ -1,9 +1,11 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
-/// KeyTable<V>: spindle-kv's key -> value table for one shard, kept in hash order.
+/// KeyTable<N>: spindle-kv's table of keys for one shard, kept in hash order.
 ///
-/// Layout: a power-of-two array of 16-byte slots {hash, node}, probed linearly; a node is one
-/// allocation holding the value and the key's bytes. A key's home slot is the top bits of its 64-bit
+/// Layout: a power-of-two array of 16-byte slots {hash, node}, probed linearly. The nodes are the
+/// caller's: N is a type with `std::string_view key() const` and `static void destroy(N*)`; the table
+/// owns the nodes it holds (spindle-kv's N is Entry, one allocation with the key and a string's bytes
+/// inline). A key's home slot is the top bits of its 64-bit
 /// hash (not the bottom ones), so slots run in hash order: a key sits at its home or a little after
 /// it (never past an empty slot), and doubling the table keeps every key's relative order.
 /// Removal shifts the keys behind back into the hole (no tombstones), so lookups never slow down with
@@ -23,23 +25,21 @@
 /// after the walk passed). SCAN and the compaction snapshot are such walks. Only a shrink between
 /// two steps can make a walk visit some keys twice (never miss one).
 ///
-/// Pointer stability: a value's address stays the same until its key is erased (nodes never move;
-/// only slots do). Errors: insertion allocates and may throw std::bad_alloc, leaving the table as it
-/// was; nothing else fails. Thread-safety: none.
+/// Pointer stability: a node stays where it is until it is erased or replaced (only slots move).
+/// Errors: insert, reserve and shrinkToFit allocate and may throw std::bad_alloc, leaving the table as
+/// it was; nothing else fails. Thread-safety: none.
 
 #include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
-#include <cstring>
 #include <memory>
-#include <new>
 #include <string_view>
 #include <utility>
 
 namespace spindle::kv {
 
-template <class V>
+template <class N>
 class KeyTable {
 public:
     KeyTable() = default;
@@ -52,32 +52,34 @@ public:
     /// Slots (0 before the first insert). size() <= capacity() * 3 / 4.
     [[nodiscard]] size_t capacity() const noexcept { return mask_ + (slots_ != nullptr ? 1 : 0); }
 
-    /// The value of `key`, whose hash is `hash`, or null.
-    [[nodiscard]] V* find(std::string_view key, uint64_t hash) noexcept {
+    /// The node of `key`, whose hash is `hash`, or null.
+    [[nodiscard]] N* find(std::string_view key, uint64_t hash) const noexcept {
         const size_t at = locate(key, hash);
-        return at == kNone ? nullptr : &slots_[at].node->value;
-    }
-    [[nodiscard]] const V* find(std::string_view key, uint64_t hash) const noexcept {
-        return const_cast<KeyTable*>(this)->find(key, hash);
+        return at == kNone ? nullptr : slots_[at].node;
     }
 
-    /// Adds `key` (precondition: absent) with `value`; returns the stored value. Throws std::bad_alloc
-    /// (nothing added).
-    V& insert(std::string_view key, uint64_t hash, V value) {
+    /// Takes `n`, whose key (hash `hash`) must be absent. Throws std::bad_alloc without taking it.
+    void insert(uint64_t hash, N* n) {
         if ((size_ + 1) * 4 > capacity() * 3) { grow(std::max<size_t>(kMinCapacity, capacity() * 2)); }
-        Node* n = Node::make(key, std::move(value));
         size_t at = home(hash);
         while (slots_[at].node != nullptr) { at = (at + 1) & mask_; }
         slots_[at] = Slot{hash, n};
         ++size_;
-        return n->value;
+    }
+
+    /// Puts `fresh` (the same key) where `old` is, and destroys `old`. Precondition: `old` is held.
+    void replace(uint64_t hash, N* old, N* fresh) noexcept {
+        size_t at = home(hash);
+        while (slots_[at].node != old) { at = (at + 1) & mask_; }
+        slots_[at].node = fresh;
+        N::destroy(old);
     }
 
     /// Removes `key`; false when it was not there.
     bool erase(std::string_view key, uint64_t hash) noexcept {
         const size_t at = locate(key, hash);
         if (at == kNone) { return false; }
-        Node::destroy(slots_[at].node);
+        N::destroy(slots_[at].node);
         --size_;
         closeHole(at);
         return true;
@@ -90,7 +92,7 @@ public:
             return;
         }
         for (size_t i = 0; i < capacity(); ++i) {
-            if (slots_[i].node != nullptr) { Node::destroy(slots_[i].node); }
+            if (slots_[i].node != nullptr) { N::destroy(slots_[i].node); }
             slots_[i] = Slot{};
         }
         size_ = 0;
@@ -131,11 +133,11 @@ public:
         }
     }
 
-    /// Calls fn(key, value) for every key.
+    /// Calls fn(node) for every node; stops early when fn returns false.
     template <class F>
     void forEach(F&& fn) const {
         for (size_t i = 0; i < capacity(); ++i) {
-            if (slots_[i].node != nullptr) { fn(slots_[i].node->key(), std::as_const(slots_[i].node->value)); }
+            if (slots_[i].node != nullptr && !fn(std::as_const(*slots_[i].node))) { return; }
         }
     }
 
@@ -145,7 +147,7 @@ public:
         bool done = false;
     };
     /// Visits, in hash order, the keys whose home slot is at or after that of `from`, whole home slots at
-    /// a time, calling fn(key, hash, value) for each, until fn has been called at least `keys` times
+    /// a time, calling fn(node, hash) for each, until fn has been called at least `keys` times
     /// (or `maxSlots` home slots were passed); returns where to go on. Visiting starts at the home slot
     /// of `from` rounded down, so a `from` that a previous step returned (on this table, or one it
     /// has since doubled into) revisits nothing. fn must not change the table.
@@ -168,7 +170,7 @@ public:
                 }
                 const size_t h = home(s.hash);
                 if (h >= first && h < last) {
-                    fn(s.node->key(), s.hash, std::as_const(s.node->value));
+                    fn(std::as_const(*s.node), s.hash);
                     ++seen;
                 }
             }
@@ -187,7 +189,7 @@ public:
         const size_t start = static_cast<size_t>(seed) & mask_;
         for (size_t i = 0; i < capacity(); ++i) {
             const Slot& s = slots_[(start + i) & mask_];
-            if (s.node != nullptr && accept(s.node->key(), std::as_const(s.node->value))) { return true; }
+            if (s.node != nullptr && accept(std::as_const(*s.node))) { return true; }
         }
         return false;
     }
@@ -197,34 +199,14 @@ private:
     static constexpr size_t kMinCapacity = 8;
     static constexpr size_t kWalkChunk = 16;  // home slots per round of a walk (SCAN COUNT's grain)
 
-    struct Node {
-        V value;
-        uint32_t keyLen;
-        // the key's bytes follow
-
-        [[nodiscard]] std::string_view key() const noexcept {
-            return {reinterpret_cast<const char*>(this) + sizeof(Node), keyLen};
-        }
-        static Node* make(std::string_view key, V&& v) {
-            void* mem = ::operator new(sizeof(Node) + key.size());
-            Node* n = ::new (mem) Node{std::move(v), static_cast<uint32_t>(key.size())};
-            if (!key.empty()) { std::memcpy(reinterpret_cast<char*>(n) + sizeof(Node), key.data(), key.size()); }
-            return n;
-        }
-        static void destroy(Node* n) noexcept {
-            n->~Node();
-            ::operator delete(n);
-        }
-    };
     struct Slot {
         uint64_t hash = 0;
-        Node* node = nullptr;
+        N* node = nullptr;
     };
 
 public:
-    /// Bytes the table holds per key beside the key's bytes and V's own heap: a node's header, malloc's
-    /// header, and a slot at the load a table has on average between two doublings (about 0.56).
-    static constexpr size_t kBytesPerKey = sizeof(Node) + 8 + 28;
+    /// Bytes of slots per key at the load a table has on average between two doublings (about 0.56).
+    static constexpr size_t kSlotBytesPerKey = 28;
 
 private:
     [[nodiscard]] size_t home(uint64_t hash) const noexcept { return static_cast<size_t>(hash >> shift_); }
@@ -273,7 +255,7 @@ private:
 
     void release() noexcept {
         for (size_t i = 0; i < capacity(); ++i) {
-            if (slots_[i].node != nullptr) { Node::destroy(slots_[i].node); }
+            if (slots_[i].node != nullptr) { N::destroy(slots_[i].node); }
         }
         slots_.reset();
         mask_ = 0;

@@ -927,7 +927,7 @@ void cmdGet(Ctx& x) {
         Entry* e = s.find(x.arg(1), nowMs());
         if (wrongType(x, e, ValueType::kString)) { return; }
         if (e != nullptr) {
-            x.w.bulk(e->value);
+            x.w.bulk(e->value());
         } else {
             x.w.null();
         }
@@ -938,7 +938,7 @@ void cmdStrlen(Ctx& x) {
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
         if (wrongType(x, e, ValueType::kString)) { return; }
-        x.w.integer(e != nullptr ? static_cast<int64_t>(e->value.size()) : 0);
+        x.w.integer(e != nullptr ? static_cast<int64_t>(e->value().size()) : 0);
     });
 }
 
@@ -1002,7 +1002,7 @@ void cmdSet(Ctx& x) {
         if (get && wrongType(x, e, ValueType::kString)) { return; }
         if (get) {
             if (e != nullptr) {
-                x.w.bulk(e->value);
+                x.w.bulk(e->value());
             } else {
                 x.w.null();
             }
@@ -1053,7 +1053,7 @@ void cmdGetset(Ctx& x) {
         Entry* e = s.find(x.arg(1), nowMs());
         if (wrongType(x, e, ValueType::kString)) { return; }
         if (e != nullptr) {
-            x.w.bulk(e->value);
+            x.w.bulk(e->value());
         } else {
             x.w.null();
         }
@@ -1066,7 +1066,7 @@ void cmdGetdel(Ctx& x) {
         Entry* e = s.find(x.arg(1), nowMs());
         if (wrongType(x, e, ValueType::kString)) { return; }
         if (e != nullptr) {
-            x.w.bulk(e->value);
+            x.w.bulk(e->value());
             (void)s.del(x.arg(1));
         } else {
             x.w.null();
@@ -1100,7 +1100,7 @@ void cmdGetex(Ctx& x) {
             x.w.null();
             return;
         }
-        x.w.bulk(e->value);
+        x.w.bulk(e->value());
         if (at == 0) {
             (void)s.persist(x.arg(1));
         } else if (at > 0) {
@@ -1114,7 +1114,7 @@ void incrBy(Ctx& x, std::string_view key, int64_t by) {
         Entry* e = s.find(key, nowMs());
         if (wrongType(x, e, ValueType::kString)) { return; }
         int64_t v = 0;
-        if (e != nullptr && !parseInt64(e->value, v)) {
+        if (e != nullptr && !parseInt64(e->value(), v)) {
             x.w.error(kNotInteger);
             return;
         }
@@ -1160,7 +1160,7 @@ void cmdIncrbyfloat(Ctx& x) {
         Entry* e = s.find(x.arg(1), nowMs());
         if (wrongType(x, e, ValueType::kString)) { return; }
         long double v = 0;
-        if (e != nullptr && !parseLongDouble(e->value, v)) {
+        if (e != nullptr && !parseLongDouble(e->value(), v)) {
             x.w.error("ERR value is not a valid float");
             return;
         }
@@ -1179,7 +1179,7 @@ void cmdAppend(Ctx& x) {
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
         if (wrongType(x, e, ValueType::kString)) { return; }
-        std::string v = e != nullptr ? e->value : std::string();
+        std::string v = e != nullptr ? std::string(e->value()) : std::string();
         if (v.size() + x.arg(2).size() > static_cast<uint64_t>(x.s.options.limits.maxBulkLength)) {
             x.w.error("ERR string exceeds maximum allowed size (proto-max-bulk-len)");
             return;
@@ -1199,7 +1199,7 @@ void cmdGetrange(Ctx& x) {
     x.onKey(x.arg(1), [&](Shard& s) {
         Entry* e = s.find(x.arg(1), nowMs());
         if (wrongType(x, e, ValueType::kString)) { return; }
-        const auto len = static_cast<int64_t>(e != nullptr ? e->value.size() : 0);
+        const auto len = static_cast<int64_t>(e != nullptr ? e->value().size() : 0);
         int64_t a = start, b = end;
         if (a < 0 && b < 0 && a > b) {
             x.w.bulk("");
@@ -1214,7 +1214,7 @@ void cmdGetrange(Ctx& x) {
             x.w.bulk("");
             return;
         }
-        x.w.bulk(std::string_view(e->value).substr(static_cast<size_t>(a), static_cast<size_t>(b - a + 1)));
+        x.w.bulk(std::string_view(e->value()).substr(static_cast<size_t>(a), static_cast<size_t>(b - a + 1)));
     });
 }
 
@@ -1237,10 +1237,10 @@ void cmdSetrange(Ctx& x) {
         Entry* e = s.find(x.arg(1), nowMs());
         if (wrongType(x, e, ValueType::kString)) { return; }
         if (value.empty()) {
-            x.w.integer(e != nullptr ? static_cast<int64_t>(e->value.size()) : 0);
+            x.w.integer(e != nullptr ? static_cast<int64_t>(e->value().size()) : 0);
             return;
         }
-        std::string v = e != nullptr ? e->value : std::string();
+        std::string v = e != nullptr ? std::string(e->value()) : std::string();
         const auto off = static_cast<size_t>(offset);
         if (v.size() < off + value.size()) { v.resize(off + value.size(), '\0'); }
         v.replace(off, value.size(), value);
@@ -1442,7 +1442,7 @@ void cmdMget(Ctx& x) {
         const int64_t now = nowMs();
         for (size_t i : p.idx) {
             Entry* e = s.find(x.arg(i), now);
-            if (e != nullptr && e->isString()) { values[i - 1] = e->value; }
+            if (e != nullptr && e->isString()) { values[i - 1] = e->value(); }
         }
     });
     if (!ok) { return; }
@@ -1545,7 +1545,7 @@ void renameGeneric(Ctx& x, bool nx) {
             }
             if (nx && s.find(to, now) != nullptr) { return; }
             result = 1;
-            Entry moved = e->clone();
+            Detached moved = e->clone();
             s.restore(to, std::move(moved));
             (void)s.del(from);
         });
@@ -1561,7 +1561,7 @@ void renameGeneric(Ctx& x, bool nx) {
     }
     if (!mk.lock(true)) { return; }
     const unsigned fromShard = x.s.shardOf(from);
-    std::optional<Entry> moved;
+    std::optional<Detached> moved;
     bool targetExists = false;
     if (!mk.run([&](ShardPart& p, Shard& s) {
             const int64_t now = nowMs();

@@ -1,8 +1,13 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "apps/kv/shard.h"
 
+#include <malloc.h>
+
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <ctime>
+#include <new>
 #include <type_traits>
 #include <utility>
 
@@ -45,7 +50,7 @@ void putList(std::string& out, std::span<const std::string_view> items) {
     for (std::string_view i : items) { putBytes(out, i); }
 }
 
-uint64_t entryBytes(const Entry& e) noexcept { return e.isString() ? e.value.size() : e.coll->bytes; }
+uint64_t entryBytes(const Entry& e) noexcept { return e.isString() ? e.value().size() : e.coll->bytes; }
 
 std::unique_ptr<Collection> emptyCollection(ValueType type) {
     auto c = std::make_unique<Collection>();
@@ -57,14 +62,15 @@ std::unique_ptr<Collection> emptyCollection(ValueType type) {
     return c;
 }
 
-// The restore record of `key` (see kRestore).
-void encodeRestore(std::string_view key, const Entry& e, std::string& out) {
+// The restore record of `key` holding `e` (an Entry or a Detached; see kRestore).
+template <class E>
+void encodeRestore(std::string_view key, const E& e, std::string& out) {
     out.push_back(static_cast<char>(kRestore));
     putBytes(out, key);
     out.push_back(static_cast<char>(e.type()));
     putI64(out, e.expireAtMs);
     switch (e.type()) {
-        case ValueType::kString: putBytes(out, e.value); break;
+        case ValueType::kString: putBytes(out, e.value()); break;
         case ValueType::kHash:
             putU32(out, static_cast<uint32_t>(e.hash().size()));
             for (const auto& [f, v] : e.hash()) {
@@ -132,20 +138,44 @@ const char* typeName(ValueType t) noexcept {
     return "none";
 }
 
-Entry Entry::clone() const {
-    Entry e;
-    e.value = value;
-    e.expireAtMs = expireAtMs;
-    if (coll) { e.coll = std::make_unique<Collection>(*coll); }
+Entry* Entry::make(std::string_view key, std::string_view value) {
+    // At least sizeof(Entry): an empty key and value still need the whole object.
+    const size_t want = std::max(sizeof(Entry), kHeader + key.size() + value.size());
+    void* mem = std::malloc(want);
+    if (mem == nullptr) { throw std::bad_alloc(); }
+    // What malloc's chunk holds beyond the request is room to grow the string in place.
+    const size_t room = std::min<size_t>(malloc_usable_size(mem) - kHeader - key.size(), UINT32_MAX);
+    auto* e = ::new (mem) Entry(static_cast<uint32_t>(key.size()), static_cast<uint32_t>(value.size()),
+                                static_cast<uint32_t>(room));
+    if (!key.empty()) { std::memcpy(e->bytes(), key.data(), key.size()); }
+    if (!value.empty()) { std::memcpy(e->bytes() + key.size(), value.data(), value.size()); }
     return e;
 }
 
-void appendRestoreRecords(std::string_view key, const Entry& e, std::string& out) {
+void Entry::destroy(Entry* e) noexcept {
+    e->~Entry();
+    std::free(e);
+}
+
+void Entry::assign(std::string_view v) noexcept {
+    if (!v.empty()) { std::memcpy(bytes() + keyLen_, v.data(), v.size()); }
+    valueLen_ = static_cast<uint32_t>(v.size());
+}
+
+Detached Entry::clone() const {
+    Detached d;
+    d.str = value();
+    d.expireAtMs = expireAtMs;
+    if (coll) { d.coll = std::make_unique<Collection>(*coll); }
+    return d;
+}
+
+void appendRestoreRecords(const Entry& e, std::string& out) {
     // Built in place after the record header (wal.h's frameRecord would copy it): a snapshot writes
     // one of these per key.
     const size_t at = out.size();
     out.append(kRecordHeader, '\0');
-    encodeRestore(key, e, out);
+    encodeRestore(e.key(), e, out);
     frameRecordInPlace(out, at);
 }
 
@@ -288,10 +318,15 @@ void Shard::erase(std::string_view key, uint64_t hash, const Entry& e) {
     account();
 }
 
-Entry& Shard::insert(std::string_view key, uint64_t hash, Entry e) {
-    Entry& in = table_.insert(key, hash, std::move(e));
-    usedLocal_ += key.size() + kEntryOverhead;
-    return in;
+Entry& Shard::insert(uint64_t hash, Entry* fresh) {
+    try {
+        table_.insert(hash, fresh);
+    } catch (...) {
+        Entry::destroy(fresh);
+        throw;
+    }
+    usedLocal_ += fresh->key().size() + kEntryOverhead;
+    return *fresh;
 }
 
 Entry* Shard::find(std::string_view key, int64_t now) {
@@ -329,12 +364,19 @@ void Shard::set(std::string_view key, std::string_view value, int64_t expireAtMs
     const uint64_t hash = keyHash(key);
     Entry* e = table_.find(key, hash);
     if (e == nullptr) {
-        e = &insert(key, hash, Entry{});
+        e = &insert(hash, Entry::make(key, value));
     } else {
         usedLocal_ -= entryBytes(*e);
-        e->coll.reset();
+        if (value.size() <= e->room()) {
+            e->assign(value);
+            e->coll.reset();
+        } else {  // a longer string than the entry has room for: a new entry in its place
+            Entry* fresh = Entry::make(key, value);
+            fresh->expireAtMs = e->expireAtMs;
+            table_.replace(hash, e, fresh);
+            e = fresh;
+        }
     }
-    e->value.assign(value);
     usedLocal_ += value.size();
     setExpiry(*e, key, expireAtMs);
     account();
@@ -362,9 +404,10 @@ bool Shard::del(std::string_view key) {
 Entry& Shard::collection(std::string_view key, ValueType type) {
     const uint64_t hash = keyHash(key);
     if (Entry* e = table_.find(key, hash)) { return *e; }
-    Entry fresh;
-    fresh.coll = emptyCollection(type);
-    return insert(key, hash, std::move(fresh));
+    std::unique_ptr<Collection> c = emptyCollection(type);
+    Entry& e = insert(hash, Entry::make(key, {}));
+    e.coll = std::move(c);
+    return e;
 }
 
 void Shard::settle(std::string_view key, uint64_t hash, const Entry& e) {
@@ -508,16 +551,18 @@ int64_t Shard::srem(std::string_view key, std::span<const std::string_view> memb
     return removed;
 }
 
-void Shard::restore(std::string_view key, Entry e) {
+void Shard::restore(std::string_view key, Detached e) {
     const uint64_t hash = keyHash(key);
-    if (const Entry* old = table_.find(key, hash)) { erase(key, hash, *old); }
     if (log_ != nullptr) {
         scratch_.clear();
         encodeRestore(key, e, scratch_);
     }
-    const int64_t at = e.expireAtMs;
-    e.expireAtMs = 0;
-    Entry& in = insert(key, hash, std::move(e));
+    Entry* fresh = Entry::make(key, e.str);  // may throw: nothing has changed yet
+    fresh->coll = std::move(e.coll);
+    const int64_t at = e.expireAtMs;  // set below, counted as a new expiry
+    // The old entry's slot makes room for the new one: the insert cannot grow the table, nor throw.
+    if (const Entry* old = table_.find(key, hash)) { erase(key, hash, *old); }
+    Entry& in = insert(hash, fresh);
     usedLocal_ += entryBytes(in);
     setExpiry(in, key, at);
     account();
@@ -647,13 +692,13 @@ bool Shard::replay(std::string_view payload) {
         case kRestore: {
             const std::string_view key = r.bytes();
             const auto type = static_cast<uint8_t>(r.fixed(1));
-            Entry e;
+            Detached e;
             e.expireAtMs = static_cast<int64_t>(r.fixed(8));
             if (!(ok = r.ok && type <= static_cast<uint8_t>(ValueType::kSet))) { break; }
             const auto t = static_cast<ValueType>(type);
             std::vector<std::string_view> items;
             if (t == ValueType::kString) {
-                e.value = std::string(r.bytes());
+                e.str = std::string(r.bytes());
             } else if (t == ValueType::kHash) {
                 const auto n = static_cast<size_t>(r.fixed(4));
                 ok = r.ok && n <= r.in.size() / 8;
@@ -734,18 +779,18 @@ uint64_t Shard::scan(uint64_t pos, size_t count, int64_t now,
                      const std::function<void(std::string_view, const Entry&)>& fn) {
     constexpr int kShift = 64 - kScanPositionBits;
     // Whole home slots until about `count` keys; as many empty ones as Redis would pass (10 x count).
-    const auto step = table_.walk(pos << kShift, count, count * 10, [&](std::string_view key, uint64_t, const Entry& e) {
+    const auto step = table_.walk(pos << kShift, count, count * 10, [&](const Entry& e, uint64_t) {
         if (e.expireAtMs != 0 && e.expireAtMs <= now) { return; }
-        fn(key, e);
+        fn(e.key(), e);
     });
     // A table of more than 2^40 slots would need a finer position; KeyTable's positions are home slots.
     return step.done ? 0 : step.next >> kShift;
 }
 
 bool Shard::randomKey(int64_t now, uint64_t seed, std::string& out) {
-    return table_.pick(seed, [&](std::string_view key, const Entry& e) {
+    return table_.pick(seed, [&](const Entry& e) {
         if (e.expireAtMs != 0 && e.expireAtMs <= now) { return false; }
-        out.assign(key);
+        out.assign(e.key());
         return true;
     });
 }
@@ -761,9 +806,9 @@ bool Shard::snapshotSlice(SnapshotCursor& c, int64_t now, size_t budget, std::st
     // A slice ends after whole home slots once `out` has grown by `budget`: about that many keys' worth.
     KeyTable<Entry>::WalkStep step{c.next, false};
     while (!step.done && out.size() < target) {
-        step = table_.walk(step.next, 1, SIZE_MAX, [&](std::string_view key, uint64_t, const Entry& e) {
+        step = table_.walk(step.next, 1, SIZE_MAX, [&](const Entry& e, uint64_t) {
             if (e.expireAtMs != 0 && e.expireAtMs <= now) { return; }
-            appendRestoreRecords(key, e, out);
+            appendRestoreRecords(e, out);
             ++c.keys;
         });
     }
@@ -781,11 +826,7 @@ void Shard::endSnapshot(SnapshotCursor& c) noexcept {
 }
 
 void Shard::forEachKey(int64_t now, const std::function<bool(std::string_view)>& fn) {
-    bool more = true;
-    table_.forEach([&](std::string_view key, const Entry& e) {
-        if (!more || (e.expireAtMs != 0 && e.expireAtMs <= now)) { return; }
-        more = fn(key);
-    });
+    table_.forEach([&](const Entry& e) { return (e.expireAtMs != 0 && e.expireAtMs <= now) || fn(e.key()); });
 }
 
 }  // namespace spindle::kv

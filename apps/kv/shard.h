@@ -65,12 +65,11 @@ struct Collection {
     uint64_t bytes = 0;
 };
 
-/// One key's value: a string inline, or a collection behind `coll`. The pointer is the tag (null: a
-/// string; else the variant's index says which collection), so a string entry pays 8 bytes for it and
-/// the string path one null test.
+/// What every form of a key's value has: its expiry, and its collection unless it is a string. The
+/// pointer is the tag (null: a string; else the variant's index says which collection), so a string
+/// pays 8 bytes for it and the string path one null test.
 /// Invariant: a collection is never empty (a command that empties one removes the key).
-struct Entry {
-    std::string value;  // a string's bytes; unused for a collection
+struct EntryBase {
     int64_t expireAtMs = 0;  // unix time in ms; 0: no expiry
     std::unique_ptr<Collection> coll;
 
@@ -84,15 +83,61 @@ struct Entry {
     [[nodiscard]] const HashValue& hash() const noexcept { return std::get<HashValue>(coll->value); }
     [[nodiscard]] const ListValue& list() const noexcept { return std::get<ListValue>(coll->value); }
     [[nodiscard]] const SetValue& set() const noexcept { return std::get<SetValue>(coll->value); }
-    /// A deep copy (RENAME to another shard).
-    [[nodiscard]] Entry clone() const;
 };
-static_assert(sizeof(Entry) == sizeof(std::string) + 16, "a string entry: its bytes, its expiry and one pointer");
 
-/// Appends to `out` the framed log records that rebuild `key` with `e`'s value and expiry on replay,
+/// A key's value and expiry apart from any shard: what RENAME carries from one shard to another, and
+/// what a restore record decodes to before Shard::restore stores it.
+struct Detached : EntryBase {
+    std::string str;  // a string's bytes; unused for a collection
+    [[nodiscard]] std::string_view value() const noexcept { return str; }
+};
+
+/// One key as a shard stores it: one allocation holding a 28-byte header, the key's bytes right after
+/// it (in what would be the class's tail padding) and a string's bytes (a 16-byte string under a
+/// 10-byte key takes one 64-byte malloc chunk; a std::string member took a 32-byte chunk of its own
+/// beyond 15 bytes, and a third cache miss for GET). A
+/// collection lives behind `coll`. Entries are made and destroyed by the shard and its KeyTable only;
+/// an entry's address is stable until its key is removed or its string is set to one longer than
+/// room() (Shard::set then makes a new one).
+class Entry : public EntryBase {
+public:
+    Entry(const Entry&) = delete;
+    Entry& operator=(const Entry&) = delete;
+
+    /// Bytes before the key's: sizeof(Entry) less its padding.
+    static constexpr size_t kHeader = sizeof(EntryBase) + 3 * sizeof(uint32_t);
+
+    /// A new entry for `key` holding the string `value`, no expiry. Throws std::bad_alloc.
+    [[nodiscard]] static Entry* make(std::string_view key, std::string_view value);
+    static void destroy(Entry* e) noexcept;
+
+    [[nodiscard]] std::string_view key() const noexcept { return {bytes(), keyLen_}; }
+    /// A string's bytes (empty for a collection).
+    [[nodiscard]] std::string_view value() const noexcept { return {bytes() + keyLen_, valueLen_}; }
+    /// How long a string may grow in place.
+    [[nodiscard]] size_t room() const noexcept { return room_; }
+    /// Replaces the string's bytes. Precondition: v.size() <= room(), v does not overlap value().
+    void assign(std::string_view v) noexcept;
+    /// A deep copy, apart from the shard (RENAME to another shard).
+    [[nodiscard]] Detached clone() const;
+
+private:
+    Entry(uint32_t keyLen, uint32_t valueLen, uint32_t room) noexcept : keyLen_(keyLen), valueLen_(valueLen), room_(room) {}
+    ~Entry() = default;
+    // Right after the last member: the header is 28 bytes, and sizeof(Entry) 32 only by padding.
+    [[nodiscard]] char* bytes() noexcept { return reinterpret_cast<char*>(&room_ + 1); }
+    [[nodiscard]] const char* bytes() const noexcept { return reinterpret_cast<const char*>(&room_ + 1); }
+
+    uint32_t keyLen_;
+    uint32_t valueLen_;
+    uint32_t room_;
+};
+static_assert(sizeof(Entry) == 32, "a stored key's header: expiry, collection, three lengths, and padding");
+
+/// Appends to `out` the framed log records that rebuild e's key with its value and expiry on replay,
 /// replacing whatever the key held: one kRestore record per key. This is the one place that knows how
 /// an entry is written out whole (RENAME and compaction's snapshot, Shard::snapshotSlice, both use it); Shard::replay reads it back.
-void appendRestoreRecords(std::string_view key, const Entry& e, std::string& out);
+void appendRestoreRecords(const Entry& e, std::string& out);
 
 /// Whether `s` matches the glob `pattern` as KEYS matches keys in Redis: '*' any run, '?' any byte,
 /// '[abc]', '[^abc]' and '[a-z]' sets (a reversed range counts as its ascending one; an unterminated set
@@ -135,7 +180,8 @@ public:
     int64_t sadd(std::string_view key, std::span<const std::string_view> members);
     int64_t srem(std::string_view key, std::span<const std::string_view> members);
     /// Makes `key` hold `e` (value, type and expiry), replacing what it held (RENAME's destination).
-    void restore(std::string_view key, Entry e);
+    /// Throws std::bad_alloc (the key then unchanged, nothing logged).
+    void restore(std::string_view key, Detached e);
     void expireAt(std::string_view key, int64_t atMs);  // Precondition: the key exists, atMs > 0
     bool persist(std::string_view key);
     void flush();
@@ -199,8 +245,8 @@ public:
     [[nodiscard]] uint64_t expiresCount() const noexcept { return expires_.load(std::memory_order_relaxed); }
     [[nodiscard]] uint64_t expiredKeys() const noexcept { return expired_.load(std::memory_order_relaxed); }
 
-    // Bytes counted per key besides its name and value (the table's node and slot, Entry).
-    static constexpr size_t kEntryOverhead = KeyTable<Entry>::kBytesPerKey;
+    // Bytes counted per key besides its name and value: the Entry header, malloc's, a table slot.
+    static constexpr size_t kEntryOverhead = Entry::kHeader + 8 + KeyTable<Entry>::kSlotBytesPerKey;
     // Bytes counted per element of a collection besides its bytes (node, string headers; a hash
     // field's value is counted with it).
     static constexpr size_t kElementOverhead = 48;
@@ -212,8 +258,9 @@ private:
     void expire(std::string_view key, uint64_t hash, const Entry& e);
     /// The entry of `key` holding a collection of `type`, created empty when absent.
     Entry& collection(std::string_view key, ValueType type);
-    /// Adds `key` (absent) holding `e`, accounting for the key (not for e's value).
-    Entry& insert(std::string_view key, uint64_t hash, Entry e);
+    /// Adds `fresh` (its key absent; hash `hash`), accounting for the key (not for its value). Throws
+    /// std::bad_alloc, having destroyed `fresh`.
+    Entry& insert(uint64_t hash, Entry* fresh);
     /// Removes `key` (present, holding `e`) when its collection has been emptied; accounts either way.
     void settle(std::string_view key, uint64_t hash, const Entry& e);
     void record(std::string_view payload);

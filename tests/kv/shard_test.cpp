@@ -73,6 +73,46 @@ TEST(ShardAlone, LazyAndActiveExpiryAndCounts) {
 
 // appendRestoreRecords (RENAME's, and a snapshot's, way of writing a key whole) replays into the same
 // key: value, type, elements, expiry, and the same byte count.
+// A string lives in its Entry: a shorter or equal one is written in place (the entry stays where it
+// is), a longer one than the entry has room for gets a new entry in the same slot, and a collection
+// key set to a string becomes one. Binary bytes, empty keys and values, and the byte counts follow.
+TEST(ShardAlone, StringsChangeInPlaceOrMoveToALargerEntry) {
+    Shard s(0);
+    const int64_t now = nowMs();
+    s.set("k", "short", 0);
+    const Entry* first = s.find("k", now);
+    ASSERT_NE(first, nullptr);
+    EXPECT_EQ(first->key(), "k");
+    EXPECT_GE(first->room(), 5u);
+    s.set("k", "tiny", 0);
+    EXPECT_EQ(s.find("k", now), first) << "a string that fits is written in place";
+    EXPECT_EQ(first->value(), "tiny");
+    const std::string big(1000, 'x');
+    s.set("k", big, now + 100'000);
+    const Entry* second = s.find("k", now);
+    ASSERT_NE(second, nullptr);
+    EXPECT_EQ(second->value(), big);
+    EXPECT_EQ(second->expireAtMs, now + 100'000);
+    EXPECT_EQ(s.expiresCount(), 1u);
+    const std::string bin("a\0b\r\n", 5);
+    s.set("k", bin, 0);
+    EXPECT_EQ(s.find("k", now)->value(), bin);
+    EXPECT_EQ(s.expiresCount(), 0u);
+    s.set("", "", 0);
+    ASSERT_NE(s.find("", now), nullptr);
+    EXPECT_EQ(s.find("", now)->value(), "");
+    const std::string_view fv[] = {"f", "v"};
+    EXPECT_EQ(s.hset("h", fv), 1);
+    s.set("h", "now a string", 0);
+    ASSERT_TRUE(s.find("h", now)->isString());
+    EXPECT_EQ(s.find("h", now)->value(), "now a string");
+    EXPECT_EQ(s.keyCount(), 3u);
+    const uint64_t used = s.usedBytes();
+    EXPECT_EQ(used, 3 * Shard::kEntryOverhead + (1 + bin.size()) + 0 + (1 + 12));
+    ASSERT_TRUE(s.del("k"));
+    EXPECT_EQ(s.usedBytes(), used - (Shard::kEntryOverhead + 1 + bin.size()));
+}
+
 TEST(ShardAlone, RestoreRecordsRebuildEveryType) {
     Shard a(0);
     const int64_t now = nowMs();
@@ -84,7 +124,7 @@ TEST(ShardAlone, RestoreRecordsRebuildEveryType) {
     (void)a.sadd("set", members);
     a.expireAt("hash", now + 100'000);
     std::string log;
-    for (const char* k : {"str", "hash", "list", "set"}) { appendRestoreRecords(k, *a.find(k, now), log); }
+    for (const char* k : {"str", "hash", "list", "set"}) { appendRestoreRecords(*a.find(k, now), log); }
     Shard b(1);
     const ScanReport rep = scanLog(log, [&](std::string_view p) { return b.replay(p); });
     EXPECT_EQ(rep.records, 4u);
@@ -92,7 +132,7 @@ TEST(ShardAlone, RestoreRecordsRebuildEveryType) {
     EXPECT_EQ(b.keyCount(), 4u);
     EXPECT_EQ(b.expiresCount(), 1u);
     EXPECT_EQ(b.usedBytes(), a.usedBytes());
-    EXPECT_EQ(b.find("str", now)->value, binary);
+    EXPECT_EQ(b.find("str", now)->value(), binary);
     EXPECT_EQ(b.find("hash", now)->hash(), a.find("hash", now)->hash());
     EXPECT_EQ(b.find("hash", now)->expireAtMs, now + 100'000);
     EXPECT_EQ(b.find("list", now)->list(), a.find("list", now)->list());

@@ -196,7 +196,7 @@ TEST_F(WalLog, ShardMutationsReplayIntoTheSameKeyspace) {
     const int64_t now = nowMs();
     EXPECT_EQ(replayed.keyCount(), 2u);
     ASSERT_NE(replayed.find("a", now), nullptr);
-    EXPECT_EQ(replayed.find("a", now)->value, "after flush");
+    EXPECT_EQ(replayed.find("a", now)->value(), "after flush");
     ASSERT_NE(replayed.find("b", now), nullptr);
     EXPECT_EQ(replayed.find("b", now)->expireAtMs, later);
     EXPECT_EQ(replayed.find("old", now), nullptr);
