@@ -2688,7 +2688,7 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
                         scans[i] = scanLogFile(
                             fds[i], [shard](std::string_view p) { return shard->replay(p); }, size_t{8} << 20,
                             [shard](uint64_t records) { shard->expectKeys(records); },
-                            [shard](std::string_view p) { shard->prefetch(p); });
+                            [shard](std::string_view p, int stage) { shard->prefetch(p, stage); });
                         shard->endReplay();
                         seconds[i] = std::chrono::duration<double>(std::chrono::steady_clock::now() - began).count();
                     },

@@ -746,12 +746,17 @@ void Shard::expectKeys(uint64_t keys) {
     table_.reserve(static_cast<size_t>(std::min<uint64_t>(table_.size() + keys, kMost)));
 }
 
-void Shard::prefetch(std::string_view payload) const noexcept {
+void Shard::prefetch(std::string_view payload, int stage) const noexcept {
     // Every record but kFlush starts with the key: op, u32 length, bytes.
     if (payload.size() < 5 || static_cast<uint8_t>(payload[0]) == kFlush) { return; }
     Reader r{payload.substr(1)};
     const std::string_view key = r.bytes();
-    if (r.ok) { table_.prefetch(keyHash(key)); }
+    if (!r.ok) { return; }
+    if (stage == 0) {
+        prefetchSlot(keyHash(key));
+    } else {
+        prefetchNode(keyHash(key));
+    }
 }
 
 void Shard::endReplay() {

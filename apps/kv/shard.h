@@ -192,9 +192,10 @@ public:
     /// third of a replay's time with a million keys). endReplay() gives back what was not used.
     void expectKeys(uint64_t keys);
     void endReplay();
-    /// Recovery: starts loading the table's slot that replaying `payload` will look its key up in, so
-    /// that a batch of records wait for memory together, not one by one. Only a hint: it changes nothing.
-    void prefetch(std::string_view payload) const noexcept;
+    /// Recovery: starts loading what replaying `payload` will read to look its key up: the table's slot
+    /// (stage 0), then, once that is cached, the key's node (stage 1), so that a batch of records wait
+    /// for memory together, not one by one. Only a hint: it changes nothing.
+    void prefetch(std::string_view payload, int stage) const noexcept;
     /// Start loading what a lookup of the key whose keyHash is `hash` reads: its slot, then (once the
     /// slot is cached) its node. A pipeline of commands prefetches the slots of the keys a few commands
     /// ahead, and their nodes a little less far ahead. Only hints: they change nothing.

@@ -113,7 +113,7 @@ ScanReport scanLog(std::string_view log, const std::function<bool(std::string_vi
 
 Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view)>& apply, size_t chunk,
                                const std::function<void(uint64_t)>& expect,
-                               const std::function<void(std::string_view)>& prefetch) {
+                               const std::function<void(std::string_view, int)>& prefetch) {
     struct stat st{};
     if (::fstat(fd, &st) != 0) { return Error{errno}; }
     const auto size = static_cast<uint64_t>(st.st_size);
@@ -145,7 +145,9 @@ Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view
                 at += kRecordHeader + payload.size();
             }
             if (prefetch) {
-                for (size_t i = 0; i < n; ++i) { prefetch(batch[i]); }
+                for (int stage = 0; stage < 2; ++stage) {
+                    for (size_t i = 0; i < n; ++i) { prefetch(batch[i], stage); }
+                }
             }
             for (size_t i = 0; i < n && !bad; ++i) {
                 if (!apply(batch[i])) {

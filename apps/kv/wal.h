@@ -90,14 +90,16 @@ struct ScanReport {
 /// `chunk` bytes (more for a record that is bigger) instead of whole: memory stays at a chunk or a
 /// record, and parsing a chunk overlaps the kernel's read-ahead of the next. The same report as
 /// scanLog on the whole file. After the first chunk, expect(n) (when given) learns about how many
-/// records the rest of the file holds, judged by the first chunk's. Records are checked 16 at a time
-/// and prefetch(payload) (when given) is called for each of them before apply() is, so that the
-/// memory their application will touch is on its way for all 16 at once. Yields every 64 KiB parsed.
+/// records the rest of the file holds, judged by the first chunk's. Records are checked 16 at a time,
+/// and prefetch(payload, stage) (when given) is called for each of them with stage 0, then for each
+/// with stage 1, before apply() is, so that the memory their application will touch is on its way for
+/// all 16 at once (in two steps: a lookup's first load tells where its second goes; Shard::prefetch).
+/// Yields every 64 KiB parsed.
 /// Errors: fstat's and read's errno.
 [[nodiscard]] Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view)>& apply,
                                              size_t chunk = size_t{8} << 20,
                                              const std::function<void(uint64_t)>& expect = {},
-                                             const std::function<void(std::string_view)>& prefetch = {});
+                                             const std::function<void(std::string_view, int)>& prefetch = {});
 
 struct LogStats {
     uint64_t records = 0;   // appended
