@@ -196,7 +196,7 @@ struct Server::Impl {
     void maybeAutoRewrite(unsigned i) noexcept;
 
     [[nodiscard]] unsigned shardOf(std::string_view key) const noexcept {
-        return static_cast<unsigned>(keyHash(key) % shards.size());
+        return shards.size() == 1 ? 0 : static_cast<unsigned>(keyHash(key) % shards.size());
     }
     [[nodiscard]] uint64_t usedMemory() const noexcept {
         uint64_t u = 0;
@@ -2408,11 +2408,10 @@ public:
         const size_t issued = slots_;  // slots asked for by an earlier call: a node load now need not wait
         for (const size_t to = std::min(n_, i + kPrefetchAhead); slots_ < to; ++slots_) {
             const auto& args = reqs[slots_].args;
-            uint64_t h = 0;
-            if (args.size() >= 2 && (h = keyHash(args[1])) % shards_ == carrier_) {
+            uint64_t h = kNotHere;
+            if (args.size() >= 2 && (shards_ == 1 || keyHash(args[1]) % shards_ == carrier_)) {
+                h = tableHash(args[1]);
                 shard_->prefetchSlot(h);
-            } else {
-                h = kNotHere;
             }
             hashes_[slots_] = h;
         }
@@ -2422,7 +2421,7 @@ public:
     }
 
 private:
-    static constexpr uint64_t kNotHere = ~uint64_t{0};  // a hash that is this shard's is taken as not
+    static constexpr uint64_t kNotHere = ~uint64_t{0};  // a table hash of this value is taken as not here
     const Shard* shard_;
     unsigned shards_;
     unsigned carrier_;

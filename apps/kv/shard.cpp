@@ -282,12 +282,12 @@ void Shard::record(std::string_view payload) {
 }
 
 bool Shard::logWhole(std::string_view key) {
-    return walk_ != nullptr && keyHash(key) >= walk_->next;  // the walk has not got to it
+    return walk_ != nullptr && tableHash(key) >= walk_->next;  // the walk has not got to it
 }
 
 void Shard::recordWhole(std::string_view key) {
     scratch_.clear();
-    const Entry* e = table_.find(key, keyHash(key));
+    const Entry* e = table_.find(key, tableHash(key));
     if (e == nullptr || std::visit([](const auto& c) { return c.empty(); }, e->coll->value)) {
         scratch_.push_back(static_cast<char>(kDel));
         putBytes(scratch_, key);
@@ -330,7 +330,7 @@ Entry& Shard::insert(uint64_t hash, Entry* fresh) {
 }
 
 Entry* Shard::find(std::string_view key, int64_t now) {
-    const uint64_t hash = keyHash(key);
+    const uint64_t hash = tableHash(key);
     Entry* e = table_.find(key, hash);
     if (e == nullptr) { return nullptr; }
     if (e->expireAtMs != 0 && e->expireAtMs <= now) {
@@ -361,7 +361,7 @@ void Shard::setExpiry(Entry& e, std::string_view key, int64_t atMs) {
 }
 
 void Shard::set(std::string_view key, std::string_view value, int64_t expireAtMs) {
-    const uint64_t hash = keyHash(key);
+    const uint64_t hash = tableHash(key);
     Entry* e = table_.find(key, hash);
     if (e == nullptr) {
         e = &insert(hash, Entry::make(key, value));
@@ -388,7 +388,7 @@ void Shard::set(std::string_view key, std::string_view value, int64_t expireAtMs
 }
 
 bool Shard::del(std::string_view key) {
-    const uint64_t hash = keyHash(key);
+    const uint64_t hash = tableHash(key);
     const Entry* e = table_.find(key, hash);
     if (e == nullptr) { return false; }
     erase(key, hash, *e);
@@ -402,7 +402,7 @@ bool Shard::del(std::string_view key) {
 }
 
 Entry& Shard::collection(std::string_view key, ValueType type) {
-    const uint64_t hash = keyHash(key);
+    const uint64_t hash = tableHash(key);
     if (Entry* e = table_.find(key, hash)) { return *e; }
     std::unique_ptr<Collection> c = emptyCollection(type);
     Entry& e = insert(hash, Entry::make(key, {}));
@@ -448,7 +448,7 @@ int64_t Shard::hset(std::string_view key, std::span<const std::string_view> fiel
 }
 
 int64_t Shard::hdel(std::string_view key, std::span<const std::string_view> fields) {
-    const uint64_t hash = keyHash(key);
+    const uint64_t hash = tableHash(key);
     Entry* found = table_.find(key, hash);
     if (found == nullptr) { return 0; }
     Entry& e = *found;
@@ -490,7 +490,7 @@ int64_t Shard::push(std::string_view key, bool left, std::span<const std::string
 
 std::vector<std::string> Shard::pop(std::string_view key, bool left, size_t count) {
     std::vector<std::string> out;
-    const uint64_t hash = keyHash(key);
+    const uint64_t hash = tableHash(key);
     Entry* found = table_.find(key, hash);
     if (found == nullptr || count == 0) { return out; }
     Entry& e = *found;
@@ -532,7 +532,7 @@ int64_t Shard::sadd(std::string_view key, std::span<const std::string_view> memb
 }
 
 int64_t Shard::srem(std::string_view key, std::span<const std::string_view> members) {
-    const uint64_t hash = keyHash(key);
+    const uint64_t hash = tableHash(key);
     Entry* found = table_.find(key, hash);
     if (found == nullptr) { return 0; }
     Entry& e = *found;
@@ -552,7 +552,7 @@ int64_t Shard::srem(std::string_view key, std::span<const std::string_view> memb
 }
 
 void Shard::restore(std::string_view key, Detached e) {
-    const uint64_t hash = keyHash(key);
+    const uint64_t hash = tableHash(key);
     if (log_ != nullptr) {
         scratch_.clear();
         encodeRestore(key, e, scratch_);
@@ -570,7 +570,7 @@ void Shard::restore(std::string_view key, Detached e) {
 }
 
 void Shard::expireAt(std::string_view key, int64_t atMs) {
-    Entry* e = table_.find(key, keyHash(key));
+    Entry* e = table_.find(key, tableHash(key));
     if (e == nullptr) { return; }
     setExpiry(*e, key, atMs);
     account();
@@ -584,7 +584,7 @@ void Shard::expireAt(std::string_view key, int64_t atMs) {
 }
 
 bool Shard::persist(std::string_view key) {
-    Entry* e = table_.find(key, keyHash(key));
+    Entry* e = table_.find(key, tableHash(key));
     if (e == nullptr || e->expireAtMs == 0) { return false; }
     setExpiry(*e, key, 0);
     account();
@@ -753,9 +753,9 @@ void Shard::prefetch(std::string_view payload, int stage) const noexcept {
     const std::string_view key = r.bytes();
     if (!r.ok) { return; }
     if (stage == 0) {
-        prefetchSlot(keyHash(key));
+        prefetchSlot(tableHash(key));
     } else {
-        prefetchNode(keyHash(key));
+        prefetchNode(tableHash(key));
     }
 }
 
@@ -769,7 +769,7 @@ size_t Shard::activeExpire(int64_t now, size_t budget) {
     while (!due_.empty() && due_.top().first <= now && budget > 0) {
         --budget;
         const std::string_view key = due_.top().second;
-        const uint64_t hash = keyHash(key);
+        const uint64_t hash = tableHash(key);
         const Entry* e = table_.find(key, hash);
         if (e != nullptr && e->expireAtMs == due_.top().first) {
             expire(key, hash, *e);

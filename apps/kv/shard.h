@@ -147,8 +147,8 @@ void appendRestoreRecords(const Entry& e, std::string& out);
 /// Unix time in milliseconds (CLOCK_REALTIME), what expiry times are kept in.
 [[nodiscard]] int64_t nowMs() noexcept;
 
-/// Where a compaction snapshot of a shard has got to (Shard::snapshotSlice): the keys whose hash is
-/// below `next` have been written.
+/// Where a compaction snapshot of a shard has got to (Shard::snapshotSlice): the keys whose tableHash
+/// is below `next` have been written.
 struct SnapshotCursor {
     uint64_t next = 0;
     bool started = false;
@@ -196,7 +196,7 @@ public:
     /// (stage 0), then, once that is cached, the key's node (stage 1), so that a batch of records wait
     /// for memory together, not one by one. Only a hint: it changes nothing.
     void prefetch(std::string_view payload, int stage) const noexcept;
-    /// Start loading what a lookup of the key whose keyHash is `hash` reads: its slot, then (once the
+    /// Start loading what a lookup of the key whose tableHash is `hash` reads: its slot, then (once the
     /// slot is cached) its node. A pipeline of commands prefetches the slots of the keys a few commands
     /// ahead, and their nodes a little less far ahead. Only hints: they change nothing.
     void prefetchSlot(uint64_t hash) const noexcept { table_.prefetch(hash); }
