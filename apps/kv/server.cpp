@@ -336,8 +336,8 @@ struct Ctx {
     std::vector<Mark>& marks;
     const Command& cmd;
     // The time the command runs at (unix ms): read once per batch of pipelined commands (a clock read
-    // costs 50-100 ns where the clock is not in the vDSO, as in this project's VMs), so the commands of
-    // one batch see one time, as those of a transaction would. Expiry and TTLs are relative to it.
+    // is some 26 ns through the vDSO here, about 3% of a pipelined SET), so the commands of one batch
+    // see one time, as those of a transaction would. Expiry and TTLs are relative to it.
     int64_t now;
     bool broken = false;  // a shard could not be reached (the runtime is shutting down)
 
