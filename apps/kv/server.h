@@ -22,6 +22,10 @@
 /// at start) is rewritten on its own (Redis's auto-aof-rewrite-min-size and -percentage; 0 percent
 /// turns it off). Both are in CONFIG GET/SET. INFO persistence reports aof_rewrite_in_progress,
 /// aof_last_bgrewrite_status, aof_rewrites, aof_current_size, aof_base_size and the rest.
+/// SHUTDOWN SAVE rewrites every log as SAVE does before it stops; if that fails it answers "-ERR
+/// Errors trying to SHUTDOWN. Check logs." and the server keeps running (unless FORCE is given), as
+/// Redis does. SHUTDOWN and SHUTDOWN NOSAVE do not rewrite (there are no save points: as Redis with
+/// an append-only file and none, they only write and sync the logs, in wait()).
 ///
 /// Log failure (EIO, ENOSPC, ... on a write or an fdatasync): the write whose record the log could not
 /// make durable gets "-MISCONF Errors writing to the AOF file: <error>" in place of its reply, after

@@ -4,7 +4,8 @@
 // nothing; SAVE answers once its rewrite is done; the automatic rewrite and its CONFIG parameters; a
 // rewrite that cannot write its file leaves the old log in use; a leftover <log>.rewrite is removed at
 // start; the snapshot walk over a shard that rehashes between slices; a rewrite keeps hashes, lists
-// and sets, and their expiries, exactly.
+// and sets, and their expiries, exactly; SHUTDOWN SAVE rewrites before it stops (and refuses to stop
+// when that fails), SHUTDOWN and SHUTDOWN NOSAVE do not rewrite.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -34,6 +35,7 @@ using testing_support::RespClient;
 using testing_support::TypedKeyspace;
 
 const std::string kOk = "+OK\r\n";
+const std::string kShutdownFailed = "-ERR Errors trying to SHUTDOWN. Check logs.\r\n";
 
 class KvRewrite : public testing_support::KvServerFixture {};
 
@@ -182,6 +184,10 @@ TEST_F(KvRewrite, NoLogMeansNothingToRewrite) {
     EXPECT_EQ(c.call({"BGREWRITEAOF"}), "-ERR spindle-kv keeps no log to rewrite (start it with --dir)\r\n");
     EXPECT_EQ(c.call({"SAVE"}), "-ERR spindle-kv keeps no log to rewrite (start it with --dir)\r\n");
     EXPECT_EQ(c.call({"BGREWRITEAOF", "x"}), "-ERR wrong number of arguments for 'bgrewriteaof' command\r\n");
+    // SHUTDOWN SAVE cannot save: it refuses, as Redis does when its save fails, and the server runs on.
+    EXPECT_EQ(c.call({"SHUTDOWN", "SAVE"}), kShutdownFailed);
+    EXPECT_EQ(c.call({"SHUTDOWN", "SAVE", "NOSAVE"}), "-ERR syntax error\r\n");
+    EXPECT_EQ(c.call({"PING"}), "+PONG\r\n");
 }
 
 TEST_F(KvRewrite, AutomaticRewriteAndItsConfig) {
@@ -256,6 +262,77 @@ TEST_F(KvRewrite, AFailedSyncBeforeTheRenameKeepsTheOldLog) {
     server_.reset();
     startServer(withDir(Fsync::kNo));
     EXPECT_EQ(dumpKeyspace(port_).size(), 24u);
+}
+
+// SHUTDOWN SAVE compacts every shard's log as SAVE does before the server stops (Redis's SAVE
+// modifier forces a snapshot); the keyspace survives the restart.
+TEST_F(KvRewrite, ShutdownSaveRewritesTheLogsFirst) {
+    startServer(withDir(Fsync::kAlways));
+    RespClient c(port_);
+    for (int round = 0; round < 10; ++round) {
+        for (int k = 0; k < 20; ++k) {
+            ASSERT_EQ(c.call({"SET", "k" + std::to_string(k), std::string(40, 'v') + std::to_string(round)}), kOk);
+        }
+    }
+    const Keyspace want = dumpKeyspace(port_);
+    const uint64_t before = logBytesOnDisk();
+    ASSERT_TRUE(c.sendRaw(RespClient::encode({"SHUTDOWN", "SAVE"})));
+    EXPECT_TRUE(c.closedByPeer());
+    EXPECT_EQ(server_->wait(), 0);
+    EXPECT_EQ(server_->stats().rewrites, 2u);  // one per shard
+    EXPECT_LT(logBytesOnDisk(), before / 5);
+    startServer(withDir(Fsync::kAlways));
+    EXPECT_EQ(dumpKeyspace(port_), want);
+}
+
+// SHUTDOWN NOSAVE, and SHUTDOWN alone (spindle-kv has no save points: Redis with an append-only file
+// and none only syncs it), leave the logs as they are.
+TEST_F(KvRewrite, ShutdownWithoutSaveLeavesTheLogsAlone) {
+    for (const char* how : {"NOSAVE", ""}) {
+        SCOPED_TRACE(how);
+        startServer(withDir(Fsync::kAlways));
+        RespClient c(port_);
+        for (int i = 0; i < 50; ++i) { ASSERT_EQ(c.call({"SET", "k", std::to_string(i)}), kOk); }
+        const uint64_t before = logBytesOnDisk();
+        std::vector<std::string> cmd{"SHUTDOWN"};
+        if (*how != '\0') { cmd.emplace_back(how); }
+        ASSERT_TRUE(c.sendRaw(RespClient::encode(cmd)));
+        EXPECT_TRUE(c.closedByPeer());
+        EXPECT_EQ(server_->wait(), 0);
+        EXPECT_EQ(server_->stats().rewrites, 0u);
+        EXPECT_EQ(logBytesOnDisk(), before);
+    }
+    startServer(withDir(Fsync::kAlways));
+    EXPECT_EQ(dumpKeyspace(port_)["k"].first, "49");
+}
+
+// A SHUTDOWN SAVE whose rewrite fails answers Redis's error and leaves the server running, the old
+// logs in use; SHUTDOWN SAVE FORCE stops it all the same.
+TEST_F(KvRewrite, AShutdownSaveThatFailsKeepsTheServerRunning) {
+#if !defined(SPINDLE_FAULT_INJECTION)
+    GTEST_SKIP() << "built without SPINDLE_FAULT_INJECTION";
+#endif
+    startServer(withDir(Fsync::kAlways));
+    RespClient c(port_);
+    for (int i = 0; i < 20; ++i) { ASSERT_EQ(c.call({"SET", "k" + std::to_string(i), "v"}), kOk); }
+    {
+        inject::ArmedFault f(inject::Point::kLogWrite, ENOSPC, 1);
+        EXPECT_EQ(c.call({"SHUTDOWN", "SAVE"}), kShutdownFailed);
+        EXPECT_EQ(inject::remaining(inject::Point::kLogWrite), 0u);
+    }
+    EXPECT_EQ(c.call({"SET", "later", "v"}), kOk);
+    RespClient d(port_);
+    EXPECT_EQ(d.call({"PING"}), "+PONG\r\n");
+    {
+        inject::ArmedFault f(inject::Point::kLogWrite, ENOSPC, 1);
+        ASSERT_TRUE(c.sendRaw(RespClient::encode({"SHUTDOWN", "SAVE", "FORCE"})));
+        EXPECT_TRUE(c.closedByPeer());
+        EXPECT_EQ(server_->wait(), 0);
+        EXPECT_EQ(inject::remaining(inject::Point::kLogWrite), 0u);
+    }
+    for (unsigned i = 0; i < 2; ++i) { EXPECT_FALSE(std::filesystem::exists(shardLogPath(dir_, i) + ".rewrite")); }
+    startServer(withDir(Fsync::kAlways));
+    EXPECT_EQ(dumpKeyspace(port_).size(), 21u);
 }
 
 TEST_F(KvRewrite, StoppingDuringARewriteKeepsEveryWrite) {
