@@ -19,6 +19,15 @@
 /// on a free key runs at once, so the string path pays one emptiness test.
 /// Shared holds (readers: MGET, EXISTS) let single-key reads through and block writes; exclusive
 /// holds (writers) block both.
+///
+/// Whole-shard intents: the commands that read or change the whole keyspace (KEYS, DBSIZE,
+/// RANDOMKEY and SCAN shared, FLUSHALL/FLUSHDB exclusive) hold the whole of every shard they visit,
+/// taken by the same protocol (all shards at once, else one after another in ascending order). A
+/// whole-shard hold conflicts with every key hold of the shard as a hold of each key would: a shared
+/// one waits for exclusive key holds and blocks writes (single-key writes and exclusive requests), an
+/// exclusive one waits for every hold and blocks every command on the shard. So a keyspace reader
+/// sees every multi-key command whole or not at all, and FLUSHALL cannot run between the halves of an
+/// MSET, as in Redis, where every command is atomic to every other.
 /// Thread-safety: none; the shard's carrier thread only.
 
 #include <cstdint>
@@ -38,15 +47,21 @@ namespace spindle::kv {
 struct LockRequest {
     std::vector<std::string_view> keys;  // distinct; they must outlive the request's hold
     bool exclusive = true;
+    bool wholeShard = false;  // the whole shard (every key, present or not); `keys` is ignored
     FiberFuture granted;  // set when a queued request is granted
 };
 
 class KeyLocks {
 public:
     /// Nothing held and nothing queued: every command may run.
-    [[nodiscard]] bool idle() const noexcept { return held_.empty() && queue_.empty(); }
+    [[nodiscard]] bool idle() const noexcept {
+        return held_.empty() && queue_.empty() && wholeShared_ == 0 && !wholeExclusive_;
+    }
     /// Whether a single-key command (a write or not) on `key` must wait.
     [[nodiscard]] bool blocked(std::string_view key, bool write) const;
+    /// Whether a command that runs `req`'s step in one message without taking it (all its keys on one
+    /// shard) must wait: what is held conflicts with it. Queued requests do not count.
+    [[nodiscard]] bool blocked(const LockRequest& req) const { return !free(req); }
     /// Takes every key of `req` now, or none (false): when one is held incompatibly or requests are
     /// queued (they go first).
     [[nodiscard]] bool tryLock(const LockRequest& req);
@@ -66,8 +81,12 @@ private:
     };
     [[nodiscard]] bool free(const LockRequest& req) const;
     void take(const LockRequest& req);
+    void release(const LockRequest& req);  // a key request's keys
 
     std::unordered_map<std::string, Hold, KeyHasher, std::equal_to<>> held_;
+    size_t exclusiveKeys_ = 0;     // entries of held_ held exclusively (what a shared whole hold waits for)
+    uint32_t wholeShared_ = 0;     // shared whole-shard holds; never at once with wholeExclusive_
+    bool wholeExclusive_ = false;  // an exclusive whole-shard hold; then held_ is empty
     std::deque<LockRequest*> queue_;  // waiting requests, granted strictly in order
     std::vector<FiberFuture*> waiters_;
 };
