@@ -637,38 +637,6 @@ void cmdClient(Ctx& x) {
     }
 }
 
-void cmdDbsize(Ctx& x) { x.w.integer(static_cast<int64_t>(x.s.keyCount())); }
-
-void cmdFlush(Ctx& x) {
-    if (x.argc() > 2) {
-        x.w.error(kSyntax);
-        return;
-    }
-    if (x.argc() == 2) {
-        std::string mode;
-        toLower(x.arg(1), mode);
-        if (mode != "sync" && mode != "async") {
-            x.w.error(kSyntax);
-            return;
-        }
-    }
-    std::string errors;
-    for (unsigned i = 0; i < x.s.shards.size() && !x.broken; ++i) {
-        std::string& out = x.w.buffer();
-        const size_t before = out.size();
-        x.onShard(i, [](Shard& s) { s.flush(); });
-        if (out.size() != before) {  // MISCONF from that shard: keep the first, answer once
-            if (errors.empty()) { errors = out.substr(before); }
-            out.resize(before);
-        }
-    }
-    if (!errors.empty()) {
-        x.w.buffer() += errors;
-    } else {
-        x.w.ok();
-    }
-}
-
 std::string infoText(Server::Impl& s, const Client& c, std::string_view section) {
     const bool all = section.empty() || section == "all" || section == "everything" || section == "default";
     std::string out;
@@ -1266,10 +1234,18 @@ void cmdSetrange(Ctx& x) {
 // of each releasing its keys. A client therefore sees the whole of an MSET or none of it, whatever it
 // reads and in whatever order: a single-key command on a held key waits, an MGET holds its keys
 // (shared) across all its shards. All keys on one shard need no locks: one message does it all,
-// atomically, on that shard's thread. The whole-keyspace commands (KEYS, SCAN, DBSIZE, RANDOMKEY,
-// FLUSHALL) take no locks and visit the shards one by one: they may see a multi-key command half done.
+// atomically, on that shard's thread. The keyspace commands (KEYS, SCAN, DBSIZE, RANDOMKEY,
+// FLUSHALL, FLUSHDB) are transactions of the same kind over whole shards (key_locks.h, "Whole-shard
+// intents"): each holds every shard it visits, shared to read it, exclusive to flush it, so it sees
+// or flushes no multi-key command half done.
 
-/// A multi-key command's keys on one shard.
+/// Shards [from, to): the whole of each, as a keyspace command takes them.
+struct ShardRange {
+    unsigned from = 0;
+    unsigned to = 0;
+};
+
+/// A multi-key command's keys on one shard (or the whole shard).
 struct ShardPart {
     unsigned shard = 0;
     std::vector<size_t> idx;  // argument indexes of its keys
@@ -1289,6 +1265,18 @@ public:
     /// Explicit (shard, argument index) pairs (RENAME).
     MultiKey(Ctx& x, std::initializer_list<size_t> keyArgs, bool exclusive) : x_(x), exclusive_(exclusive) {
         for (size_t i : keyArgs) { add(x.s.shardOf(x.arg(i)), i); }
+        finishParts();
+    }
+    /// The whole of every shard in `range` (KEYS, SCAN, DBSIZE, RANDOMKEY, FLUSHALL): a shared hold
+    /// waits for the multi-key writers on the shard and holds off every write; an exclusive one waits
+    /// for every hold and holds off every command on it.
+    MultiKey(Ctx& x, ShardRange range, bool exclusive) : x_(x), exclusive_(exclusive) {
+        for (unsigned i = range.from; i < range.to; ++i) {
+            parts_.push_back(std::make_unique<ShardPart>());
+            parts_.back()->shard = i;
+            parts_.back()->req.exclusive = exclusive;
+            parts_.back()->req.wholeShard = true;
+        }
         finishParts();
     }
     MultiKey(const MultiKey&) = delete;
@@ -1360,9 +1348,7 @@ public:
                 bool blocked = false;
                 FiberFuture unlocked;
                 if (!x_.s.rt->runOnCarrier(p.shard, [&]() noexcept {
-                        if (!locks.idle() && std::any_of(p.req.keys.begin(), p.req.keys.end(), [&](std::string_view k) {
-                                return locks.blocked(k, write);
-                            })) {
+                        if (!locks.idle() && locks.blocked(p.req)) {
                             locks.waitForUnlock(unlocked);
                             blocked = true;
                             return;
@@ -2078,7 +2064,13 @@ void cmdScan(Ctx& x) {
     std::vector<std::string> keys;
     uint64_t next = 0;
     if (shard < x.s.shards.size()) {  // a cursor past the last shard ends the scan, as Redis's does
-        x.onShard(static_cast<unsigned>(shard), [&](Shard& s) {
+        // The shard held (shared), so that a scan that follows a read of another shard sees every
+        // multi-key command that read saw. Taken, not waited for at the step: a scan conflicts with
+        // every multi-key writer on the shard, and in the queue they cannot starve it.
+        const auto index = static_cast<unsigned>(shard);
+        MultiKey mk(x, ShardRange{index, index + 1}, /*exclusive=*/false);
+        if (!mk.lock(/*always=*/x.s.shards.size() > 1)) { return; }
+        const bool ok = mk.finish([&](ShardPart&, Shard& s) {
             pos = s.scan(pos, static_cast<size_t>(std::min<int64_t>(count, 1 << 20)), x.now,
                          [&](std::string_view key, const Entry& e) {
                              if (havePattern && !globMatch(pattern, key)) { return; }
@@ -2086,7 +2078,7 @@ void cmdScan(Ctx& x) {
                              keys.emplace_back(key);
                          });
         });
-        if (x.broken) { return; }
+        if (!ok) { return; }
         if (pos != 0) {
             next = (shard << kScanShardShift) | pos;
         } else if (shard + 1 < x.s.shards.size()) {
@@ -2099,46 +2091,94 @@ void cmdScan(Ctx& x) {
     for (const std::string& k : keys) { x.w.bulk(k); }
 }
 
-// RANDOMKEY: a shard chosen at random in proportion to its keys, then a random key of it.
+// Every shard, whole (the keyspace commands).
+ShardRange everyShard(const Ctx& x) { return ShardRange{0, static_cast<unsigned>(x.s.shards.size())}; }
+
+// RANDOMKEY: a shard chosen at random in proportion to its keys, then a random key of it, with every
+// shard held (shared): the counts then move only by expiry (hence the few attempts), and no
+// multi-key command is half done.
 void cmdRandomkey(Ctx& x) {
     static thread_local std::mt19937_64 rng{std::random_device{}()};
     const size_t n = x.s.shards.size();
     for (int attempt = 0; attempt < 4; ++attempt) {
+        MultiKey mk(x, everyShard(x), /*exclusive=*/false);
+        if (!mk.lock()) { return; }
         uint64_t total = 0;
         for (const auto& sh : x.s.shards) { total += sh->keyCount(); }
-        if (total == 0) { break; }
-        uint64_t pick = rng() % total;
-        unsigned shard = 0;
-        for (; shard + 1 < n && pick >= x.s.shards[shard]->keyCount(); ++shard) { pick -= x.s.shards[shard]->keyCount(); }
+        unsigned shard = static_cast<unsigned>(n);  // none
+        if (total > 0) {
+            uint64_t pick = rng() % total;
+            for (shard = 0; shard + 1 < n && pick >= x.s.shards[shard]->keyCount(); ++shard) {
+                pick -= x.s.shards[shard]->keyCount();
+            }
+        }
         std::string key;
         bool found = false;
         const uint64_t seed = rng();
-        x.onShard(shard, [&](Shard& s) { found = s.randomKey(x.now, seed, key); });
-        if (x.broken) { return; }
+        if (!mk.finish([&](ShardPart& p, Shard& s) {
+                if (p.shard == shard) { found = s.randomKey(x.now, seed, key); }
+            })) {
+            return;
+        }
         if (found) {
             x.w.bulk(key);
             return;
         }
+        if (total == 0) { break; }
     }
     x.w.null();
 }
 
 // KEYS pattern: every shard's matching keys (in no particular order, as in Redis).
 void cmdKeys(Ctx& x) {
-    std::vector<std::string> keys;
     const std::string_view pattern = x.arg(1);
     const bool all = pattern == "*";
-    for (unsigned i = 0; i < x.s.shards.size(); ++i) {
-        x.onShard(i, [&](Shard& s) {
-            s.forEachKey(x.now, [&](std::string_view key) {
-                if (all || globMatch(pattern, key)) { keys.emplace_back(key); }
-                return true;
-            });
+    std::vector<std::vector<std::string>> keys(x.s.shards.size());  // by shard: the shards go at once
+    MultiKey mk(x, everyShard(x), /*exclusive=*/false);
+    if (!mk.lock()) { return; }
+    const bool ok = mk.finish([&](ShardPart& p, Shard& s) {
+        s.forEachKey(x.now, [&](std::string_view key) {
+            if (all || globMatch(pattern, key)) { keys[p.shard].emplace_back(key); }
+            return true;
         });
-        if (x.broken) { return; }
+    });
+    if (!ok) { return; }
+    size_t count = 0;
+    for (const auto& k : keys) { count += k.size(); }
+    x.w.arrayHeader(count);
+    for (const auto& shardKeys : keys) {
+        for (const std::string& k : shardKeys) { x.w.bulk(k); }
     }
-    x.w.arrayHeader(keys.size());
-    for (const std::string& k : keys) { x.w.bulk(k); }
+}
+
+// DBSIZE: the shards' key counts, every shard held (shared).
+void cmdDbsize(Ctx& x) {
+    std::atomic<uint64_t> keys{0};  // added to by several carriers at once
+    MultiKey mk(x, everyShard(x), /*exclusive=*/false);
+    if (!mk.lock()) { return; }
+    if (mk.finish([&](ShardPart&, Shard& s) { keys.fetch_add(s.keyCount(), std::memory_order_relaxed); })) {
+        x.w.integer(static_cast<int64_t>(keys.load()));
+    }
+}
+
+// FLUSHALL, FLUSHDB [SYNC|ASYNC]: every shard emptied with every shard held (exclusive), so that no
+// multi-key command is half flushed. A failed log on any shard: MISCONF, and nothing is flushed.
+void cmdFlush(Ctx& x) {
+    if (x.argc() > 2) {
+        x.w.error(kSyntax);
+        return;
+    }
+    if (x.argc() == 2) {
+        std::string mode;
+        toLower(x.arg(1), mode);
+        if (mode != "sync" && mode != "async") {
+            x.w.error(kSyntax);
+            return;
+        }
+    }
+    MultiKey mk(x, everyShard(x), /*exclusive=*/true);
+    if (!mk.lock()) { return; }
+    if (mk.finish([](ShardPart&, Shard& s) { s.flush(); })) { x.w.ok(); }
 }
 
 // The command table, sorted by name (binary search). Arity and key positions as Redis declares them.

@@ -8,7 +8,12 @@
 /// Runtime::runOnCarrier (inline when the shard is the connection's own carrier), so no lock guards
 /// the data. MGET, MSET, MSETNX, DEL, UNLINK, EXISTS and RENAME split their keys by shard, visit
 /// their shards at once and are atomic as other clients see them (per-shard key intents, see
-/// apps/kv/key_locks.h and "Multi-key commands" in server.cpp). Replies of a batch leave in one send.
+/// apps/kv/key_locks.h and "Multi-key commands" in server.cpp). So are the keyspace commands: KEYS,
+/// DBSIZE, RANDOMKEY and each SCAN call hold every shard they read (a whole-shard intent, shared),
+/// FLUSHALL and FLUSHDB every shard (exclusive); none of them sees, or leaves, a multi-key command
+/// half done, and a single-key write waits while a shard is held. Not atomic: a whole SCAN walk (one
+/// shard after another, across calls, as Redis's walk is across calls) and INFO's counts (read
+/// without holding anything). Replies of a batch leave in one send.
 ///
 /// Durability: see apps/kv/wal.h. With appendfsync always, the replies of a batch leave only once
 /// every write in it is synced; if a log fails first, the replies before the first write it did not

@@ -3,7 +3,7 @@
 // EIO): with appendfsync always the write is never acknowledged and gets -MISCONF, the connection
 // closes, later writes on that shard get -MISCONF, reads keep working, INFO says so, and after a
 // restart every acknowledged write is there; with everysec the write is acknowledged at once (as
-// Redis does) and the writes after the failure are refused. Recovery: a log cut at every byte of its
+// Redis does) and the writes after the failure are refused; FLUSHALL is refused whole. Recovery: a log cut at every byte of its
 // last record comes back without that record; a flipped bit in the middle refuses to start and says
 // what --truncate-corrupt-log would drop, which then starts and reports it.
 #include <gtest/gtest.h>
@@ -96,6 +96,28 @@ TEST_F(KvLogFault, AFailedWriteOrSyncIsNeverAcknowledgedAndNothingAcknowledgedIs
             server_.reset();
         }
     }
+}
+
+// FLUSHALL with one shard's log failed is refused whole, as Redis refuses a write with MISCONF: the
+// other shard, whose log works, keeps its keys (before the keyspace commands took whole shards, it
+// was flushed and the command still answered MISCONF).
+TEST_F(KvLogFault, AFlushallWithAFailedLogFlushesNothing) {
+    startServer(withDir(Fsync::kAlways));
+    const auto keys = keysOfShard(0, 2, "k");
+    const auto other = keysOfShard(1, 1, "o");
+    {
+        RespClient c(port_);
+        ASSERT_EQ(c.call({"SET", keys[0], "v"}), kOk);
+        ASSERT_EQ(c.call({"SET", other[0], "o"}), kOk);
+        inject::arm(inject::Point::kLogWrite, ENOSPC, 1);
+        EXPECT_EQ(c.call({"SET", keys[1], "never acknowledged"}), misconf(ENOSPC));
+        EXPECT_TRUE(c.closedByPeer());
+    }
+    RespClient c(port_);
+    EXPECT_EQ(c.call({"FLUSHALL"}), misconf(ENOSPC));
+    EXPECT_EQ(c.call({"GET", other[0]}), "$1\r\no\r\n");
+    EXPECT_EQ(c.call({"GET", keys[0]}), "$1\r\nv\r\n");
+    EXPECT_EQ(c.call({"DBSIZE"}), ":3\r\n");  // the refused SET stays in memory, as in Redis
 }
 
 TEST_F(KvLogFault, EverysecAcknowledgesAtOnceAndRefusesTheWritesAfterAFailure) {
