@@ -17,6 +17,22 @@
 /// stream is closed when the handler returns. A handler marks the times it waits for the next request
 /// with TcpConnection::setIdle(), so that the drain can close it without losing work.
 ///
+/// Keep-alive waits and parking: a handler that waits between requests with no deadline of its own
+/// brackets the wait with TcpConnection::beginIdleWait() / endIdleWait(). Each carrier's idle sweep
+/// (a pinned fiber "<name>-idle", started when idleTimeout, idleRelease or carrierTick asks for one)
+/// shuts down a connection whose idle wait has lasted idleTimeout (its receive sees end of stream;
+/// counted in idleTimeouts), and asks one whose wait has lasted idleRelease to park: it cancels the
+/// connection's fiber, whose receive ends with ECANCELED; the handler learns why from
+/// takeParkRequest(), and then either calls park() and returns, or refusePark() and waits on. A parked
+/// connection has no fiber and no handler state: the server keeps a record of some 150 bytes in the
+/// carrier's list with one poll for input armed on the socket. Input, the end of the stream or an error
+/// starts a fiber again, pinned to the same carrier, which calls the handler anew with
+/// TcpConnection::resumed() true; the handler finds the bytes in the socket. The idle sweep still
+/// closes a parked connection after idleTimeout, and the drain closes parked connections at once
+/// (without a fiber: they are idle). After a burst of parks (kTrimAfterParks or more, then a sweep
+/// with none) the sweep calls malloc_trim(3), so that the handlers' freed state leaves the resident
+/// set (glibc keeps freed chunks below a live one).
+///
 /// Accept errors: EMFILE and its kin are backed off inside TcpListener; any other error is logged,
 /// counted, and retried after a pause that doubles from acceptBackoffMin up to acceptBackoffMax (reset by
 /// the next success), so a persistent error never spins a carrier.
@@ -27,10 +43,14 @@
 /// after which every connection left is shut down. wait() returns when every connection has ended.
 ///
 /// A handler must not throw (an exception escaping a connection's fiber aborts the process).
-/// Errors: start() returns EINVAL for a null handler or a negative timeout, the errno of a listener that
+/// Errors: start() returns EINVAL for a null handler or a negative timeout, ENOMEM/ECANCELED when a
+/// carrier's idle sweep cannot be spawned, the errno of a listener that
 /// could not bind (EADDRINUSE, EACCES, EADDRNOTAVAIL, EMFILE, ...) and spawn's errors (ENOMEM,
 /// ECANCELED); a handler's failures are its own. A connection for which no fiber can be made is closed
-/// and counted in acceptErrors.
+/// and counted in acceptErrors. A park that cannot be made (no memory for the record, a poll the
+/// driver refuses because input is there already) is not an error: the handler is called again at
+/// once on the same fiber, with resumed() true. A parked connection for which no fiber can be made when
+/// its input comes is closed and counted in closed.
 /// Thread-safety: stop(), stats(), localAddress() from any thread or fiber; wait() and the destructor
 /// from a plain thread only (they wait for the server's fibers). The Runtime must outlive the server;
 /// if it shuts down first, every fiber of the server ends with ECANCELED and wait() only collects them.
@@ -52,6 +72,10 @@
 #include "net/address.h"
 #include "net/tcp.h"
 
+namespace spindle {
+struct MultishotCompletion;
+}
+
 namespace spindle::net {
 
 struct TcpServerOptions {
@@ -64,16 +88,48 @@ struct TcpServerOptions {
     std::chrono::milliseconds acceptBackoffMin{10};
     std::chrono::milliseconds acceptBackoffMax{1000};
     std::chrono::milliseconds drainTimeout{10'000};  // after stop(), how long busy connections may take
+    // An idle wait (TcpConnection::beginIdleWait) this long is ended by shutting the connection down;
+    // 0: never. The sweep runs every idleTimeout / 8 (1 ms to 1 s), so up to that much later.
+    std::chrono::milliseconds idleTimeout{0};
+    // An idle wait this long is asked to park (see the file comment); 0: never. The sweep then runs at
+    // least every idleRelease / 2.
+    std::chrono::milliseconds idleRelease{0};
+    // Per-carrier housekeeping, called on each carrier's idle sweep after every pass, and once more at
+    // the end of the carrier's drain, when its last connection has ended (final = true). Must not
+    // throw. Empty: none.
+    std::function<void(unsigned carrier, bool final)> carrierTick;
 };
 
 /// Counters summed over the carriers (read racily; exact after wait()).
 struct TcpServerStats {
     uint64_t accepted = 0;      // connections accepted
-    uint64_t active = 0;        // connections whose handler has not returned
+    uint64_t active = 0;        // connections open: a handler runs or the connection is parked
     uint64_t closed = 0;        // connections whose handler returned and whose stream was closed
     uint64_t acceptErrors = 0;  // accept failures other than the stop itself, and connections without a fiber
     uint64_t drainClosed = 0;   // connections the drain shut down (idle at once, busy after drainTimeout)
+    uint64_t idleTimeouts = 0;  // idle waits the sweep ended after idleTimeout
+    uint64_t parked = 0;        // connections parked now (no fiber)
+    uint64_t parks = 0;         // times a connection parked
 };
+
+namespace detail {
+/// A connection as its carrier's list sees it: in the TcpConnection while a handler runs, in the
+/// server's parked record while it is parked.
+/// Invariant: linked in exactly one carrier's list while the connection is open; read and written on
+/// that carrier only.
+struct TcpConnectionNode {
+    TcpConnectionNode* prev = nullptr;
+    TcpConnectionNode* next = nullptr;
+    spindle::detail::Fiber* fiber = nullptr;  // the handler's fiber; null when parked
+    uint64_t idleSinceNs = 0;                 // CLOCK_MONOTONIC_COARSE when the idle wait began
+    int fd = -1;
+    bool idle = false;            // the drain may close it at once
+    bool idleWait = false;        // in an idle wait: what the sweep looks at
+    bool timedOut = false;        // the sweep or the drain shut it down (counted once)
+    bool parkAsked = false;       // the sweep cancelled the fiber to ask for a park
+    bool parkRefused = false;     // the handler cannot park in this idle wait: ask no more
+};
+}  // namespace detail
 
 class TcpServer;
 
@@ -84,7 +140,32 @@ public:
     [[nodiscard]] TcpStream& stream() noexcept { return stream_; }
     /// Marks the connection as waiting for its next request (true) or working on one (false). The
     /// drain shuts an idle connection down at once; a busy one gets until drainTimeout.
-    void setIdle(bool idle) noexcept { idle_ = idle; }
+    void setIdle(bool idle) noexcept { node_.idle = idle; }
+    /// Begins a wait for the next request with no deadline of the handler's own: the connection is idle
+    /// (setIdle(true)), the sweep closes it after idleTimeout and asks it to park after idleRelease
+    /// (see the file comment). Cost: a coarse clock read.
+    void beginIdleWait() noexcept;
+    /// Ends the idle wait (input came, or the wait failed): setIdle(false), and the sweep leaves it be.
+    void endIdleWait() noexcept {
+        node_.idle = false;
+        node_.idleWait = false;
+    }
+    /// For a receive of the idle wait that ended (typically with ECANCELED): whether the sweep cancelled
+    /// the fiber to ask for a park. When true the cancellation is acknowledged here, so that the fiber's
+    /// calls work again, and the handler either parks (park(), then return) or calls refusePark() and
+    /// waits on. A receive that completed before the cancel keeps its bytes; the handler serves them.
+    [[nodiscard]] bool takeParkRequest() noexcept;
+    /// The handler cannot park in this idle wait (its receive holds state the park would lose): the
+    /// sweep asks no more until the next beginIdleWait().
+    void refusePark() noexcept { node_.parkRefused = true; }
+    /// Asks the server to keep the connection open without a fiber once the handler returns, until the
+    /// socket is readable; then the handler is called again on a new fiber, with resumed() true.
+    /// Precondition: the handler keeps no state the next call needs (bytes read and not served, a
+    /// receive armed on the stream), and leaves the stream open. While the server drains, the
+    /// connection is closed instead.
+    void park() noexcept { parkRequested_ = true; }
+    /// Whether this call of the handler follows a park (the connection is not new).
+    [[nodiscard]] bool resumed() const noexcept { return resumed_; }
     /// The server is stopping: finish the request in hand and end (say so to the client if the
     /// protocol can).
     [[nodiscard]] bool draining() const noexcept;
@@ -106,16 +187,17 @@ private:
     TcpStream stream_;
     unsigned carrier_;
     uint64_t id_;
-    bool idle_ = false;
-    // Invariant: linked in the carrier's list (Carrier::connections) exactly while the handler runs;
-    // touched on that carrier only.
-    TcpConnection* prev_ = nullptr;
-    TcpConnection* next_ = nullptr;
+    bool resumed_ = false;
+    bool parkRequested_ = false;
+    // Invariant: linked in the carrier's list (Carrier::connections) exactly while the handler runs.
+    detail::TcpConnectionNode node_;
 };
 
 class TcpServer {
 public:
     using Handler = std::function<void(TcpConnection&)>;
+    /// Parks in a burst before the sweep trims the heap (see the file comment).
+    static constexpr uint64_t kTrimAfterParks = 256;
 
     /// Binds the listener(s) (see the class comment) and starts one pinned acceptor per carrier.
     /// Errors: see the file comment.
@@ -142,22 +224,34 @@ public:
     void wait() noexcept;
 
 private:
+    struct Parked;
     struct alignas(64) Carrier {
         TcpListener listener;  // open only on carriers that accept
         bool accepts = false;
-        TcpConnection* connections = nullptr;
+        detail::TcpConnectionNode* connections = nullptr;  // running handlers and parked connections
+        FiberHandle<void> sweeper;                          // the idle sweep, when one runs
         std::atomic<uint64_t> accepted{0};
         std::atomic<uint64_t> active{0};
         std::atomic<uint64_t> closed{0};
         std::atomic<uint64_t> acceptErrors{0};
         std::atomic<uint64_t> drainClosed{0};
+        std::atomic<uint64_t> idleTimeouts{0};
+        std::atomic<uint64_t> parked{0};
+        std::atomic<uint64_t> parks{0};
+
+        void link(detail::TcpConnectionNode* n) noexcept;
+        void unlink(detail::TcpConnectionNode* n) noexcept;
     };
 
     TcpServer(Runtime& runtime, const TcpServerOptions& options, Handler handler);
     void acceptLoop(unsigned carrier) noexcept;
-    void drain(Carrier& c) noexcept;
-    void spawnConnection(unsigned carrier, int fd) noexcept;
-    void runConnection(unsigned carrier, int fd, uint64_t id) noexcept;
+    void sweepLoop(unsigned carrier) noexcept;
+    void drain(unsigned carrier) noexcept;
+    void spawnConnection(unsigned carrier, int fd, uint64_t id, bool resumed) noexcept;
+    void runConnection(unsigned carrier, int fd, uint64_t id, bool resumed) noexcept;
+    bool park(Carrier& c, TcpConnection& conn) noexcept;
+    static void onParkedReady(MultishotCompletion* done, int32_t res, uint32_t flags) noexcept;
+    void closeWithoutFiber(Carrier& c, int fd) noexcept;
     void connectionEnded() noexcept;
 
     Runtime& runtime_;

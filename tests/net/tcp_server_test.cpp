@@ -1,18 +1,26 @@
 // SPDX-License-Identifier: Apache-2.0
 // net::TcpServer over loopback: a handler per connection on every carrier, exclusive ports (EADDRINUSE
 // for a second server unless sharing is asked for), one listener dealt round robin, and the drain
-// (idle connections at once, busy ones allowed to finish, then cut after drainTimeout).
+// (idle connections at once, busy ones allowed to finish, then cut after drainTimeout); idle waits:
+// the idle timeout, parking (a connection without a fiber, resumed by its input), the carrier tick.
 #include "net/tcp_server.h"
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <chrono>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 
+#include "base/inject.h"
+#include "core/internal/stack_pool.h"
 #include "core/io.h"
 #include "tests/core/with_runtime.h"
 
@@ -180,6 +188,255 @@ TEST_F(TcpServerTest, DrainClosesIdleAtOnceAndLetsBusyFinishUntilTheTimeout) {
     EXPECT_EQ(st.drainClosed, 2u);  // the idle one, and the stuck one after the timeout
 }
 
+// A plain blocking client on the test's thread, so that no fiber of the runtime is held by it.
+class PlainClient {
+public:
+    explicit PlainClient(const SocketAddress& addr) {
+        fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        sockaddr_in sa{};
+        sa.sin_family = AF_INET;
+        sa.sin_port = htons(addr.port());
+        sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        connected_ = ::connect(fd_, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0;
+    }
+    ~PlainClient() { ::close(fd_); }
+    PlainClient(const PlainClient&) = delete;
+    PlainClient& operator=(const PlainClient&) = delete;
+
+    [[nodiscard]] bool connected() const { return connected_; }
+    [[nodiscard]] bool send(char ch) { return ::send(fd_, &ch, 1, MSG_NOSIGNAL) == 1; }
+    /// One byte, or -1 at end of stream, or -2 when nothing came within `timeout`.
+    int recv(std::chrono::milliseconds timeout = 5s) {
+        pollfd p{.fd = fd_, .events = POLLIN, .revents = 0};
+        if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) { return -2; }
+        char ch = 0;
+        const ssize_t n = ::recv(fd_, &ch, 1, 0);
+        return n == 1 ? static_cast<unsigned char>(ch) : -1;
+    }
+
+private:
+    int fd_ = -1;
+    bool connected_ = false;
+};
+
+// Polls (for at most 5 s) until pred() holds.
+template <class Pred>
+bool eventually(Pred pred) {
+    const auto until = std::chrono::steady_clock::now() + 5s;
+    while (!pred()) {
+        if (std::chrono::steady_clock::now() > until) { return false; }
+        std::this_thread::sleep_for(1ms);
+    }
+    return true;
+}
+
+// Echoes single bytes; waits for each in an idle wait and parks when the sweep asks it to.
+struct ParkingEcho {
+    std::atomic<int> calls{0};
+    std::atomic<int> resumedCalls{0};
+    std::atomic<int> parkRequests{0};
+    bool refuse = false;  // refusePark() instead of parking
+
+    void operator()(TcpConnection& c) noexcept {
+        calls.fetch_add(1);
+        if (c.resumed()) { resumedCalls.fetch_add(1); }
+        char ch = 0;
+        c.beginIdleWait();
+        for (;;) {
+            auto n = c.stream().recv(&ch, 1);
+            if (c.takeParkRequest() && !n && n.errorCode() == ECANCELED) {
+                parkRequests.fetch_add(1);
+                if (refuse) {
+                    c.refusePark();
+                    continue;
+                }
+                c.park();
+                return;
+            }
+            c.endIdleWait();
+            if (!n || *n == 0) { return; }
+            if (!c.stream().writeAll(&ch, 1, 5s)) { return; }
+            c.beginIdleWait();
+        }
+    }
+};
+
+TEST_F(TcpServerTest, AnIdleConnectionParksWithoutAFiberAndItsInputResumesIt) {
+    ParkingEcho echo;
+    TcpServerOptions o;
+    o.idleRelease = 10ms;  // swept every 5 ms
+    auto server = TcpServer::start(rt(), o, [&](TcpConnection& c) noexcept { echo(c); });
+    ASSERT_TRUE(server) << server.error().message();
+    const uint64_t baseline = rt().liveFibers();  // acceptors and sweeps
+    std::optional<PlainClient> client((*server)->localAddress());
+    ASSERT_TRUE(client->connected());
+    for (char ch : {'a', 'b', 'c'}) {
+        ASSERT_TRUE(client->send(ch));
+        EXPECT_EQ(client->recv(), ch);
+        ASSERT_TRUE(eventually([&] { return (*server)->stats().parked == 1; }));
+        EXPECT_TRUE(eventually([&] { return rt().liveFibers() == baseline; })) << "the parked connection kept a fiber";
+    }
+    EXPECT_EQ(echo.calls.load(), 3);  // the first call, and one per input after a park
+    EXPECT_EQ(echo.resumedCalls.load(), 2);
+    TcpServerStats st = (*server)->stats();
+    EXPECT_EQ(st.parks, 3u);
+    EXPECT_EQ(st.active, 1u);
+    EXPECT_EQ(st.accepted, 1u);
+    // The end of the stream resumes it too; the handler sees it and the connection closes.
+    client.reset();
+    EXPECT_TRUE(eventually([&] { return (*server)->stats().active == 0; }));
+    st = (*server)->stats();
+    EXPECT_EQ(st.parked, 0u);
+    EXPECT_EQ(st.closed, 1u);
+}
+
+TEST_F(TcpServerTest, TheIdleTimeoutClosesWaitingAndParkedConnections) {
+    for (bool park : {false, true}) {
+        ParkingEcho echo;
+        TcpServerOptions o;
+        o.idleTimeout = 60ms;                  // swept every 7 ms
+        o.idleRelease = park ? 5ms : 0ms;
+        auto server = TcpServer::start(rt(), o, [&](TcpConnection& c) noexcept { echo(c); });
+        ASSERT_TRUE(server) << server.error().message();
+        PlainClient client((*server)->localAddress());
+        ASSERT_TRUE(client.send('x'));
+        EXPECT_EQ(client.recv(), 'x');
+        const auto t0 = std::chrono::steady_clock::now();
+        EXPECT_EQ(client.recv(), -1) << "park " << park;  // closed silently
+        EXPECT_GE(std::chrono::steady_clock::now() - t0, 40ms);
+        EXPECT_TRUE(eventually([&] { return (*server)->stats().active == 0; }));
+        const TcpServerStats st = (*server)->stats();
+        EXPECT_EQ(st.idleTimeouts, 1u);
+        EXPECT_EQ(st.parked, 0u);
+        if (park) {
+            EXPECT_GE(st.parks, 1u);
+        } else {
+            EXPECT_EQ(st.parks, 0u);
+        }
+        EXPECT_EQ(echo.resumedCalls.load(), 0) << "a timed-out parked connection is closed without a fiber";
+    }
+}
+
+TEST_F(TcpServerTest, TheDrainClosesParkedConnectionsAtOnce) {
+    ParkingEcho echo;
+    TcpServerOptions o;
+    o.idleRelease = 2ms;
+    auto server = TcpServer::start(rt(), o, [&](TcpConnection& c) noexcept { echo(c); });
+    ASSERT_TRUE(server) << server.error().message();
+    PlainClient a((*server)->localAddress());
+    PlainClient b((*server)->localAddress());
+    ASSERT_TRUE(a.connected() && b.connected());
+    ASSERT_TRUE(eventually([&] { return (*server)->stats().parked == 2; }));
+    const auto t0 = std::chrono::steady_clock::now();
+    (*server)->stop();
+    (*server)->wait();
+    EXPECT_LT(std::chrono::steady_clock::now() - t0, 1s);  // not the 10 s drain timeout
+    EXPECT_EQ(a.recv(), -1);
+    EXPECT_EQ(b.recv(), -1);
+    const TcpServerStats st = (*server)->stats();
+    EXPECT_EQ(st.active, 0u);
+    EXPECT_EQ(st.parked, 0u);
+    EXPECT_EQ(st.closed, 2u);
+    EXPECT_EQ(st.drainClosed, 2u);
+    EXPECT_EQ(echo.resumedCalls.load(), 0);
+}
+
+// A handler that cannot park says so once per idle wait, and the sweep asks it no more.
+TEST_F(TcpServerTest, AHandlerThatRefusesToParkIsAskedOncePerIdleWait) {
+    ParkingEcho echo;
+    echo.refuse = true;
+    TcpServerOptions o;
+    o.idleRelease = 2ms;  // swept every millisecond
+    auto server = TcpServer::start(rt(), o, [&](TcpConnection& c) noexcept { echo(c); });
+    ASSERT_TRUE(server) << server.error().message();
+    PlainClient client((*server)->localAddress());
+    ASSERT_TRUE(eventually([&] { return echo.parkRequests.load() == 1; }));
+    std::this_thread::sleep_for(30ms);  // some 30 sweeps
+    EXPECT_EQ(echo.parkRequests.load(), 1);
+    ASSERT_TRUE(client.send('y'));  // served by the same fiber; the next idle wait is asked again
+    EXPECT_EQ(client.recv(), 'y');
+    ASSERT_TRUE(eventually([&] { return echo.parkRequests.load() == 2; }));
+    EXPECT_EQ((*server)->stats().parks, 0u);
+    EXPECT_EQ(echo.calls.load(), 1);
+}
+
+// No fiber for a parked connection's input (stacks cannot be mapped): it is closed and counted out.
+TEST_F(TcpServerTest, AParkedConnectionThatCannotGetAFiberBackIsClosedAndCountedOut) {
+    ParkingEcho echo;
+    TcpServerOptions o;
+    o.idleRelease = 2ms;
+    // Above the stack pool's largest class: every spawn maps a stack of its own, which the fault refuses.
+    o.connectionStackSize = spindle::detail::StackPool::kMaxClassSize + 64 * 1024;
+    auto server = TcpServer::start(rt(), o, [&](TcpConnection& c) noexcept { echo(c); });
+    ASSERT_TRUE(server) << server.error().message();
+    PlainClient client((*server)->localAddress());
+    ASSERT_TRUE(eventually([&] { return (*server)->stats().parked == 1; }));
+    {
+        inject::ArmedFault f(inject::Point::kStackMap, ENOMEM, 1000);
+        ASSERT_TRUE(client.send('z'));
+        EXPECT_EQ(client.recv(), -1);
+        EXPECT_TRUE(eventually([&] { return (*server)->stats().active == 0; }));
+    }
+    const TcpServerStats st = (*server)->stats();
+    EXPECT_EQ(st.parked, 0u);
+    EXPECT_EQ(st.closed, 1u);
+    EXPECT_EQ(echo.resumedCalls.load(), 0);
+}
+
+// A park asked for while the server drains closes the connection instead.
+TEST_F(TcpServerTest, AParkDuringTheDrainClosesTheConnection) {
+    std::atomic<bool> parked{false};
+    TcpServerOptions o;
+    o.drainTimeout = 5s;
+    auto server = TcpServer::start(rt(), o, [&](TcpConnection& c) noexcept {
+        while (!c.draining()) { (void)spindle::sleep(1ms); }  // busy until the drain
+        c.park();
+        parked = true;
+    });
+    ASSERT_TRUE(server) << server.error().message();
+    PlainClient client((*server)->localAddress());
+    ASSERT_TRUE(eventually([&] { return (*server)->stats().accepted == 1; }));
+    (*server)->stop();
+    (*server)->wait();
+    EXPECT_TRUE(parked.load());
+    EXPECT_EQ(client.recv(), -1);
+    const TcpServerStats st = (*server)->stats();
+    EXPECT_EQ(st.parks, 0u);
+    EXPECT_EQ(st.closed, 1u);
+}
+
+TEST_F(TcpServerTest, TheCarrierTickRunsOnEverySweepAndOnceAfterEachCarriersDrain) {
+    std::atomic<int> ticks{0};
+    std::atomic<unsigned> finals{0};
+    std::atomic<int> connectionsAtFinal{-1};
+    TcpServer* self = nullptr;
+    TcpServerOptions o;
+    o.idleTimeout = 8ms;  // swept every millisecond
+    o.carrierTick = [&](unsigned carrier, bool final) noexcept {
+        EXPECT_EQ(this_fiber::carrierIndex(), static_cast<int>(carrier));
+        if (final) {
+            finals.fetch_or(1u << carrier);
+            connectionsAtFinal = static_cast<int>(self->stats().closed);
+        } else {
+            ticks.fetch_add(1);
+        }
+    };
+    auto server = TcpServer::start(rt(), o, echoBytes);
+    ASSERT_TRUE(server) << server.error().message();
+    self = server->get();
+    {
+        PlainClient client((*server)->localAddress());
+        ASSERT_TRUE(client.send('t'));
+        EXPECT_EQ(client.recv(), 't');
+    }
+    EXPECT_TRUE(eventually([&] { return ticks.load() >= 4 && (*server)->stats().closed == 1; }));
+    EXPECT_EQ(finals.load(), 0u);
+    (*server)->stop();
+    (*server)->wait();
+    EXPECT_EQ(finals.load(), (1u << rt().carrierCount()) - 1);
+    EXPECT_EQ(connectionsAtFinal.load(), 1);
+}
+
 TEST_F(TcpServerTest, RejectsBadOptions) {
     EXPECT_EQ(TcpServer::start(rt(), TcpServerOptions{}, nullptr).errorCode(), EINVAL);
     TcpServerOptions o;
@@ -188,6 +445,12 @@ TEST_F(TcpServerTest, RejectsBadOptions) {
     EXPECT_EQ(TcpServer::start(rt(), o, echoBytes).errorCode(), EINVAL);
     o = TcpServerOptions{};
     o.backlog = 0;
+    EXPECT_EQ(TcpServer::start(rt(), o, echoBytes).errorCode(), EINVAL);
+    o = TcpServerOptions{};
+    o.idleTimeout = -1ms;
+    EXPECT_EQ(TcpServer::start(rt(), o, echoBytes).errorCode(), EINVAL);
+    o = TcpServerOptions{};
+    o.idleRelease = -1ms;
     EXPECT_EQ(TcpServer::start(rt(), o, echoBytes).errorCode(), EINVAL);
 }
 
