@@ -3,7 +3,6 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
-#include <malloc.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -13,12 +12,10 @@
 #include <algorithm>
 #include <array>
 #include <cerrno>
-#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <initializer_list>
-#include <mutex>
 #include <string_view>
 #include <utility>
 #include <vector>
@@ -35,6 +32,7 @@
 #include "net/buffered.h"
 #include "net/provided_buffers.h"
 #include "net/tcp.h"
+#include "net/tcp_server.h"
 
 namespace spindle::httpd {
 namespace {
@@ -45,16 +43,8 @@ constexpr size_t kOutCapacity = 8 * 1024;        // responses of one batch, and 
 constexpr size_t kStackHeaders = 128;            // header slots on the connection's stack
 constexpr size_t kMaxPath = 1024;                // a decoded path longer than this is 414
 constexpr size_t kLingerBytes = 64 * 1024;       // bytes read and dropped after an error response
-constexpr uint64_t kTrimAfterReleases = 256;     // connections gone fiberless before the heap is trimmed
 constexpr std::string_view kHelloBody = "Hello, World!";
 constexpr std::string_view kServerHeader = "Server: spindle\r\n";
-
-/// CLOCK_MONOTONIC_COARSE in nanoseconds: a vDSO read of a few ns, precise to a tick (1-4 ms).
-uint64_t coarseNowNs() noexcept {
-    timespec t{};
-    ::clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
-    return static_cast<uint64_t>(t.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(t.tv_nsec);
-}
 
 // One writer per counter (the carrier that owns it), readers anywhere: no read-modify-write needed.
 void bump(std::atomic<uint64_t>& c, uint64_t by = 1) noexcept { c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed); }
@@ -157,77 +147,15 @@ struct Scratch {
     std::array<Header, kStackHeaders> headers;
 };
 
-/// One carrier's share of the server: its listener, its connections, its counters.
-struct Worker;
-
-struct Server::Impl {
-    Runtime* rt = nullptr;
-    ServerOptions options;
-    net::SocketAddress local;
-    int rootFd = -1;
-    std::string rootPath;   // the root's real path, for the kBeneath fallback without openat2
-    bool openat2 = false;   // openat2(2) is there and wanted
-    MimeTypes mimeTypes;
-    std::unique_ptr<AccessLog> accessLog;  // null: no access log
-    std::unique_ptr<net::ProvidedBufferPool> pool;
-    std::vector<std::unique_ptr<Worker>> workers;
-    std::atomic<bool> draining{false};
-
-    std::mutex mutex;                    // guards acceptors, stopped, waited
-    std::condition_variable stoppedCv;
-    std::vector<FiberHandle<void>> acceptors;
-    bool stopped = false;
-    bool waited = false;
-
-    ~Impl() {
-        if (rootFd >= 0) { ::close(rootFd); }
-    }
-};
-
-/// A connection as its worker sees it: on the connection fiber's stack, linked while it runs.
-struct ConnectionNode {
-    ConnectionNode* prev = nullptr;
-    ConnectionNode* next = nullptr;
-    int fd = -1;
-    bool idle = false;          // waiting for the first byte of a request: closing it loses nothing
-    bool keepAliveWait = false; // waiting between requests: what the idle sweep looks at
-    bool idleTimedOut = false;  // the idle sweep shut it down
-    uint64_t idleSinceNs = 0;   // coarseNowNs() when the keep-alive wait began
-    FiberHandle<void> fiber;    // the connection's fiber, while it has one (the sweep cancels it to release it)
-    bool releasing = false;     // the sweep asked the fiber to give itself up
-    bool releaseRefused = false; // it could not, this keep-alive wait (no multishot receive here): ask no more
-    bool fiberless = false;     // an IdleConnection's: waits with no fiber and no Connection
-};
-
-/// A keep-alive connection that waited longer than --idle-fiber-release: it has given up its fiber and
-/// its Connection (about 770 bytes with the reader and its multishot receive), and keeps only what
-/// waiting needs, some 230 bytes (issue 19: memory per idle connection). One poll for input is armed
-/// on its socket; the poll's completion (a request, the end of the stream, an error, the shutdown(2) of
-/// the idle sweep or of the drain, the runtime's shutdown) makes a Connection again and starts its
-/// fiber (Connection::onIdleReady). The node stands in the worker's list for the connection meanwhile.
-struct IdleConnection : MultishotCompletion {
-    ConnectionNode node;
-    struct Worker* worker = nullptr;
-};
-
-
+/// One carrier's share of the server: its scratch blocks and its counters (net::TcpServer keeps the
+/// listener, the connections and theirs).
 struct Worker {
-    Server::Impl* server = nullptr;
-    unsigned index = 0;
-    net::TcpListener listener;
-    ConnectionNode* connections = nullptr;  // touched only on this worker's carrier
-    std::atomic<uint64_t> accepted{0};
-    std::atomic<uint64_t> active{0};
     std::atomic<uint64_t> requests{0};
     std::atomic<uint64_t> errors{0};
     std::atomic<uint64_t> headerTimeouts{0};
-    std::atomic<uint64_t> idleTimeouts{0};
-    std::atomic<uint64_t> fiberless{0};
-    std::atomic<uint64_t> fiberReleases{0};
     // Scratch blocks of this carrier: as many are made as connections ever answered at once, then reused.
     Scratch* freeScratch = nullptr;
     Scratch* madeScratch = nullptr;
-    FiberHandle<void> sweeper;  // the idle sweep of this carrier (see sweepIdle)
 
     Worker() = default;
     Worker(const Worker&) = delete;
@@ -247,53 +175,64 @@ struct Worker {
         s->out.clear();
         s->nextFree = std::exchange(freeScratch, s);
     }
+};
 
-    void link(ConnectionNode* n) noexcept {
-        n->next = connections;
-        if (connections != nullptr) { connections->prev = n; }
-        connections = n;
-    }
-    void unlink(ConnectionNode* n) noexcept {
-        if (n->prev != nullptr) { n->prev->next = n->next; } else { connections = n->next; }
-        if (n->next != nullptr) { n->next->prev = n->prev; }
-    }
-    /// Wakes the connections of this carrier that wait for a request (or all of them) with an end
-    /// of stream: shutdown(2) makes their pending receive return 0.
-    void shutdownConnections(bool idleOnly) noexcept {
-        for (ConnectionNode* n = connections; n != nullptr; n = n->next) {
-            if (!idleOnly || n->idle) { ::shutdown(n->fd, SHUT_RDWR); }
-        }
+struct Server::Impl {
+    Runtime* rt = nullptr;
+    ServerOptions options;
+    int rootFd = -1;
+    std::string rootPath;   // the root's real path, for the kBeneath fallback without openat2
+    bool openat2 = false;   // openat2(2) is there and wanted
+    MimeTypes mimeTypes;
+    std::unique_ptr<AccessLog> accessLog;  // null: no access log
+    std::unique_ptr<net::ProvidedBufferPool> pool;
+    std::vector<std::unique_ptr<Worker>> workers;
+    // Last: it goes first, and its connections with it, while the pool, the log and the workers they
+    // use are still there.
+    std::unique_ptr<net::TcpServer> tcp;
+
+    ~Impl() {
+        tcp.reset();
+        if (rootFd >= 0) { ::close(rootFd); }
     }
 };
 
 namespace {
 
-/// Serves one connection until it closes. Runs pinned on the worker's carrier.
+/// Serves one connection until it closes or parks: one call of net::TcpServer's handler, on the
+/// connection's fiber (pinned to its carrier). Lives on the heap for the call, so that a parked
+/// connection holds none of it (issue 19: memory per idle connection).
 class Connection {
 public:
-    Connection(Worker& worker, net::TcpStream&& stream) noexcept
-        : worker_(worker), server_(*worker.server), options_(server_.options), stream_(std::move(stream)),
+    Connection(Server::Impl& server, net::TcpConnection& conn) noexcept
+        : worker_(*server.workers[conn.carrier()]), server_(server), options_(server_.options), conn_(conn),
+          stream_(conn.stream()),
           reader_(stream_, std::max<size_t>(options_.limits.maxHeaderBytes, 1024), server_.pool.get(), options_.multishotRecv) {}
+    Connection(const Connection&) = delete;
+    Connection& operator=(const Connection&) = delete;
+    ~Connection() {
+        if (scratch_ != nullptr) { worker_.giveScratch(scratch_); }
+    }
 
-    /// Accepted: starts the connection's fiber. The Connection lives on the heap, so that an idle one
-    /// can give its fiber up; it deletes itself when the connection ends.
-    static void start(Worker& worker, net::TcpStream&& stream) noexcept {
-        auto* c = new (std::nothrow) Connection(worker, std::move(stream));
+    /// net::TcpServer's handler: serves the connection until it ends (the server closes the stream) or
+    /// parks (TcpConnection::park()).
+    static void handle(Server::Impl& server, net::TcpConnection& conn) noexcept {
+        auto* c = new (std::nothrow) Connection(server, conn);
         if (c == nullptr) {
             log::warn("spindle-httpd: no memory for a connection");
-            return;  // the caller still owns the stream, and closes it
+            return;  // the server closes the stream
         }
-        bump(worker.active);
-        c->node_.fd = c->stream_.fd();
-        worker.link(&c->node_);
-        (void)c->stream_.setNoDelay();
-        if (worker.server->accessLog) { c->notePeer(); }
-        if (!c->startFiber()) { c->endHere(); }
+        if (!conn.resumed()) { (void)c->stream_.setNoDelay(); }
+        if (server.accessLog) { c->notePeer(); }
+        // Header slots: in the scratch block for the usual limit, on the heap for a larger one.
+        if (c->options_.limits.maxHeaders > kStackHeaders) {
+            c->heapHeaders_.reset(new (std::nothrow) Header[c->options_.limits.maxHeaders]);
+        }
+        c->serve(conn.resumed());
+        delete c;  // the reader lets go of the socket (its receive ends) before the server closes it
     }
 
 private:
-    Runtime& runtime() noexcept { return *server_.rt; }
-
     /// The client's address for the access log ("-" when it cannot be had).
     void notePeer() noexcept {
         const Result<net::SocketAddress> peer = stream_.peerAddress();
@@ -314,7 +253,7 @@ private:
         timespec now{};
         ::clock_gettime(CLOCK_REALTIME_COARSE, &now);
         const bool noBody = req.method == Method::kHead || lastLength_ == kNoContentLength;
-        server_.accessLog->append(worker_.index, AccessEntry{.remote = remote_.data(),
+        server_.accessLog->append(conn_.carrier(), AccessEntry{.remote = remote_.data(),
                                                              .unixSeconds = now.tv_sec,
                                                              .method = req.methodText,
                                                              .target = req.target,
@@ -323,82 +262,6 @@ private:
                                                              .bytes = noBody ? 0 : lastLength_,
                                                              .referer = req.header("Referer"),
                                                              .userAgent = req.header("User-Agent")});
-    }
-
-    bool startFiber() noexcept {
-        auto f = runtime().spawn([this]() noexcept { runOnFiber(); },
-                                 SpawnOptions{.name = "http-conn", .stackSize = options_.connectionStackSize,
-                                              .carrier = static_cast<int>(worker_.index), .pinned = true});
-        if (!f) {
-            if (f.errorCode() != ECANCELED) {
-                log::warn("spindle-httpd: cannot start a connection fiber: {}", f.error().message());
-            }
-            return false;
-        }
-        node_.fiber = std::move(*f);
-        return true;
-    }
-
-    /// The connection's fiber: serves until the connection ends, or until it waits with no fiber.
-    void runOnFiber() noexcept {
-        // Header slots: in the scratch block for the usual limit, on the heap for a larger one.
-        if (options_.limits.maxHeaders > kStackHeaders && !heapHeaders_) {
-            heapHeaders_.reset(new (std::nothrow) Header[options_.limits.maxHeaders]);
-        }
-        serve(std::exchange(resumed_, false));
-        if (idled_) {  // an IdleConnection waits in its place now (goFiberless): the fiber ends
-            delete this;
-            return;
-        }
-        node_.fiber.detach();  // this fiber's own handle; it ends below
-        endHere();
-    }
-
-    /// Ends the connection: on its fiber, or (`fromCallback`) from onReady() on the carrier's thread
-    /// when no fiber could be had. A callback may run on some other fiber's stack (a completion
-    /// reaped inside that fiber's submit), so it must not block: it closes with close(2), not the ring.
-    void endHere(bool fromCallback = false) noexcept {
-        if (scratch_ != nullptr) { worker_.giveScratch(std::exchange(scratch_, nullptr)); }
-        worker_.unlink(&node_);
-        // The receive lets go of the socket first (from the callback it is never armed: stop() returns).
-        if (net::MultishotReceiver* rx = reader_.receiver()) { rx->stop(); }
-        if (!fromCallback && this_fiber::inFiber()) {
-            (void)stream_.close();
-        } else if (const int fd = stream_.release(); fd >= 0) {
-            ::close(fd);  // on the carrier's thread, between fibers: not through the ring
-        }
-        Worker& w = worker_;
-        delete this;
-        w.active.store(w.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-    }
-
-    /// The completion of an IdleConnection's poll, on this carrier's thread (it may run on some other
-    /// fiber's stack, so it must not block): the connection gets a Connection and a fiber again, which
-    /// finds the request (or the end of the stream) in the socket. The poll has ended: `idle` goes.
-    static void onIdleReady(MultishotCompletion* done, int32_t /*res*/, uint32_t /*flags*/) noexcept {
-        auto* idle = static_cast<IdleConnection*>(done);
-        Worker& w = *idle->worker;
-        const int fd = idle->node.fd;
-        w.unlink(&idle->node);
-        auto* c = new (std::nothrow) Connection(w, net::TcpStream(fd));
-        if (c == nullptr) {
-            log::warn("spindle-httpd: no memory for a connection");
-        } else {
-            c->node_.fd = fd;
-            c->node_.idleTimedOut = idle->node.idleTimedOut;  // counted once
-            w.link(&c->node_);
-            c->resumed_ = true;
-            if (w.server->accessLog) { c->notePeer(); }
-        }
-        delete idle;
-        w.fiberless.store(w.fiberless.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-        if (c == nullptr) {
-            ::close(fd);
-            w.active.store(w.active.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed);
-            return;
-        }
-        // No fiber (the runtime is going down, or no memory): the connection ends here, without one.
-        if (!c->startFiber()) { c->endHere(/*fromCallback=*/true); }
     }
 
     /// Leases the scratch block (idempotent); false when none could be allocated.
@@ -443,7 +306,7 @@ private:
                     break;
                 }
                 bump(worker_.requests);
-                const bool keepAlive = req.keepAlive && !server_.draining.load(std::memory_order_relaxed);
+                const bool keepAlive = req.keepAlive && !conn_.draining();
                 const uint64_t bodyLeft = req.bodyRemaining();
                 const bool chunkedBody = req.chunked;
                 if (!respond(req, keepAlive)) { return; }
@@ -464,10 +327,10 @@ private:
                 continue;
             }
             // A head is incomplete (or, on a new connection, not begun): read more before its deadline.
-            node_.idle = reader_.size() == 0;  // a new connection that sent nothing yet loses nothing
+            conn_.setIdle(reader_.size() == 0);  // a new connection that sent nothing yet loses nothing
             release();
             const Result<size_t> n = reader_.fill(headDeadline);
-            node_.idle = false;
+            conn_.setIdle(false);
             if (n && *n > 0) { continue; }
             if (!n && n.errorCode() == ETIMEDOUT) {
                 bump(worker_.headerTimeouts);
@@ -481,82 +344,48 @@ private:
         }
     }
 
-    /// Waits for the first byte of the next request; false when the connection should close.
+    /// Waits for the first byte of the next request; false when the connection should close or has
+    /// parked (TcpConnection::park(): the server keeps it without this fiber until input comes).
     bool waitForRequest() noexcept {
         release();
-        if (server_.draining.load(std::memory_order_relaxed)) {
+        if (conn_.draining()) {
             // Shutting down: a request already on its way (in the socket) is still served; a silent
             // connection is closed.
             const Result<size_t> n = reader_.fill(Deadline(1ms));
             return n && *n > 0;
         }
-        // No deadline here: the carrier's idle sweep shuts the connection down when its time is up,
+        // No deadline here: the server's idle sweep shuts the connection down when its time is up,
         // which costs one clock read per request instead of a linked timeout (an SQE and a CQE).
-        node_.idle = true;
-        node_.keepAliveWait = true;
-        node_.releaseRefused = false;
-        node_.idleSinceNs = coarseNowNs();
+        conn_.beginIdleWait();
         for (;;) {
             const Result<size_t> n = reader_.fill();
-            if (node_.releasing) {
-                // The sweep cancelled this wait to take the fiber back (the request may have come first).
-                node_.releasing = false;
-                (void)this_fiber::acknowledgeCancellation();
-                if (!n && n.errorCode() == ECANCELED) {
-                    if (goFiberless()) { return false; }
-                    // It could not (a receiver without multishot receive, a carrier without a buffer
-                    // ring): wait on with the fiber, and the sweep leaves this wait alone.
-                    node_.releaseRefused = true;
-                    continue;
+            if (conn_.takeParkRequest() && !n && n.errorCode() == ECANCELED) {
+                // The sweep cancelled this wait to take the fiber back.
+                if (canPark()) {
+                    conn_.park();
+                    return false;
                 }
+                // It cannot (a receiver without multishot receive, a carrier without a buffer ring):
+                // wait on with the fiber, and the sweep leaves this wait alone.
+                conn_.refusePark();
+                continue;
             }
-            node_.idle = false;
-            node_.keepAliveWait = false;
+            conn_.endIdleWait();
             return n && *n > 0;
         }
     }
 
-    /// Idle, nothing buffered, nothing to send: an IdleConnection takes the connection's place (see
-    /// there), and the fiber ends and deletes this Connection (runOnFiber). false when it cannot (a
-    /// request came meanwhile, no memory, a poll refused): the fiber waits on, and the receive, stopped
-    /// here, is armed again by the next fill().
-    bool goFiberless() noexcept {
+    /// Idle, nothing buffered, nothing to send, the receive stopped with nothing queued: the connection
+    /// may park (the next call of the handler finds its next request in the socket). false when it
+    /// cannot: the fiber waits on, and the receive, stopped here, is armed again by the next fill().
+    bool canPark() noexcept {
         release();
         net::MultishotReceiver* rx = reader_.receiver();
         // Only where the receive is a multishot one: a kernel without it keeps the connection's fiber
-        // (the sweep then asks once per wait), as before the IdleConnection.
+        // (the sweep then asks once per wait), as before parking.
         if (rx == nullptr || !rx->multishot() || reader_.size() != 0 || scratch_ != nullptr) { return false; }
         rx->stop();  // the receive lets go of the socket; what came meanwhile stays queued
-        if (rx->hasPending()) { return false; }
-        auto* idle = new (std::nothrow) IdleConnection;
-        if (idle == nullptr) { return false; }
-        idle->fn = &Connection::onIdleReady;
-        idle->worker = &worker_;
-        idle->node.fd = node_.fd;
-        idle->node.idle = true;
-        idle->node.keepAliveWait = true;
-        idle->node.idleTimedOut = node_.idleTimedOut;
-        idle->node.idleSinceNs = node_.idleSinceNs;
-        idle->node.fiberless = true;
-        // The socket is the IdleConnection's from here, before its poll is armed: the poll's completion
-        // may come as soon as the carrier reaps.
-        worker_.unlink(&node_);
-        worker_.link(&idle->node);
-        const int fd = stream_.release();
-        if (!armMultishot(op::poll(fd, POLLIN), idle)) {
-            // Refused (a driver that found the socket ready at once, the runtime shutting down): no
-            // completion comes; the connection stays this one's.
-            stream_ = net::TcpStream(fd);
-            worker_.unlink(&idle->node);
-            worker_.link(&node_);
-            delete idle;
-            return false;
-        }
-        node_.fiber.detach();  // this fiber's handle: the fiber ends now, and its stack goes with it
-        idled_ = true;
-        bump(worker_.fiberReleases);
-        bump(worker_.fiberless);
-        return true;
+        return !rx->hasPending();
     }
 
     /// Reads and drops `left` body bytes after the buffered part was consumed.
@@ -877,100 +706,16 @@ private:
     Worker& worker_;
     Server::Impl& server_;
     const ServerOptions& options_;
-    net::TcpStream stream_;       // before reader_: the reader (its multishot receive) goes first
+    net::TcpConnection& conn_;
+    net::TcpStream& stream_;      // conn_'s, which outlives the reader
     net::BufferedReader reader_;
-    ConnectionNode node_;
     Scratch* scratch_ = nullptr;             // leased while there is something to answer
-    bool resumed_ = false;                   // set by onIdleReady() for the fiber it starts
-    bool idled_ = false;                     // an IdleConnection took its place (goFiberless)
     std::unique_ptr<Header[]> heapHeaders_;  // only for maxHeaders > kStackHeaders
     int lastStatus_ = 0;                     // of the last response head, for the access log
     uint64_t lastLength_ = 0;
     std::array<char, INET6_ADDRSTRLEN> remote_{};  // the client, with an access log
 };
 
-
-/// The idle sweep of one carrier: every idleTimeout / 8 (1 ms to 1 s) it shuts down the connections
-/// that have waited between requests for idleTimeout or longer, so that a keep-alive connection is
-/// closed between idleTimeout and idleTimeout plus one period after its last request. Ends at the
-/// drain (the acceptor cancels it) or the runtime's shutdown.
-void sweepIdle(Worker& w) noexcept {
-    const ServerOptions& o = w.server->options;
-    auto period = std::clamp<std::chrono::milliseconds>(o.idleTimeout / 8, 1ms, 1000ms);
-    const auto limitNs = static_cast<uint64_t>(std::chrono::nanoseconds(o.idleTimeout).count());
-    const bool release = o.idleFiberRelease.count() > 0 && o.multishotRecv && w.server->pool != nullptr;
-    const auto releaseNs = static_cast<uint64_t>(std::chrono::nanoseconds(o.idleFiberRelease).count());
-    if (release) { period = std::min(period, std::max<std::chrono::milliseconds>(o.idleFiberRelease / 2, 1ms)); }
-    uint64_t releasedSinceTrim = 0;
-    while (spindle::sleep(period)) {
-        if (w.server->accessLog) { w.server->accessLog->flush(w.index); }
-        const uint64_t now = coarseNowNs();
-        uint64_t releasedNow = 0;
-        for (ConnectionNode* n = w.connections; n != nullptr; n = n->next) {
-            if (n->keepAliveWait && !n->idleTimedOut && now - n->idleSinceNs >= limitNs) {
-                n->idleTimedOut = true;
-                bump(w.idleTimeouts);          // counted before the client can see the end of stream
-                ::shutdown(n->fd, SHUT_RDWR);  // its pending receive returns 0
-            } else if (release && n->keepAliveWait && !n->fiberless && !n->releasing && !n->releaseRefused &&
-                       n->fiber.joinable() && now - n->idleSinceNs >= releaseNs) {
-                // Idle long enough to give its fiber up: the cancel ends its wait (see waitForRequest).
-                n->releasing = true;
-                n->fiber.cancel();
-                ++releasedNow;
-            }
-        }
-        // A burst of releases has ended (the last pass asked some connections to go, this one none):
-        // their Connections were freed in a burst too, and glibc keeps freed memory resident while a
-        // chunk above it lives (the top of the heap alone goes back by itself). malloc_trim(3) gives the
-        // whole free pages back: 0.52 -> 0.30 KiB per idle connection in http.sh --rss (issue 19). At
-        // most once per pass, and only after a few hundred releases.
-        releasedSinceTrim += releasedNow;
-        if (releasedNow == 0 && releasedSinceTrim >= kTrimAfterReleases) {
-            (void)::malloc_trim(0);
-            releasedSinceTrim = 0;
-        }
-    }
-}
-
-/// The acceptor fiber of one carrier: accepts until stop() (or the runtime's shutdown), then drains.
-void acceptLoop(Worker& w) noexcept {
-    Server::Impl& s = *w.server;
-    for (;;) {
-        Result<net::TcpStream> conn = w.listener.accept();
-        if (!conn) {
-            const int err = conn.errorCode();
-            if (err == ECANCELED || err == EBADF || s.draining.load()) { break; }
-            log::warn("spindle-httpd: accept on carrier {}: {}", w.index, conn.error().message());
-            (void)spindle::sleep(10ms);  // an unexpected error: do not spin on it
-            continue;
-        }
-        bump(w.accepted);
-        Connection::start(w, std::move(*conn));
-    }
-    // Drain. The cancellation that ended accept() must not fail the calls below.
-    this_fiber::acknowledgeCancellation();
-    s.draining.store(true);
-    w.listener.close();
-    const auto until = std::chrono::steady_clock::now() + s.options.drainTimeout;
-    while (w.active.load(std::memory_order_relaxed) > 0 && std::chrono::steady_clock::now() < until) {
-        w.shutdownConnections(/*idleOnly=*/true);
-        if (!spindle::sleep(5ms)) {
-            this_fiber::acknowledgeCancellation();
-            break;  // the runtime is shutting down: its cancellation ends the connections' calls
-        }
-    }
-    // Past the drain time: whatever is left is cut off, and gone in a moment.
-    while (w.active.load(std::memory_order_relaxed) > 0) {
-        w.shutdownConnections(/*idleOnly=*/false);
-        this_fiber::yield();
-        if (!spindle::sleep(1ms)) { this_fiber::acknowledgeCancellation(); }
-    }
-    if (w.sweeper.joinable()) {
-        w.sweeper.cancel();
-        w.sweeper.join();
-    }
-    if (s.accessLog) { s.accessLog->flush(w.index); }  // every connection of this carrier has ended
-}
 
 }  // namespace
 
@@ -1032,97 +777,47 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
                       pool.error().message());
         }
     }
-    // One listener per carrier on one address; the first picks the port when it is 0.
-    net::SocketAddress address = options.address;
-    const unsigned carriers = rt.carrierCount();
-    for (unsigned i = 0; i < carriers; ++i) {
-        // The first listener holds the port exclusively (a second process gets EADDRINUSE instead of
-        // half the connections, as net::TcpServer does) unless shareAddress asks for SO_REUSEPORT sharing.
-        auto listener = net::TcpListener::bind(
-            address, net::ListenOptions{.backlog = options.backlog, .reuseAddress = true,
-                                        .reusePort = options.shareAddress || i > 0,
-                                        .reusePortAfterBind = !options.shareAddress && i == 0 && carriers > 1});
-        if (!listener) {
-            log::error("spindle-httpd: cannot listen on {}: {}", address.toString(), listener.error().message());
-            return Error{listener.errorCode()};
-        }
-        if (i == 0) {
-            impl->local = listener->localAddress();
-            address = impl->local;
-        }
-        auto w = std::make_unique<Worker>();
-        w->server = impl.get();
-        w->index = i;
-        w->listener = std::move(*listener);
-        impl->workers.push_back(std::move(w));
+    for (unsigned i = 0; i < rt.carrierCount(); ++i) { impl->workers.push_back(std::make_unique<Worker>()); }
+    net::TcpServerOptions tcp;
+    tcp.address = options.address;
+    tcp.shareAddress = options.shareAddress;  // otherwise a busy port fails with EADDRINUSE
+    tcp.backlog = options.backlog;
+    tcp.name = "http";
+    tcp.connectionStackSize = options.connectionStackSize;
+    tcp.drainTimeout = options.drainTimeout;
+    tcp.idleTimeout = options.idleTimeout;
+    // Parking needs a multishot receive to stop and a pool for it (canPark()); without them the sweep
+    // would ask every connection in vain.
+    if (options.multishotRecv && impl->pool != nullptr) { tcp.idleRelease = options.idleFiberRelease; }
+    Server::Impl* raw = impl.get();
+    if (impl->accessLog) {
+        // Buffered per carrier: written by each sweep pass and after the carrier's last connection.
+        tcp.carrierTick = [raw](unsigned carrier, bool /*final*/) noexcept { raw->accessLog->flush(carrier); };
     }
-    for (auto& w : impl->workers) {
-        Worker* worker = w.get();
-        // The sweep first: the acceptor joins it when it drains.
-        auto sweeper = rt.spawn([worker]() noexcept { sweepIdle(*worker); },
-                                SpawnOptions{.name = "http-idle", .stackSize = options.connectionStackSize,
-                                             .carrier = static_cast<int>(worker->index), .pinned = true});
-        if (sweeper) {
-            worker->sweeper = std::move(*sweeper);
-        } else {
-            log::warn("spindle-httpd: no idle sweep on carrier {} ({}): idle connections stay open",
-                      worker->index, sweeper.error().message());
-        }
-        auto h = rt.spawn([worker]() noexcept { acceptLoop(*worker); },
-                          SpawnOptions{.name = "http-accept", .carrier = static_cast<int>(worker->index), .pinned = true});
-        if (!h) {
-            log::error("spindle-httpd: cannot start the acceptor of carrier {}: {}", worker->index, h.error().message());
-            auto server = std::unique_ptr<Server>(new Server(std::move(impl)));
-            server->stop();
-            server->wait();
-            return Error{h.errorCode()};
-        }
-        impl->acceptors.push_back(std::move(*h));
-    }
+    auto server = net::TcpServer::start(rt, tcp, [raw](net::TcpConnection& c) noexcept { Connection::handle(*raw, c); });
+    if (!server) { return Error{server.errorCode()}; }  // net::TcpServer said why in the log
+    impl->tcp = std::move(*server);
     return std::unique_ptr<Server>(new Server(std::move(impl)));
 }
 
-net::SocketAddress Server::localAddress() const noexcept { return impl_->local; }
+net::SocketAddress Server::localAddress() const noexcept { return impl_->tcp->localAddress(); }
 
-void Server::stop() noexcept {
-    std::lock_guard lock(impl_->mutex);
-    if (impl_->stopped) { return; }
-    impl_->draining.store(true);
-    for (auto& h : impl_->acceptors) { h.cancel(); }
-    impl_->stopped = true;
-    impl_->stoppedCv.notify_all();
-}
+void Server::stop() noexcept { impl_->tcp->stop(); }
 
-void Server::wait() noexcept {
-    std::vector<FiberHandle<void>> acceptors;
-    {
-        std::unique_lock lock(impl_->mutex);
-        impl_->stoppedCv.wait(lock, [&] { return impl_->stopped; });
-        if (impl_->waited) { return; }
-        impl_->waited = true;
-        acceptors = std::move(impl_->acceptors);
-    }
-    for (auto& h : acceptors) { h.join(); }
-    // Each acceptor ended its carrier's sweep; one whose acceptor never started (start() failed) is ended here.
-    for (auto& w : impl_->workers) {
-        if (w->sweeper.joinable()) {
-            w->sweeper.cancel();
-            w->sweeper.join();
-        }
-    }
-}
+void Server::wait() noexcept { impl_->tcp->wait(); }
 
 ServerStats Server::stats() const noexcept {
     ServerStats s;
+    const net::TcpServerStats t = impl_->tcp->stats();
+    s.accepted = t.accepted;
+    s.active = t.active;
+    s.idleTimeouts = t.idleTimeouts;
+    s.fiberless = t.parked;
+    s.fiberReleases = t.parks;
     for (const auto& w : impl_->workers) {
-        s.accepted += w->accepted.load(std::memory_order_relaxed);
-        s.active += w->active.load(std::memory_order_relaxed);
         s.requests += w->requests.load(std::memory_order_relaxed);
         s.errors += w->errors.load(std::memory_order_relaxed);
         s.headerTimeouts += w->headerTimeouts.load(std::memory_order_relaxed);
-        s.idleTimeouts += w->idleTimeouts.load(std::memory_order_relaxed);
-        s.fiberless += w->fiberless.load(std::memory_order_relaxed);
-        s.fiberReleases += w->fiberReleases.load(std::memory_order_relaxed);
     }
     if (impl_->pool) {
         const net::ProvidedBufferStats p = impl_->pool->stats();

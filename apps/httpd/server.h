@@ -2,9 +2,9 @@
 #pragma once
 /// spindle-httpd's server: HTTP/1.1 over spindle::net, share-nothing per carrier.
 ///
-/// Every carrier gets its own listener on the same address (SO_REUSEPORT: the kernel spreads new
-/// connections over them) and a pinned acceptor fiber; each accepted connection is served by a
-/// fiber pinned to the same carrier, with a small stack. A connection parses every complete request
+/// Built on net::TcpServer (net/tcp_server.h): every carrier gets its own listener on the same address
+/// (SO_REUSEPORT: the kernel spreads new connections over them) and a pinned acceptor fiber; each
+/// accepted connection is served by a fiber pinned to the same carrier, with a small stack. A connection parses every complete request
 /// in its receive buffer (pipelining), formats the responses into one buffer on its own stack and
 /// sends them in one send before it waits for more bytes. With a ProvidedBufferPool (the default
 /// where the kernel has it) a connection that waits holds no receive buffer.
@@ -26,9 +26,11 @@
 /// per carrier, written by the idle sweep and at the drain (apps/httpd/access_log.h).
 /// Timeouts: a request head must be complete within headerTimeout of its first byte (of the
 /// accept, for a connection's first request), or the connection gets 408 and is closed (slowloris);
-/// a keep-alive connection with no request started is closed after idleTimeout (by a sweep of each
-/// carrier's connections every idleTimeout / 8, so up to that much later: cheaper than a linked
-/// timeout on every receive).
+/// a keep-alive connection with no request started is closed after idleTimeout (by net::TcpServer's
+/// sweep of each carrier's connections every idleTimeout / 8, so up to that much later: cheaper than a
+/// linked timeout on every receive). One idle for idleFiberRelease parks (TcpConnection::park()): it
+/// gives up its fiber and its Connection, and the server keeps a small record with one poll armed
+/// until the next request comes.
 /// Shutdown: stop() stops accepting at once, closes idle connections, lets connections that are
 /// reading or answering a request finish it (their last response says "Connection: close"), and
 /// after drainTimeout closes whatever is left; wait() returns when every connection is gone.
