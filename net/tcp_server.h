@@ -24,7 +24,7 @@
 /// counted in idleTimeouts), and asks one whose wait has lasted idleRelease to park: it cancels the
 /// connection's fiber, whose receive ends with ECANCELED; the handler learns why from
 /// takeParkRequest(), and then either calls park() and returns, or refusePark() and waits on. A parked
-/// connection has no fiber and no handler state: the server keeps a record of some 150 bytes in the
+/// connection has no fiber and no handler state: the server keeps a record of some 230 bytes in the
 /// carrier's list with one poll for input armed on the socket. Input, the end of the stream or an error
 /// starts a fiber again, pinned to the same carrier, which calls the handler anew with
 /// TcpConnection::resumed() true; the handler finds the bytes in the socket. The idle sweep still
@@ -123,6 +123,7 @@ struct TcpConnectionNode {
     spindle::detail::Fiber* fiber = nullptr;  // the handler's fiber; null when parked
     uint64_t idleSinceNs = 0;                 // CLOCK_MONOTONIC_COARSE when the idle wait began
     int fd = -1;
+    uint32_t carrier = 0;         // the carrier whose list holds it (in the padding: a parked record stays small)
     bool idle = false;            // the drain may close it at once
     bool idleWait = false;        // in an idle wait: what the sweep looks at
     bool timedOut = false;        // the sweep or the drain shut it down (counted once)
@@ -162,7 +163,8 @@ public:
     /// socket is readable; then the handler is called again on a new fiber, with resumed() true.
     /// Precondition: the handler keeps no state the next call needs (bytes read and not served, a
     /// receive armed on the stream), and leaves the stream open. While the server drains, the
-    /// connection is closed instead.
+    /// connection is closed instead. The idle timeout goes on counting from the start of the idle
+    /// wait (from the park, without one).
     void park() noexcept { parkRequested_ = true; }
     /// Whether this call of the handler follows a park (the connection is not new).
     [[nodiscard]] bool resumed() const noexcept { return resumed_; }
@@ -170,7 +172,7 @@ public:
     /// protocol can).
     [[nodiscard]] bool draining() const noexcept;
     /// The carrier the connection runs on (its fiber is pinned there).
-    [[nodiscard]] unsigned carrier() const noexcept { return carrier_; }
+    [[nodiscard]] unsigned carrier() const noexcept { return node_.carrier; }
     /// The server's number for this connection, unique for the server's life (starts at 1).
     [[nodiscard]] uint64_t id() const noexcept { return id_; }
     [[nodiscard]] TcpServer& server() noexcept { return *server_; }
@@ -181,11 +183,13 @@ public:
 private:
     friend class TcpServer;
     TcpConnection(TcpServer& server, int fd, unsigned carrier, uint64_t id) noexcept
-        : server_(&server), stream_(fd), carrier_(carrier), id_(id) {}
+        : server_(&server), stream_(fd), id_(id) {
+        node_.fd = fd;
+        node_.carrier = carrier;
+    }
 
     TcpServer* server_;
     TcpStream stream_;
-    unsigned carrier_;
     uint64_t id_;
     bool resumed_ = false;
     bool parkRequested_ = false;
