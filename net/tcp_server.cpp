@@ -49,8 +49,6 @@ struct TcpServer::Parked : MultishotCompletion {
     uint64_t id = 0;
 };
 
-bool TcpConnection::draining() const noexcept { return server_->draining(); }
-
 void TcpConnection::beginIdleWait() noexcept {
     node_.idle = true;
     node_.idleWait = true;

@@ -278,4 +278,7 @@ private:
     bool waited_ = false;   // under mutex_
 };
 
+// Inline: a handler asks once per request.
+inline bool TcpConnection::draining() const noexcept { return server_->draining(); }
+
 }  // namespace spindle::net
