@@ -132,7 +132,16 @@ Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view
     std::array<std::string_view, kBatch> batch;
     uint64_t lastYield = 0;
     bool expected = false;
+    uint64_t aheadTo = 0;  // the file offset up to which read-ahead was asked for
     while (!bad) {
+        // Ask the kernel to start reading the chunk after this one now, so that the disk works while
+        // this one is parsed (a cold replay waited for each chunk's read, then parsed it: the two
+        // speeds added up instead of overlapping). Only a hint: a failure changes nothing.
+        if (readTo < size && aheadTo < readTo + chunk) {
+            const uint64_t from = std::max(aheadTo, readTo);
+            aheadTo = std::min<uint64_t>(size, readTo + 2 * uint64_t{chunk});
+            (void)::posix_fadvise(fd, static_cast<off_t>(from), static_cast<off_t>(aheadTo - from), POSIX_FADV_WILLNEED);
+        }
         size_t need = 0;
         for (;;) {
             // Check a batch of records, let prefetch() start their memory loads, then apply them in order.
