@@ -18,10 +18,23 @@
 # --rss: instead, opens --rss-connections keep-alive connections to each spindle-httpd and nginx (one
 # request on each, then idle) and prints the server's VmRSS before and after, and the growth per
 # connection.
+# --files "1M 100M": instead, large static files: writes a file of each size (random bytes) once into a
+# temporary document root that both servers serve, spindle-httpd --root (file bodies of 64 KiB or more,
+# its spliceMinBytes, leave through splice(2)) and nginx with `sendfile on; tcp_nopush on;`; checks each
+# server's copy of each file once (curl: status 200, size and sha256 as written; a mismatch ends the
+# script with status 1), then per size one warm-up run of each server and R runs of
+#   taskset -c 1 wrk -t1 -cF -dD --timeout 60s --latency http://127.0.0.1:PORT/files/SIZE.bin
+# (F = --file-connections keep-alive connections, each fetching the file again and again) in the same
+# alternating order. Prints per size and server: requests/s and MB/s (10^6 bytes wrk read per second)
+# median [min..max], server CPU µs per request and per MiB read by wrk (utime + stime, as above) and
+# the user part per MiB, p99 latency of a whole response (median of the runs), and the ratios of each
+# spindle backend to nginx: MB/s and CPU per MiB. wrk reads 8 KiB at a time, so with a fast server
+# the client's CPU can cap MB/s; CPU per MiB is the comparison that holds then.
 #
 # usage: scripts/bench/http.sh [--connections "10 100 1000 10000"] [--duration D] [--warmup W]
 #                              [--repetitions R] [--server-cpu C] [--client-cpu C] [--floor]
-#                              [--backends "io_uring epoll"] [--rss [--rss-connections N]] [--out DIR]
+#                              [--backends "io_uring epoll"] [--rss [--rss-connections N]]
+#                              [--files "1M 100M" [--file-connections F]] [--out DIR]
 #                              [--no-build] [--port-base P]
 #   --connections L   connection counts to sweep (default "10 100 1000 10000")
 #   --duration D      seconds per measured run (default 10)
@@ -35,11 +48,16 @@
 #                     raw_http.c needs cc and liburing-dev)
 #   --rss             memory mode (see above)
 #   --rss-connections N  connections in memory mode (default 10000)
+#   --files L         large-file mode (see above): file sizes, each a number of bytes or of KiB, MiB or
+#                     GiB with a K, M or G suffix (e.g. "1M 100M"); not with --rss or --floor
+#   --file-connections F  wrk's keep-alive connections in large-file mode (default 4)
 #   --out DIR         also keep the results in DIR: http.csv (one row per measured run: req/s, requests,
 #                     errors, CPU and user µs per request, p99), http-latency.csv (wrk's latency
 #                     percentiles of each measured run, from scripts/bench/wrk_percentiles.lua), in
-#                     memory mode http-rss.csv, and meta-http.json (meta-http-rss.json in memory mode):
-#                     the machine and the commit; scripts/bench/plot DIR draws them
+#                     memory mode http-rss.csv, in large-file mode http-files.csv (one row per measured
+#                     run: req/s, bytes, MB/s, errors, CPU µs per request and per MiB, user µs per MiB,
+#                     p99), and meta-http.json (meta-http-rss.json in memory mode, meta-http-files.json
+#                     in large-file mode): the machine and the commit; scripts/bench/plot DIR draws them
 #   --no-build        use the existing build/release/apps/spindle-httpd and build/bench-http/raw_http
 #   --port-base P     the servers listen on P (spindle-httpd io_uring), P+1 (nginx), P+2 (raw-epoll),
 #                     P+3 (raw-uring), P+4 (spindle-httpd epoll) (default 18080): another run of this
@@ -57,6 +75,9 @@ server_cpu=0
 client_cpu=1
 rss=0
 rss_conns=10000
+files=""
+files_mode=0
+file_conns=4
 floor=0
 backends="io_uring epoll"
 out_dir=""
@@ -74,6 +95,8 @@ while (($# > 0)); do
     --floor) floor=1 ;;
     --backends) backends="$2"; shift ;;
     --rss-connections) rss_conns="$2"; shift ;;
+    --files) files="$2"; files_mode=1; shift ;;
+    --file-connections) file_conns="$2"; shift ;;
     --out) out_dir="$2"; shift ;;
     --no-build) build=0 ;;
     --port-base) port_base="$2"; shift ;;
@@ -83,6 +106,34 @@ while (($# > 0)); do
   shift
 done
 bench_parse_backends http.sh "$backends"
+
+# size_bytes SIZE: prints the bytes of a --files size (1048576 for 1M).
+# Errors: returns 1 when SIZE is not a positive number with an optional K, M or G suffix.
+size_bytes() {
+  [[ "$1" =~ ^([0-9]{1,9})([KMG]?)$ ]] && ((10#${BASH_REMATCH[1]} > 0)) || return 1
+  local n=$((10#${BASH_REMATCH[1]}))
+  case ${BASH_REMATCH[2]} in
+    K) n=$((n << 10)) ;;
+    M) n=$((n << 20)) ;;
+    G) n=$((n << 30)) ;;
+  esac
+  echo "$n"
+}
+# Large-file mode: the sizes as given (they name the files) and their bytes.
+file_sizes=()
+declare -A file_bytes=()
+if ((files_mode)); then
+  ((!rss && !floor)) || { echo "http.sh: --files does not go with --rss or --floor" >&2; exit 2; }
+  [[ "$file_conns" =~ ^[1-9][0-9]*$ ]] ||
+    { echo "http.sh: --file-connections takes a positive number, not '$file_conns'" >&2; exit 2; }
+  read -r -a file_sizes <<<"$files"
+  ((${#file_sizes[@]} > 0)) || { echo "http.sh: --files needs at least one size, e.g. \"1M 100M\"" >&2; exit 2; }
+  for size in "${file_sizes[@]}"; do
+    [[ -z "${file_bytes[$size]:-}" ]] || { echo "http.sh: --files names $size twice" >&2; exit 2; }
+    file_bytes[$size]=$(size_bytes "$size") ||
+      { echo "http.sh: --files takes sizes such as 4096, 64K, 1M or 1G, not '$size'" >&2; exit 2; }
+  done
+fi
 
 # spindle-httpd's server name and port for each backend.
 declare -A spindle_name=([io_uring]=spindle-uring [epoll]=spindle-epoll)
@@ -116,10 +167,10 @@ if ((build)); then build_httpd; fi
 httpd="$SPINDLE_REPO_ROOT/build/release/apps/spindle-httpd"
 bench_require "$httpd"
 raw_http="$SPINDLE_REPO_ROOT/build/bench-http/raw_http"
-# The raw loops: raw-epoll is the epoll backend's reference, raw-uring only the floor. Memory mode
-# measures spindle-httpd and nginx only.
+# The raw loops: raw-epoll is the epoll backend's reference, raw-uring only the floor. Memory mode and
+# large-file mode measure spindle-httpd and nginx only (the raw loops serve no files).
 raw_modes=()
-if ((!rss)); then
+if ((!rss && !files_mode)); then
   if ((floor)) || [[ -n "${seen_backend[epoll]:-}" ]]; then raw_modes+=(epoll); fi
   if ((floor)); then raw_modes+=(uring); fi
 fi
@@ -146,6 +197,22 @@ cleanup() {
 }
 trap cleanup EXIT
 
+# Large-file mode: the files, written once, served by both servers as /files/SIZE.bin from one root.
+root_args=()
+nginx_files=""
+if ((files_mode)); then
+  docroot="$tmp/docroot"
+  mkdir -p "$docroot/files"
+  declare -A file_sha=()
+  for size in "${file_sizes[@]}"; do
+    head -c "${file_bytes[$size]}" /dev/urandom >"$docroot/files/$size.bin" ||
+      { echo "http.sh: cannot write the $size file in $docroot" >&2; exit 1; }
+    file_sha[$size]=$(sha256sum <"$docroot/files/$size.bin" | awk '{ print $1 }')
+  done
+  root_args=(--root "$docroot")
+  nginx_files="location /files/ { root $docroot; sendfile on; tcp_nopush on; }"
+fi
+
 cat >"$tmp/nginx.conf" <<EOF
 daemon off;
 master_process off;           # one process: the worker itself (what we pin and measure)
@@ -169,6 +236,7 @@ http {
   server {
     listen 127.0.0.1:$nginx_port backlog=4096;
     location / { return 200 "Hello, World!"; }
+    $nginx_files
   }
 }
 EOF
@@ -197,7 +265,7 @@ declare -A pid_of=() port_of=()
 for b in "${backend_list[@]}"; do
   name=${spindle_name[$b]}
   taskset -c "$server_cpu" "$httpd" --carriers 1 --backend "$b" --address 127.0.0.1 --port "${spindle_port[$b]}" \
-    2>"$tmp/$name.log" &
+    "${root_args[@]}" 2>"$tmp/$name.log" &
   pids+=("$!")
   servers+=("$name")
   pid_of[$name]=$! port_of[$name]=${spindle_port[$b]}
@@ -231,6 +299,9 @@ rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 if ((rss)); then
   bench_run_name=http-rss  # meta-http-rss.json: beside a sweep's meta-http.json
   bench_out_init "$out_dir" http-rss.csv
+elif ((files_mode)); then
+  bench_run_name=http-files  # meta-http-files.json, likewise
+  bench_out_init "$out_dir" http-files.csv
 else
   bench_out_init "$out_dir" http.csv http-latency.csv
 fi
@@ -272,14 +343,19 @@ if ((rss)); then
   exit 0
 fi
 
-# One wrk run: prints "requests_per_s cpu_us_per_request p99_us requests errors user_us_per_request".
+# What wrk fetches (large-file mode: a file) and its further options.
+wrk_path=/hello
+wrk_opts=()
+# One wrk run: prints "requests_per_s cpu_us_per_request p99_us requests errors user_us_per_request
+# bytes seconds cpu_us user_us" (bytes: what wrk read, headers included, over its seconds; cpu_us and
+# user_us: the server's whole CPU time and its user part over the run).
 # With a fifth argument, also leaves wrk's whole output in that file (its latency percentiles
 # included: the "cdf PERCENT US" lines of wrk_percentiles.lua, which only runs after the measurement).
 run_wrk() {
   local pid=$1 port=$2 n=$3 d=$4 keep=${5:-} u0 s0 u1 s1 out
   read -r u0 s0 < <(cpu_ticks "$pid")
-  out=$(taskset -c "$client_cpu" wrk -t1 -c"$n" -d"${d}s" --latency -s "$SPINDLE_REPO_ROOT/scripts/bench/wrk_percentiles.lua" \
-    "http://127.0.0.1:$port/hello")
+  out=$(taskset -c "$client_cpu" wrk -t1 -c"$n" -d"${d}s" "${wrk_opts[@]}" --latency \
+    -s "$SPINDLE_REPO_ROOT/scripts/bench/wrk_percentiles.lua" "http://127.0.0.1:$port$wrk_path")
   read -r u1 s1 < <(cpu_ticks "$pid")
   [[ -z "$keep" ]] || printf '%s\n' "$out" >"$keep"
   awk -v c0="$((u0 + s0))" -v c1="$((u1 + s1))" -v u="$((u1 - u0))" -v hz="$(getconf CLK_TCK)" '
@@ -291,9 +367,10 @@ run_wrk() {
     $1 == "99%" { p99 = us($2) }
     /Socket errors:/ { errs += $4 + $6 + $8 + $10 }
     /Non-2xx/ { errs += $NF }
-    END {
-      printf "%.1f %.3f %.1f %d %d %.3f\n", rps, (reqs > 0 ? (c1 - c0) / hz * 1e6 / reqs : 0), p99, reqs, errs + 0,
-             (reqs > 0 ? u / hz * 1e6 / reqs : 0)
+    $1 == "summary" { bytes = $2; secs = $3 / 1e6 }
+    END {  # %.0f for the bytes: %d in mawk stops at 2^31 - 1
+      printf "%.1f %.3f %.1f %d %d %.3f %.0f %.6f %.0f %.0f\n", rps, (reqs > 0 ? (c1 - c0) / hz * 1e6 / reqs : 0), p99,
+             reqs, errs + 0, (reqs > 0 ? u / hz * 1e6 / reqs : 0), bytes, secs, (c1 - c0) / hz * 1e6, u / hz * 1e6
     }
   ' <<<"$out"
 }
@@ -301,9 +378,98 @@ run_wrk() {
 # stats V...: "median min max" of the values.
 stats() { printf '%s\n' "$@" | sort -g | awk '{ v[NR] = $1 } END { printf "%s %s %s\n", v[int((NR + 1) / 2)], v[1], v[NR] }'; }
 
-read -r -a conn_list <<<"$conns"
+# verify_file SERVER SIZE: fetches the SIZE file from SERVER once and compares it with the source.
+# Errors: exits with status 1, saying what differs, on a failed fetch, a status other than 200, or a
+# size or sha256 other than the file's.
+verify_file() {
+  local server=$1 size=$2 got="$tmp/fetched" code bytes sha
+  code=$(curl -sS --max-time 120 -o "$got" -w '%{http_code}' "http://127.0.0.1:${port_of[$server]}/files/$size.bin") ||
+    { echo "http.sh: $server: fetching /files/$size.bin failed (curl)" >&2; exit 1; }
+  [[ "$code" == 200 ]] || { echo "http.sh: $server answered /files/$size.bin with status $code, not 200" >&2; exit 1; }
+  bytes=$(stat -c %s "$got")
+  sha=$(sha256sum <"$got" | awk '{ print $1 }')
+  rm -f "$got"
+  if [[ "$bytes" != "${file_bytes[$size]}" || "$sha" != "${file_sha[$size]}" ]]; then
+    echo "http.sh: $server sent a wrong /files/$size.bin: $bytes bytes, sha256 $sha; the file has ${file_bytes[$size]}" \
+      "bytes, sha256 ${file_sha[$size]}" >&2
+    exit 1
+  fi
+}
+
+# The expected seconds of a measured run, and of the warm-up runs of one step.
 run_s=$(awk -v d="$duration" 'BEGIN { print d + 0.3 }')
 warm_s=$(awk -v w="$warmup" -v n="${#servers[@]}" 'BEGIN { print (w + 0.3) * n }')
+
+if ((files_mode)); then
+  # Every copy is right before anything is measured.
+  for size in "${file_sizes[@]}"; do
+    for server in "${servers[@]}"; do verify_file "$server" "$size"; done
+  done
+  echo "checked: each server's copy of each file (${file_sizes[*]}) has the file's size and sha256"
+  wrk_opts=(--timeout 60s)  # wrk's default, 2 s, would count a slow 100 MiB response as an error
+  bench_progress_start $((${#file_sizes[@]} * (1 + reps * ${#servers[@]}))) \
+    "$(awk -v c="${#file_sizes[@]}" -v w="$warm_s" -v r="$((reps * ${#servers[@]}))" -v s="$run_s" 'BEGIN { print c * (w + r * s) }')"
+  printf '%-6s %-13s %22s %22s %10s %10s %10s %9s %6s\n' size server "req/s median [min..max]" "MB/s median [min..max]" \
+    "cpu us/req" "cpu us/MiB" "user/MiB" "p99 ms" errors
+  for size in "${file_sizes[@]}"; do
+    wrk_path="/files/$size.bin"
+    bench_step "$warm_s" "http --files warm-up of ${#servers[@]} servers, $size"
+    for server in "${servers[@]}"; do
+      run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$file_conns" "$warmup" >/dev/null
+    done
+    declare -A rps=() mbs=() cpu=() cpumib=() usermib=() p99=() errs=()
+    for ((r = 1; r <= reps; r++)); do
+      order=("${servers[@]}")
+      if ((r % 2 == 0)); then
+        order=()
+        for ((i = ${#servers[@]} - 1; i >= 0; i--)); do order+=("${servers[i]}"); done
+      fi
+      for server in "${order[@]}"; do
+        bench_step "$run_s" "http --files $server $size, run $r/$reps"
+        read -r a b c d e _ g h k l < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$file_conns" "$duration")
+        # MB/s: 10^6 bytes per second; CPU per MiB: over the MiB wrk read (a response cut off at the end included).
+        read -r mb cm um < <(awk -v b="$g" -v t="$h" -v c="$k" -v u="$l" 'BEGIN {
+          mib = b / 1048576
+          printf "%.3f %.3f %.3f\n", (t > 0 ? b / t / 1e6 : 0), (mib > 0 ? c / mib : 0), (mib > 0 ? u / mib : 0) }')
+        bench_row http-files.csv server,file_bytes,connections,round,duration_s,requests_per_s,requests,bytes,mb_per_s,errors,cpu_us_per_request,cpu_us_per_mib,user_us_per_mib,p99_us \
+          "$server" "${file_bytes[$size]}" "$file_conns" "$r" "$duration" "$a" "$d" "$g" "$mb" "$e" "$b" "$cm" "$um" "$c"
+        rps[$server]+="$a " mbs[$server]+="$mb " cpu[$server]+="$b " cpumib[$server]+="$cm " usermib[$server]+="$um "
+        p99[$server]+="$c "
+        errs[$server]=$((${errs[$server]:-0} + e))
+      done
+    done
+    declare -A medmb=() medcpumib=() medrps=()
+    for server in "${servers[@]}"; do
+      # shellcheck disable=SC2086  # the lists are space-separated numbers
+      read -r m lo hi < <(stats ${rps[$server]})
+      # shellcheck disable=SC2086
+      read -r bm blo bhi < <(stats ${mbs[$server]})
+      # shellcheck disable=SC2086
+      read -r cm _ _ < <(stats ${cpu[$server]})
+      # shellcheck disable=SC2086
+      read -r mm _ _ < <(stats ${cpumib[$server]})
+      # shellcheck disable=SC2086
+      read -r um _ _ < <(stats ${usermib[$server]})
+      # shellcheck disable=SC2086
+      read -r pm _ _ < <(stats ${p99[$server]})
+      medrps[$server]=$m medmb[$server]=$bm medcpumib[$server]=$mm
+      printf '%-6s %-13s %8.1f [%.1f..%.1f] %7.0f [%.0f..%.0f] %10.1f %10.1f %10.1f %9.2f %6d\n' "$size" "$server" \
+        "$m" "$lo" "$hi" "$bm" "$blo" "$bhi" "$cm" "$mm" "$um" "$(awk -v p="$pm" 'BEGIN { print p / 1000 }')" \
+        "${errs[$server]}"
+    done
+    for server in "${spindle_servers[@]}"; do
+      printf '%-6s ratio %s/nginx: MB/s %s, cpu/MiB %s, req/s %s\n' "$size" "$server" \
+        "$(ratio "${medmb[$server]}" "${medmb[nginx]}")" "$(ratio "${medcpumib[$server]}" "${medcpumib[nginx]}")" \
+        "$(ratio "${medrps[$server]}" "${medrps[nginx]}")"
+    done
+    unset rps mbs cpu cpumib usermib p99 errs medmb medcpumib medrps
+  done
+  bench_progress_end
+  bench_out_finish
+  exit 0
+fi
+
+read -r -a conn_list <<<"$conns"
 steps=$((${#conn_list[@]} * (1 + reps * ${#servers[@]})))
 bench_progress_start "$steps" "$(awk -v c="${#conn_list[@]}" -v w="$warm_s" -v r="$((reps * ${#servers[@]}))" -v s="$run_s" \
   'BEGIN { print c * (w + r * s) }')"
@@ -321,7 +487,7 @@ for n in $conns; do
     fi
     for server in "${order[@]}"; do
       bench_step "$run_s" "http $server $n conns, run $r/$reps"
-      read -r a b c d e f < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration" "$tmp/wrk.out")
+      read -r a b c d e f _ < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration" "$tmp/wrk.out")
       bench_row http.csv server,connections,round,duration_s,requests_per_s,requests,errors,cpu_us_per_request,user_us_per_request,p99_us \
         "$server" "$n" "$r" "$duration" "$a" "$d" "$e" "$b" "$f" "$c"
       awk '$1 == "cdf" { print $2, $3 }' "$tmp/wrk.out" |
