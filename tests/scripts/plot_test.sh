@@ -18,7 +18,7 @@ if ((rc == 3)) && grep -q python3-matplotlib "$tmp/stderr"; then
   exit 77
 fi
 ((rc == 0)) || fail "plot exited $rc: $(cat "$tmp/stderr")"
-for name in http-latency-cdf echo-latency-cdf http-throughput echo-throughput fio numa-steals idle-cpu core kv; do
+for name in http-latency-cdf echo-latency-cdf http-throughput http-files echo-throughput fio numa-steals idle-cpu core kv; do
   png="$tmp/png/$name.png"
   [[ -s "$png" ]] || fail "no $name.png; plot said: $(cat "$tmp/stdout" "$tmp/stderr")"
   [[ "$(head -c 8 "$png" | od -An -tx1 | tr -d ' \n')" == 89504e470d0a1a0a ]] || fail "$name.png is not a PNG file"
