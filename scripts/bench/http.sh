@@ -142,11 +142,12 @@ nginx_port=$((port_base + 1))
 raw_epoll_port=$((port_base + 2))
 raw_uring_port=$((port_base + 3))
 
-# wrk and nginx-light, where missing.
+# wrk and nginx-light, where missing (and curl, which checks the files of large-file mode).
 install_bench_tools() {
-  local had_nginx=1 priv=()
+  local had_nginx=1 priv=() extra=()
   command -v nginx >/dev/null 2>&1 || had_nginx=0
-  bench_install_tools http.sh wrk=wrk nginx=nginx-light || return 1
+  ((!files_mode)) || extra=(curl=curl)
+  bench_install_tools http.sh wrk=wrk nginx=nginx-light "${extra[@]}" || return 1
   ((had_nginx)) && return 0
   [[ "$(id -u)" == 0 ]] || priv=(sudo)
   # Debian's package starts its own nginx on port 80: it would share the CPUs we measure.
