@@ -189,12 +189,7 @@ steps=$((${#conn_list[@]} * reps * ${#impls[@]}))
 bench_progress_start "$steps" "$(awk -v n="$steps" -v s="$run_s" 'BEGIN { print n * s }')"
 for c in $connections; do
   for ((r = 1; r <= reps; ++r)); do
-    # Forward on odd rounds, backward on even ones, so no server always follows the same one.
-    order=("${impls[@]}")
-    if ((r % 2 == 0)); then
-      order=()
-      for ((i = ${#impls[@]} - 1; i >= 0; i--)); do order+=("${impls[i]}"); done
-    fi
+    bench_order "$r" "${impls[@]}"
     for impl in "${order[@]}"; do
       bench_step "$run_s" "echo $impl $c conns, round $r"
       run_one "$impl" "$c" "${impl}_c${c}_r${r}"

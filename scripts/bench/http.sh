@@ -420,11 +420,7 @@ if ((files_mode)); then
     done
     declare -A rps=() mbs=() cpu=() cpumib=() usermib=() p99=() errs=()
     for ((r = 1; r <= reps; r++)); do
-      order=("${servers[@]}")
-      if ((r % 2 == 0)); then
-        order=()
-        for ((i = ${#servers[@]} - 1; i >= 0; i--)); do order+=("${servers[i]}"); done
-      fi
+      bench_order "$r" "${servers[@]}"
       for server in "${order[@]}"; do
         bench_step "$run_s" "http --files $server $size, run $r/$reps"
         read -r a b c d e _ g h k l < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$file_conns" "$duration")
@@ -480,12 +476,7 @@ for n in $conns; do
   for server in "${servers[@]}"; do run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$warmup" >/dev/null; done
   declare -A rps=() cpu=() user=() p99=() errs=()
   for ((r = 1; r <= reps; r++)); do
-    # Alternate: forward on odd runs, backward on even ones, so no server always follows the same one.
-    order=("${servers[@]}")
-    if ((r % 2 == 0)); then
-      order=()
-      for ((i = ${#servers[@]} - 1; i >= 0; i--)); do order+=("${servers[i]}"); done
-    fi
+    bench_order "$r" "${servers[@]}"
     for server in "${order[@]}"; do
       bench_step "$run_s" "http $server $n conns, run $r/$reps"
       read -r a b c d e f _ < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration" "$tmp/wrk.out")

@@ -250,13 +250,8 @@ bench_progress_start "$steps" "$(awk -v s="$steps" -v p="$per_step" 'BEGIN { pri
 for mode in "${mode_list[@]}"; do
   for depth in "${pipeline_list[@]}"; do
     for ((r = 1; r <= reps; ++r)); do
-      # Odd rounds in servers_in's order, even ones backward: no server always follows the same one.
-      read -r -a order <<<"$(servers_in "$mode")"
-      if ((r % 2 == 0)); then
-        for ((i = 0, j = ${#order[@]} - 1; i < j; ++i, --j)); do
-          s=${order[i]} order[i]=${order[j]} order[j]=$s
-        done
-      fi
+      read -r -a in_mode <<<"$(servers_in "$mode")"
+      bench_order "$r" "${in_mode[@]}"
       for server in "${order[@]}"; do
         bench_step "$per_step" "kv $server $mode -P $depth, round $r/$reps"
         start_server "$server" "$mode" "$server_cpu"

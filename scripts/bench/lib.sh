@@ -103,6 +103,18 @@ bench_progress_start() {
   _bench_t0=$EPOCHREALTIME
 }
 
+# bench_order ROUND NAME...: sets the array `order` to the NAMEs, backward on even rounds, so that over
+# the rounds no server always runs right after the same one.
+bench_order() {
+  local round=$1 i
+  shift
+  order=("$@")
+  if ((round % 2 == 0)); then
+    order=()
+    for ((i = $#; i >= 1; i--)); do order+=("${!i}"); done
+  fi
+}
+
 # bench_step SECONDS LABEL: starts the next step (expected to take about SECONDS) and prints
 # "[i/N] LABEL, ~T left". T is the estimate of what is left, scaled by how the finished steps compared
 # with their estimates.
