@@ -124,7 +124,11 @@ TEST_F(KvLogFault, EverysecAcknowledgesAtOnceAndRefusesTheWritesAfterAFailure) {
     startServer(withDir(Fsync::kEverySec));
     const auto keys = keysOfShard(1, 3, "k");
     RespClient c(port_);
+    const uint64_t before = logBytesOnDisk();
     ASSERT_EQ(c.call({"SET", keys[0], "durable"}), kOk);
+    // everysec acknowledges before the record is written: the fault armed next must not meet it.
+    for (int i = 0; i < 1000 && logBytesOnDisk() == before; ++i) { std::this_thread::sleep_for(1ms); }
+    ASSERT_GT(logBytesOnDisk(), before) << "the first record never reached the log";
     inject::arm(inject::Point::kLogWrite, EIO, 1);
     EXPECT_EQ(c.call({"SET", keys[1], "acknowledged, then lost"}), kOk);  // Redis's everysec promise
     std::string r;
