@@ -62,8 +62,9 @@ inline constexpr size_t kRecordHeader = 12;
 
 /// Appends one framed record holding `payload` to `out`.
 void frameRecord(std::string& out, std::string_view payload);
-/// Frames the payload already in `out` after a placeholder header of kRecordHeader bytes at
-/// `headerAt` (the payload runs to the end of `out`): fills the header in, copying nothing.
+/// Frames a record built in place: `out` holds kRecordHeader bytes reserved for the header at
+/// `headerAt`, then the payload up to its end. Writes the header (length and CRC32C) into the
+/// reserved bytes, copying nothing.
 void frameRecordInPlace(std::string& out, size_t headerAt) noexcept;
 
 /// Writes all of `bytes` to `fd` at `offset` through the runtime (a short write is continued).

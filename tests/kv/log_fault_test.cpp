@@ -45,9 +45,7 @@ std::string misconf(int err) { return std::string("-MISCONF Errors writing to th
 class KvLogFault : public testing_support::KvServerFixture {
 protected:
     void SetUp() override {
-#if !defined(SPINDLE_FAULT_INJECTION)
-        GTEST_SKIP() << "built without SPINDLE_FAULT_INJECTION";
-#endif
+        SPINDLE_SKIP_WITHOUT_FAULT_INJECTION();
         KvServerFixture::SetUp();
     }
     void TearDown() override {

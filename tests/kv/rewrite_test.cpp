@@ -37,7 +37,13 @@ using testing_support::TypedKeyspace;
 const std::string kOk = "+OK\r\n";
 const std::string kShutdownFailed = "-ERR Errors trying to SHUTDOWN. Check logs.\r\n";
 
-class KvRewrite : public testing_support::KvServerFixture {};
+class KvRewrite : public testing_support::KvServerFixture {
+protected:
+    // Sets k0..k19 to "v" through `c` (twenty keys over both shards).
+    static void setTwentyKeys(RespClient& c) {
+        for (int i = 0; i < 20; ++i) { ASSERT_EQ(c.call({"SET", "k" + std::to_string(i), "v"}), kOk); }
+    }
+};
 
 TEST_F(KvRewrite, BgrewriteaofShrinksTheLogsAndKeepsTheKeyspace) {
     startServer(withDir(Fsync::kNo));
@@ -217,12 +223,10 @@ TEST_F(KvRewrite, AutomaticRewriteAndItsConfig) {
 }
 
 TEST_F(KvRewrite, ARewriteThatCannotWriteLeavesTheOldLogInUse) {
-#if !defined(SPINDLE_FAULT_INJECTION)
-    GTEST_SKIP() << "built without SPINDLE_FAULT_INJECTION";
-#endif
+    SPINDLE_SKIP_WITHOUT_FAULT_INJECTION();
     startServer(withDir(Fsync::kAlways));
     RespClient c(port_);
-    for (int i = 0; i < 20; ++i) { ASSERT_EQ(c.call({"SET", "k" + std::to_string(i), "v"}), kOk); }
+    ASSERT_NO_FATAL_FAILURE(setTwentyKeys(c));
     {
         inject::ArmedFault f(inject::Point::kLogWrite, ENOSPC, 1);
         EXPECT_EQ(c.call({"SAVE"}), "-ERR No space left on device\r\n");
@@ -242,12 +246,10 @@ TEST_F(KvRewrite, ARewriteThatCannotWriteLeavesTheOldLogInUse) {
 // Each fdatasync of a rewrite (of the new file after the snapshot, then in the switch before the
 // rename) failing in turn: SAVE reports it, the old logs stay the logs and keep every write.
 TEST_F(KvRewrite, AFailedSyncBeforeTheRenameKeepsTheOldLog) {
-#if !defined(SPINDLE_FAULT_INJECTION)
-    GTEST_SKIP() << "built without SPINDLE_FAULT_INJECTION";
-#endif
+    SPINDLE_SKIP_WITHOUT_FAULT_INJECTION();
     startServer(withDir(Fsync::kNo));
     RespClient c(port_);
-    for (int i = 0; i < 20; ++i) { ASSERT_EQ(c.call({"SET", "k" + std::to_string(i), "v"}), kOk); }
+    ASSERT_NO_FATAL_FAILURE(setTwentyKeys(c));
     for (uint32_t skip = 0; skip < 4; ++skip) {  // two shards, two fdatasyncs each
         SCOPED_TRACE(skip);
         {
@@ -309,12 +311,10 @@ TEST_F(KvRewrite, ShutdownWithoutSaveLeavesTheLogsAlone) {
 // A SHUTDOWN SAVE whose rewrite fails answers Redis's error and leaves the server running, the old
 // logs in use; SHUTDOWN SAVE FORCE stops it all the same.
 TEST_F(KvRewrite, AShutdownSaveThatFailsKeepsTheServerRunning) {
-#if !defined(SPINDLE_FAULT_INJECTION)
-    GTEST_SKIP() << "built without SPINDLE_FAULT_INJECTION";
-#endif
+    SPINDLE_SKIP_WITHOUT_FAULT_INJECTION();
     startServer(withDir(Fsync::kAlways));
     RespClient c(port_);
-    for (int i = 0; i < 20; ++i) { ASSERT_EQ(c.call({"SET", "k" + std::to_string(i), "v"}), kOk); }
+    ASSERT_NO_FATAL_FAILURE(setTwentyKeys(c));
     {
         inject::ArmedFault f(inject::Point::kLogWrite, ENOSPC, 1);
         EXPECT_EQ(c.call({"SHUTDOWN", "SAVE"}), kShutdownFailed);

@@ -21,6 +21,14 @@
 #include "tests/core/with_runtime.h"
 #include "tests/kv/resp_client.h"
 
+/// Skips the calling test (or SetUp) in a build without fault injection (the package preset's), which
+/// the fault tests need.
+#if defined(SPINDLE_FAULT_INJECTION)
+#define SPINDLE_SKIP_WITHOUT_FAULT_INJECTION() static_cast<void>(0)
+#else
+#define SPINDLE_SKIP_WITHOUT_FAULT_INJECTION() GTEST_SKIP() << "built without SPINDLE_FAULT_INJECTION"
+#endif
+
 namespace spindle::kv::testing_support {
 
 // key -> (value, PEXPIRETIME: -1 for none)
