@@ -614,8 +614,30 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
     }
 }
 
+void EpollDriver::prefetchAhead(int i, int count) const noexcept {
+    // The state of the descriptor of event k, or null (the wake-up eventfd, or past the table).
+    auto stateOf = [&](int k) -> const FdState* {
+        const uint64_t d = events_[k].data.u64;
+        return d < fds_.size() ? &fds_[static_cast<size_t>(d)] : nullptr;
+    };
+    if (i + 3 < count) {
+        if (const FdState* s = stateOf(i + 3)) { __builtin_prefetch(s); }
+    }
+    if (i + 2 < count) {
+        if (const FdState* s = stateOf(i + 2); s != nullptr && s->head != nullptr) { __builtin_prefetch(s->head); }
+    }
+    if (i + 1 < count) {
+        if (const FdState* s = stateOf(i + 1); s != nullptr && s->head != nullptr) { __builtin_prefetch(s->head->op); }
+    }
+}
+
 void EpollDriver::handleEvents(int count) noexcept {
     for (int i = 0; i < count; ++i) {
+        // Each event's descriptor state, its first waiting request (on the waiting fiber's stack) and
+        // the op that request points at are three dependent loads, each a cache miss when many
+        // connections take turns: fetched ahead, one stage per event. Only what is linked now is
+        // read, so a request that an earlier event's handler completes is never followed.
+        prefetchAhead(i, count);
         const epoll_event ev = events_[i];
         if (ev.data.u64 == kWakeTag) {
             uint64_t v;

@@ -139,6 +139,8 @@ private:
     void unlink(op::IoRequest* req) noexcept;
     void finish(op::IoRequest* req, int32_t res, uint32_t flags) noexcept;
     void handleEvents(int count) noexcept;
+    // Prefetches, for the events after event `i` of `count`, what handling them will load.
+    void prefetchAhead(int i, int count) const noexcept;
     void retryWaiters(int fd, uint32_t events) noexcept;
     void expireDeadlines() noexcept;
     void heapPush(op::IoRequest* req) noexcept;
