@@ -2,6 +2,7 @@
 #include "apps/kv/resp.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -189,11 +190,14 @@ ParseResult parseRequest(std::string_view in, const RespLimits& limits, Request&
 }
 
 void ReplyWriter::header(char type, int64_t n) {
-    char buf[24];
-    out_.push_back(type);
-    const int len = std::snprintf(buf, sizeof buf, "%lld", static_cast<long long>(n));
-    out_.append(buf, static_cast<size_t>(len));
-    out_.append("\r\n");
+    // The type, at most 20 characters of an int64_t, CRLF: one append. std::to_chars rather than
+    // snprintf, whose format parsing cost a GET's bulk reply about 3 % of the server's CPU (-P 16).
+    char buf[1 + 20 + 2];
+    buf[0] = type;
+    char* end = std::to_chars(buf + 1, buf + 21, n).ptr;  // 20 characters always fit
+    *end++ = '\r';
+    *end++ = '\n';
+    out_.append(buf, static_cast<size_t>(end - buf));
 }
 
 void ReplyWriter::simple(std::string_view s) {

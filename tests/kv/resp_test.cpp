@@ -134,6 +134,17 @@ TEST(Resp, UnknownCommandTextMatchesRedis) {
     EXPECT_EQ(text, "ERR unknown command 'foo', with args beginning with: '" + std::string(128, 'x') + "' ");
 }
 
+TEST(Resp, IntegerRepliesAndLengthsSpellEveryInt64) {
+    std::string out;
+    ReplyWriter w(out, 2);
+    w.integer(0);
+    w.integer(INT64_MAX);
+    w.integer(INT64_MIN);
+    w.bulk("");
+    w.arrayHeader(1000000);
+    EXPECT_EQ(out, ":0\r\n:9223372036854775807\r\n:-9223372036854775808\r\n$0\r\n\r\n*1000000\r\n");
+}
+
 TEST(Resp, RepliesInBothProtocols) {
     std::string out;
     ReplyWriter w2(out, 2);
