@@ -38,6 +38,9 @@
 /// | kWakeFail        | a MSG_RING wake-up leaving a carrier's ring | ignored: the kernel says EBADF |
 /// | kEnterFail       | a Ring::submitAndWait call                  | the errno it returns     |
 /// | kGrowFail        | a carrier's run deque or timer heap growing | ignored: std::bad_alloc  |
+/// | kLogWrite        | an app's durable-log write (spindle-kv)     | the errno it fails with  |
+/// | kLogSync         | an app's durable-log fdatasync              | the errno it fails with  |
+/// | kLogExtend       | a log preallocation's zero write, then its fdatasync (two passes) | the errno |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -93,6 +96,7 @@ enum class Point : uint8_t {
     kGrowFail,         // ChaseLevDeque::grow and DeadlineHeap::push when it must grow: std::bad_alloc, as if out of memory
     kLogWrite,         // apps: a durable log's write, in place of the call (nothing is written)
     kLogSync,          // apps: a durable log's fdatasync, in place of the call
+    kLogExtend,        // apps: a durable log's preallocation: its write of zeros, then its fdatasync
     kCount,
 };
 

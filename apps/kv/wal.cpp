@@ -69,6 +69,31 @@ void probeAfterBad(std::string_view rest, ScanReport& r) noexcept {
     }
 }
 
+// The zeros preallocation writes, one write at most this much (so that a write the ring completes
+// inline copies a bounded amount on the carrier). In .bss and never written: its pages stay the
+// kernel's one zero page, so it costs no memory. Not const, or the compiler would put it in .rodata.
+constexpr size_t kZeroBlock = 256 * 1024;
+alignas(4096) char zeroBlock[kZeroBlock];
+
+bool allZero(std::string_view bytes) noexcept {
+    for (size_t at = 0; at < bytes.size(); at += kZeroBlock) {
+        if (std::memcmp(bytes.data() + at, zeroBlock, std::min(kZeroBlock, bytes.size() - at)) != 0) { return false; }
+    }
+    return true;
+}
+
+// Fills in the part of `r` about the bytes after the good prefix, `rest`: the preallocated zero tail,
+// or damage (a torn tail, or corruption when a valid record follows).
+void judgeRest(std::string_view rest, ScanReport& r) noexcept {
+    if (allZero(rest)) {
+        r.zeroTail = rest.size();
+        r.droppedBytes = 0;
+        return;
+    }
+    r.droppedBytes = rest.size();
+    probeAfterBad(rest, r);
+}
+
 }  // namespace
 
 uint32_t crc32c(const void* data, size_t len) noexcept {
@@ -106,8 +131,7 @@ ScanReport scanLog(std::string_view log, const std::function<bool(std::string_vi
     }
     r.validBytes = at;
     r.badOffset = at;
-    r.droppedBytes = log.size() - at;
-    probeAfterBad(log.substr(at), r);
+    judgeRest(log.substr(at), r);
     return r;
 }
 
@@ -177,7 +201,8 @@ Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view
             }
             if (c == Check::kShort) { break; }  // `need` is the next record's
         }
-        if (expect && r.records > 0 && !std::exchange(expected, true)) {
+        // Not when the first chunk held the whole log: its size would count the zero tail as records.
+        if (expect && !bad && r.records > 0 && !std::exchange(expected, true)) {
             expect((size - pos) * r.records / pos);
         }
         if (bad || readTo == size || pos + need > size) {  // a record the file ends in the middle of
@@ -207,10 +232,23 @@ Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view
     }
     r.validBytes = pos;
     r.badOffset = pos;
-    r.droppedBytes = size - pos;
-    if (r.droppedBytes > 0) {
-        // Damage: read everything after it, to tell a torn tail from corruption in the middle.
-        std::string rest(static_cast<size_t>(r.droppedBytes), '\0');
+    // What follows the good prefix: zeros to the end (the preallocated tail, checked a buffer at a time,
+    // since a step may be large), or damage, read whole to tell a torn tail from corruption in the middle.
+    uint64_t zeros = 0;
+    bool onlyZeros = true;
+    while (onlyZeros && pos + zeros < size) {
+        const size_t want = static_cast<size_t>(std::min<uint64_t>(cap, size - pos - zeros));
+        auto n = spindle::read(fd, buf.get(), want, pos + zeros);
+        if (!n) { return Error{n.errorCode()}; }
+        if (*n == 0) { break; }
+        onlyZeros = allZero(std::string_view(buf.get(), *n));
+        if (onlyZeros) { zeros += *n; }
+    }
+    if (onlyZeros) {
+        r.zeroTail = zeros;
+        r.droppedBytes = size - pos - zeros;  // the file shrank under us
+    } else {
+        std::string rest(static_cast<size_t>(size - pos), '\0');
         size_t done = 0;
         while (done < rest.size()) {
             auto n = spindle::read(fd, rest.data() + done, rest.size() - done, pos + done);
@@ -219,17 +257,26 @@ Result<ScanReport> scanLogFile(int fd, const std::function<bool(std::string_view
             done += *n;
         }
         rest.resize(done);
-        probeAfterBad(rest, r);
+        judgeRest(rest, r);
+        r.droppedBytes += size - pos - done;  // the file shrank under us
     }
     return r;
 }
 
-ShardLog::ShardLog(int fd, uint64_t offset, Fsync mode) noexcept : fd_(fd), offset_(offset), mode_(mode) {
+ShardLog::ShardLog(int fd, uint64_t offset, Fsync mode, uint64_t preallocate) noexcept
+    : fd_(fd), offset_(offset), mode_(mode), preallocate_(preallocate), allocEnd_(offset) {
     size_.store(offset, std::memory_order_relaxed);
+    extendDone_.set();
 }
 
-Result<std::unique_ptr<ShardLog>> ShardLog::start(Runtime& rt, unsigned carrier, int fd, uint64_t offset, Fsync mode) {
-    std::unique_ptr<ShardLog> log(new ShardLog(fd, offset, mode));
+Result<std::unique_ptr<ShardLog>> ShardLog::start(Runtime& rt, unsigned carrier, int fd, uint64_t offset, Fsync mode,
+                                                  uint64_t preallocate) {
+    struct stat st{};
+    const bool regular = ::fstat(fd, &st) == 0 && S_ISREG(st.st_mode);
+    std::unique_ptr<ShardLog> log(new ShardLog(fd, offset, mode, regular ? preallocate : 0));
+    // A zero tail left by a crash is room already made (written; if its last extension's fdatasync had
+    // not finished, the first batch's fdatasync makes it durable with the batch).
+    if (regular) { log->allocEnd_ = std::max<uint64_t>(offset, static_cast<uint64_t>(st.st_size)); }
     log->rt_ = &rt;
     log->carrier_ = carrier;
     auto writer = rt.spawn([l = log.get()]() noexcept { l->writerLoop(); },
@@ -250,6 +297,17 @@ Result<std::unique_ptr<ShardLog>> ShardLog::start(Runtime& rt, unsigned carrier,
             return Error{err};
         }
         log->syncer_ = std::move(*syncer);
+    }
+    if (log->preallocate_ > 0) {
+        auto extender = rt.spawn([l = log.get()]() noexcept { l->extenderLoop(); },
+                                 SpawnOptions{.name = "kv-wal-extend", .carrier = static_cast<int>(carrier), .pinned = true});
+        if (!extender) {
+            const int err = extender.errorCode();
+            log->fd_ = -1;
+            (void)log->stop();
+            return Error{err};
+        }
+        log->extender_ = std::move(*extender);
     }
     return log;
 }
@@ -278,7 +336,9 @@ LogStats ShardLog::stats() const noexcept {
     return LogStats{.records = records_.load(std::memory_order_relaxed),
                     .bytes = bytes_.load(std::memory_order_relaxed),
                     .syncs = syncs_.load(std::memory_order_relaxed),
-                    .syncedRecords = syncedRecords_.load(std::memory_order_relaxed)};
+                    .syncedRecords = syncedRecords_.load(std::memory_order_relaxed),
+                    .preallocated = preallocated_.load(std::memory_order_relaxed),
+                    .appendedPastEnd = pastEnd_.load(std::memory_order_relaxed)};
 }
 
 void ShardLog::fail(int err) noexcept {
@@ -307,6 +367,69 @@ int logSync(int fd) noexcept {
     return r ? 0 : r.errorCode();
 }
 
+// The extender fiber: zeroes [extFrom_, extTo_) of extFd_ and fdatasyncs it each time the writer asks
+// (extendWake_), then moves allocEnd_ there. Runs on the shard's carrier, as the writer does.
+void ShardLog::extenderLoop() noexcept {
+    for (;;) {
+        extendWake_.wait();
+        extendWake_.reset();
+        if (!extending_) {
+            if (extenderStop_) { break; }
+            continue;
+        }
+        int err = 0;
+        SPINDLE_INJECT(inject::Point::kLogExtend, { err = injectedErrno; });
+        for (uint64_t at = extFrom_; err == 0 && at < extTo_;) {
+            const size_t n = static_cast<size_t>(std::min<uint64_t>(kZeroBlock, extTo_ - at));
+            auto w = spindle::write(extFd_, zeroBlock, n, at);
+            if (!w) {
+                err = w.errorCode();
+            } else if (*w == 0) {
+                err = EIO;
+            } else {
+                at += *w;
+            }
+        }
+        if (err == 0) { SPINDLE_INJECT(inject::Point::kLogExtend, { err = injectedErrno; }); }
+        if (err == 0) {
+            if (auto r = spindle::fdatasync(extFd_); !r) { err = r.errorCode(); }
+        }
+        if (err == 0) {
+            preallocated_.fetch_add(extTo_ - extFrom_, std::memory_order_relaxed);
+            allocEnd_ = extTo_;
+        } else {
+            log::error("spindle-kv: preallocating the write-ahead log ({} bytes at {}) failed", extTo_ - extFrom_, extFrom_);
+            fail(err);
+        }
+        extending_ = false;
+        extendDone_.set();
+        if (extenderStop_) { break; }  // asked to stop meanwhile, or together with this extension
+    }
+}
+
+void ShardLog::waitExtension() noexcept {
+    while (extending_) { extendDone_.wait(); }
+}
+
+bool ShardLog::reserve(uint64_t bytes) noexcept {
+    if (preallocate_ == 0) { return failed() == 0; }
+    // Room below allocEnd_, or an extension under way that will make it: wait for it (the batch would
+    // otherwise land in the range being zeroed). Rare: a step is far more than one batch.
+    while (extending_ && offset_ + bytes > allocEnd_) { extendDone_.wait(); }
+    if (failed() != 0) { return false; }
+    const uint64_t end = offset_ + bytes;
+    if (end > allocEnd_) { pastEnd_.fetch_add(1, std::memory_order_relaxed); }  // appended: a costlier sync
+    if (!extending_ && !stopping_ && allocEnd_ < end + preallocate_) {
+        extFd_ = fd_;
+        extFrom_ = std::max(allocEnd_, end);
+        extTo_ = extFrom_ + preallocate_;
+        extending_ = true;
+        extendDone_.reset();
+        extendWake_.set();
+    }
+    return true;
+}
+
 void ShardLog::writerLoop() noexcept {
     for (;;) {
         if (switch_ != nullptr) {
@@ -323,11 +446,12 @@ void ShardLog::writerLoop() noexcept {
         }
         writing_.swap(pending_);
         const uint64_t last = appended_;
-        if (failed() == 0) {
+        if (failed() == 0 && reserve(writing_.size())) {
             if (const int err = logWrite(fd_, writing_, offset_); err != 0) {
                 fail(err);
             } else {
                 offset_ += writing_.size();
+                allocEnd_ = std::max(allocEnd_, offset_);
                 size_.store(offset_, std::memory_order_relaxed);
                 bytes_.fetch_add(writing_.size(), std::memory_order_relaxed);
             }
@@ -401,6 +525,7 @@ int ShardLog::switchTo(int newFd, uint64_t newSize, const std::string& tmpPath, 
 // (the last batch is written and, with kAlways, synced), and all of it is in the new file once the
 // captured tail is, because the capture began before the snapshot read the shard.
 void ShardLog::doSwitch(Switch& s) noexcept {
+    waitExtension();  // no zeros may still be on their way to the old file once it is closed
     std::string tail;
     tail.swap(captured_);
     capturing_ = false;
@@ -423,6 +548,7 @@ void ShardLog::doSwitch(Switch& s) noexcept {
     ::close(fd_);
     fd_ = s.fd;
     offset_ = s.size + tail.size();
+    allocEnd_ = offset_;  // the new file starts unextended; the next batch asks for room
     size_.store(offset_, std::memory_order_relaxed);
     bytes_.fetch_add(tail.size(), std::memory_order_relaxed);
     pending_.erase(0, pendingAtSwitch);
@@ -471,6 +597,22 @@ int ShardLog::stop() noexcept {
             wake_.set();
         });
         writer_.join();
+    }
+    if (extender_.joinable()) {  // after the writer: it asks for no extension any more
+        (void)rt_->runOnCarrier(carrier_, [this]() noexcept {
+            extenderStop_ = true;
+            extendWake_.set();
+        });
+        extender_.join();
+    }
+    // The zero tail goes: on disk the file is the log again. Only an optimisation (the zeros read as
+    // the end), so a failure is only logged; a failed log is left as it is.
+    struct stat st{};
+    if (fd_ >= 0 && failed() == 0 && ::fstat(fd_, &st) == 0 && S_ISREG(st.st_mode) &&
+        static_cast<uint64_t>(st.st_size) > offset_) {
+        if (::ftruncate(fd_, static_cast<off_t>(offset_)) != 0 || ::fsync(fd_) != 0) {
+            log::warn("spindle-kv: truncating the write-ahead log's preallocated tail: {}", std::strerror(errno));
+        }
     }
     if (fd_ >= 0) {
         ::close(fd_);
