@@ -46,6 +46,7 @@ int main(int argc, char** argv) {
     bool truncateCorrupt = false;
     uint64_t autoRewritePct = 100;
     std::string autoRewriteMin = "64mb";
+    std::string preallocate = "4mb";  // kDefaultPreallocate
     bool sharePort = false;
     unsigned ringEntries = 4096;
     std::string pollMode = "block";
@@ -81,6 +82,15 @@ int main(int argc, char** argv) {
         ->check([](const std::string& v) {
             uint64_t n = 0;
             return spindle::kv::parseMemorySize(v, n) ? std::string() : "not a size: " + v;
+        })
+        ->capture_default_str();
+    app.add_option("--log-preallocate-bytes", preallocate,
+                   "write and sync this many bytes of zeros ahead of each log's end, so that an fdatasync after a "
+                   "write does not have to grow the file (bytes, or with k, kb, m, mb, g, gb; 0: append as the log grows)")
+        ->check([](const std::string& v) {
+            uint64_t n = 0;
+            return spindle::kv::parseMemorySize(v, n) && n <= (uint64_t{1} << 30) ? std::string()
+                                                                                 : "not a size up to 1gb: " + v;
         })
         ->capture_default_str();
     app.add_flag("--share-port", sharePort, "SO_REUSEPORT: let other processes bind the same port and split the clients");
@@ -138,6 +148,7 @@ int main(int argc, char** argv) {
     so.truncateCorrupt = truncateCorrupt;
     so.autoRewritePercentage = autoRewritePct;
     (void)spindle::kv::parseMemorySize(autoRewriteMin, so.autoRewriteMinSize);
+    (void)spindle::kv::parseMemorySize(preallocate, so.logPreallocate);
     so.shareAddress = sharePort;
     auto server = spindle::kv::Server::start(*rt, so);
     if (!server) {

@@ -665,6 +665,8 @@ std::string infoText(Server::Impl& s, const Client& c, std::string_view section)
             ls.bytes += one.bytes;
             ls.syncs += one.syncs;
             ls.syncedRecords += one.syncedRecords;
+            ls.preallocated += one.preallocated;
+            ls.appendedPastEnd += one.appendedPastEnd;
             current += l->size();
             if (failed == 0) { failed = l->failed(); }
         }
@@ -694,10 +696,11 @@ std::string infoText(Server::Impl& s, const Client& c, std::string_view section)
         }
         out += fmt::format(
             "aof_records:{}\r\naof_bytes:{}\r\naof_fsyncs:{}\r\naof_fsync_mean_batch:{:.2f}\r\n"
+            "aof_preallocated_bytes:{}\r\naof_appends_past_preallocation:{}\r\n"
             "aof_replayed_records:{}\r\naof_dropped_tail_bytes:{}\r\naof_dropped_records:{}\r\n\r\n",
             ls.records, ls.bytes, ls.syncs,
-            ls.syncs == 0 ? 0.0 : static_cast<double>(ls.syncedRecords) / static_cast<double>(ls.syncs), s.replayed,
-            s.droppedTail, s.droppedRecords);
+            ls.syncs == 0 ? 0.0 : static_cast<double>(ls.syncedRecords) / static_cast<double>(ls.syncs), ls.preallocated,
+            ls.appendedPastEnd, s.replayed, s.droppedTail, s.droppedRecords);
     }
     if (want("stats")) {
         uint64_t expired = 0;
@@ -2787,9 +2790,10 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
             }
             const ScanReport rep = *scans[i];
             const double replaySec = seconds[i];
-            const uint64_t fileSize = rep.validBytes + rep.droppedBytes;
-            log::info("spindle-kv: {}: replayed {} records, {} bytes in {:.3f} s ({:.0f} MB/s)", path, rep.records,
-                      rep.validBytes, replaySec, replaySec > 0 ? static_cast<double>(rep.validBytes) / 1e6 / replaySec : 0.0);
+            const uint64_t fileSize = rep.validBytes + rep.droppedBytes + rep.zeroTail;
+            log::info("spindle-kv: {}: replayed {} records, {} bytes in {:.3f} s ({:.0f} MB/s){}", path, rep.records,
+                      rep.validBytes, replaySec, replaySec > 0 ? static_cast<double>(rep.validBytes) / 1e6 / replaySec : 0.0,
+                      rep.zeroTail > 0 ? fmt::format("; then {} bytes of preallocated zeros", rep.zeroTail) : std::string());
             if (rep.corruptInMiddle && !options.truncateCorrupt) {
                 log::error("spindle-kv: {} is corrupt at byte {} of {}, with {} valid records after it; refusing to start "
                            "(--truncate-corrupt-log drops everything from there: {} bytes, those {} records)",
@@ -2809,7 +2813,9 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
             impl->replayed += rep.records;
             impl->droppedTail += rep.droppedBytes;
             impl->droppedRecords += rep.droppedRecords;
-            auto wal = ShardLog::start(rt, i, fd, rep.validBytes, options.appendFsync);
+            // The next record goes at the log's logical end; a zero tail after it (left by a crash) is
+            // room already made (a damaged tail was truncated above, and its zeros with it).
+            auto wal = ShardLog::start(rt, i, fd, rep.validBytes, options.appendFsync, options.logPreallocate);
             if (!wal) { return Error{wal.errorCode()}; }
             fds[i] = -1;  // the log owns it now
             impl->shards[i]->attachLog(wal->get());
@@ -2884,6 +2890,8 @@ ServerStats Server::stats() const noexcept {
         st.log.bytes += one.bytes;
         st.log.syncs += one.syncs;
         st.log.syncedRecords += one.syncedRecords;
+        st.log.preallocated += one.preallocated;
+        st.log.appendedPastEnd += one.appendedPastEnd;
     }
     st.replayedRecords = impl_->replayed;
     st.droppedTailBytes = impl_->droppedTail;

@@ -5,7 +5,9 @@
 // restart every acknowledged write is there; with everysec the write is acknowledged at once (as
 // Redis does) and the writes after the failure are refused; FLUSHALL is refused whole. Recovery: a log cut at every byte of its
 // last record comes back without that record; a flipped bit in the middle refuses to start and says
-// what --truncate-corrupt-log would drop, which then starts and reports it.
+// what --truncate-corrupt-log would drop, which then starts and reports it. Preallocation: a failed
+// extension fails the log as a failed batch does; a zero tail (what a crash leaves of the preallocated
+// zeros) is the clean end, and a torn record followed by zeros is still a torn tail.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -51,6 +53,7 @@ protected:
     void TearDown() override {
         inject::disarm(inject::Point::kLogWrite);
         inject::disarm(inject::Point::kLogSync);
+        inject::disarm(inject::Point::kLogExtend);
         KvServerFixture::TearDown();
     }
 };
@@ -178,6 +181,100 @@ TEST_F(KvLogFault, ALogCutAtEveryByteOfItsLastRecordLosesOnlyThatRecord) {
     const std::string v4 = "value of " + keys[4];
     EXPECT_EQ(c.call({"GET", keys[4]}), "$" + std::to_string(v4.size()) + "\r\n" + v4 + "\r\n");
     EXPECT_EQ(c.call({"GET", keys[5]}), "$-1\r\n");
+}
+
+// The preallocation's write of zeros or its fdatasync failing: the writes after it get -MISCONF, as
+// after a failed batch, and every write acknowledged before is there after a restart.
+TEST_F(KvLogFault, AFailedPreallocationFailsTheLogAsAFailedBatchDoes) {
+    for (uint32_t skip : {0u, 1u}) {  // the write of zeros, then the fdatasync
+        SCOPED_TRACE(skip == 0 ? "write" : "fdatasync");
+        std::filesystem::remove_all(dir_);
+        std::filesystem::create_directory(dir_);
+        startServer(withDir(Fsync::kAlways));
+        const auto keys = keysOfShard(0, 200, "k");
+        std::vector<std::string> acknowledged;
+        {
+            RespClient c(port_);
+            inject::arm(inject::Point::kLogExtend, EIO, 1, skip);
+            std::string r;
+            for (size_t i = 0; i < keys.size(); ++i) {  // the first SET asks for the extension
+                r = c.call({"SET", keys[i], "v"});
+                if (r != kOk) { break; }
+                acknowledged.push_back(keys[i]);
+                std::this_thread::sleep_for(1ms);
+            }
+            EXPECT_EQ(r, misconf(EIO));
+            EXPECT_EQ(inject::remaining(inject::Point::kLogExtend), 0u);
+        }
+        EXPECT_EQ(infoField(port_, "persistence", "aof_last_write_status"), "err");
+        {
+            RespClient c(port_);
+            EXPECT_EQ(c.call({"SET", keys[0], "refused"}), misconf(EIO));
+        }
+        server_.reset();
+        startServer(withDir(Fsync::kAlways));
+        RespClient c(port_);
+        for (const auto& k : acknowledged) { EXPECT_EQ(c.call({"GET", k}), "$1\r\nv\r\n") << k; }
+        EXPECT_EQ(c.call({"SET", keys[0], "writable again"}), kOk);
+        server_.reset();
+    }
+}
+
+// What a crash leaves of the preallocated zeros after the last record is the log's clean end: nothing
+// dropped, the records there, new ones appended after them; a clean stop leaves no zeros. A torn
+// record followed by zeros is a torn tail, dropped with the zeros.
+TEST_F(KvLogFault, AZeroTailIsTheCleanEndAndATornRecordBeforeOneIsDropped) {
+    startServer(withDir(Fsync::kAlways));
+    const auto keys = keysOfShard(0, 8, "k");
+    {
+        RespClient c(port_);
+        for (size_t i = 0; i < 6; ++i) { ASSERT_EQ(c.call({"SET", keys[i], "value of " + keys[i]}), kOk); }
+    }
+    server_.reset();
+    const std::string path = shardLogPath(dir_, 0);
+    auto read = [&] {
+        std::ifstream in(path, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    };
+    const std::string clean = read();
+    ScanReport rep = scanLog(clean, [](std::string_view) { return true; });
+    ASSERT_EQ(rep.records, 6u);
+    EXPECT_EQ(rep.zeroTail, 0u) << "a clean stop truncates the preallocated zeros";
+    {
+        std::ofstream out(path, std::ios::binary | std::ios::app);
+        const std::string zeros(3 << 20, '\0');
+        out.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+    }
+    startServer(withDir(Fsync::kAlways));
+    EXPECT_EQ(server_->stats().droppedTailBytes, 0u);
+    EXPECT_EQ(server_->stats().replayedRecords, 6u);
+    EXPECT_EQ(infoField(port_, "persistence", "aof_current_size"), std::to_string(clean.size()));
+    {
+        RespClient c(port_);
+        for (size_t i = 6; i < 8; ++i) { ASSERT_EQ(c.call({"SET", keys[i], "value of " + keys[i]}), kOk); }
+    }
+    server_.reset();
+    const std::string grown = read();
+    rep = scanLog(grown, [](std::string_view) { return true; });
+    EXPECT_EQ(rep.records, 8u);
+    EXPECT_EQ(rep.validBytes, grown.size());
+    EXPECT_EQ(grown.substr(0, clean.size()), clean) << "the new records follow the old ones";
+    // Cut the last record in the middle (its end may be zero bytes already), and add zeros after it.
+    const size_t lastRecord = (grown.size() - clean.size()) / 2;  // keys[6]'s and keys[7]'s: one size
+    const size_t cut = lastRecord / 2;
+    {
+        std::ofstream out(path, std::ios::binary | std::ios::trunc);
+        out.write(grown.data(), static_cast<std::streamsize>(grown.size() - cut));
+        const std::string zeros(5000, '\0');
+        out.write(zeros.data(), static_cast<std::streamsize>(zeros.size()));
+    }
+    startServer(withDir(Fsync::kAlways));
+    EXPECT_EQ(server_->stats().droppedTailBytes, lastRecord - cut + 5000);
+    EXPECT_EQ(server_->stats().replayedRecords, 7u);
+    RespClient c(port_);
+    EXPECT_EQ(c.call({"GET", keys[7]}), "$-1\r\n");
+    const std::string v6 = "value of " + keys[6];
+    EXPECT_EQ(c.call({"GET", keys[6]}), "$" + std::to_string(v6.size()) + "\r\n" + v6 + "\r\n");
 }
 
 TEST_F(KvLogFault, AFlippedBitInTheMiddleRefusesToStartAndTruncationReportsTheLoss) {
