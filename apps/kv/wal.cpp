@@ -413,15 +413,27 @@ void ShardLog::waitExtension() noexcept {
 
 bool ShardLog::reserve(uint64_t bytes) noexcept {
     if (preallocate_ == 0) { return failed() == 0; }
-    // Room below allocEnd_, or an extension under way that will make it: wait for it (the batch would
-    // otherwise land in the range being zeroed). Rare: a step is far more than one batch.
-    while (extending_ && offset_ + bytes > allocEnd_) { extendDone_.wait(); }
+    // Never into the range being zeroed: a batch that would reach it waits for the extension. Rare: the
+    // zeros start at least a quarter step ahead of the batch that asked for them.
+    while (extending_ && offset_ + bytes > extFrom_) { extendDone_.wait(); }
     if (failed() != 0) { return false; }
     const uint64_t end = offset_ + bytes;
-    if (end > allocEnd_) { pastEnd_.fetch_add(1, std::memory_order_relaxed); }  // appended: a costlier sync
+    if (end > allocEnd_ || (offset_ < holeTo_ && end > holeFrom_)) {
+        pastEnd_.fetch_add(1, std::memory_order_relaxed);  // an append or into a hole: a costlier sync
+    }
     if (!extending_ && !stopping_ && allocEnd_ < end + preallocate_) {
+        // Normally the zeros go on from allocEnd_, well ahead of the writer. When it has caught up (a
+        // fresh or just-switched log, a record bigger than the room left), they start a quarter step
+        // after this batch: the batches until the extension is done go below that as appends (the
+        // cost of an append, as without preallocation) instead of waiting for it, leaving a hole
+        // that reads as zeros.
+        const uint64_t gap = std::max<uint64_t>(preallocate_ / 4, 1);
         extFd_ = fd_;
-        extFrom_ = std::max(allocEnd_, end);
+        extFrom_ = std::max(allocEnd_, end + gap);
+        if (extFrom_ > allocEnd_) {
+            holeFrom_ = std::max(allocEnd_, end);
+            holeTo_ = extFrom_;
+        }
         extTo_ = extFrom_ + preallocate_;
         extending_ = true;
         extendDone_.reset();
@@ -549,6 +561,7 @@ void ShardLog::doSwitch(Switch& s) noexcept {
     fd_ = s.fd;
     offset_ = s.size + tail.size();
     allocEnd_ = offset_;  // the new file starts unextended; the next batch asks for room
+    holeFrom_ = holeTo_ = 0;
     size_.store(offset_, std::memory_order_relaxed);
     bytes_.fetch_add(tail.size(), std::memory_order_relaxed);
     pending_.erase(0, pendingAtSwitch);

@@ -147,7 +147,7 @@ struct LogStats {
     uint64_t syncs = 0;     // fdatasync calls that succeeded
     uint64_t syncedRecords = 0;  // records those syncs covered (syncedRecords / syncs: the mean batch)
     uint64_t preallocated = 0;   // bytes of zeros written ahead of the log (preallocation)
-    uint64_t appendedPastEnd = 0;  // batches written past the preallocated end (their fdatasync grew the file)
+    uint64_t appendedPastEnd = 0;  // batches written outside the preallocated zeros (their fdatasync costs more)
 };
 
 /// One shard's log. append() and the writer run on the shard's carrier; waitDurable() from any fiber.
@@ -158,9 +158,10 @@ public:
     /// kEverySec, the syncer) pinned to `carrier`. With `preallocate` > 0 (on a regular file) a third
     /// fiber keeps the file extended with written, synced zeros: once less than `preallocate` bytes are
     /// left ahead of a batch, the next `preallocate` bytes after the file's end are zeroed and
-    /// fdatasynced while the writer goes on below the old end. A batch that does not fit waits for an
-    /// extension under way, or, with none, is written past the end as an append (a record bigger than
-    /// the step). stop() truncates the zero tail.
+    /// fdatasynced while the writer goes on below them. When the writer has caught up with the zeros
+    /// (a fresh log, a record bigger than the room left), the new ones start a quarter step after the
+    /// batch, and the batches until they are ready are appends, as without preallocation; only a
+    /// batch that would reach zeros still being written waits for them. stop() truncates the zero tail.
     /// Errors: spawn's (ENOMEM, ECANCELED).
     [[nodiscard]] static Result<std::unique_ptr<ShardLog>> start(Runtime& rt, unsigned carrier, int fd, uint64_t offset,
                                                                Fsync mode, uint64_t preallocate = 0);
@@ -234,11 +235,13 @@ private:
     bool capturing_ = false;
     std::string captured_;    // records appended since the capture began (or the last takeCaptured)
     Switch* switch_ = nullptr;  // a switch the writer is asked to make
-    // Preallocation (preallocate_ > 0). Invariant: [offset_, allocEnd_) holds zeros that are written
-    // and synced; while extending_, the extender alone writes [extFrom_, extTo_), which starts at or
-    // after both allocEnd_ and offset_, and the writer writes below allocEnd_ only.
+    // Preallocation (preallocate_ > 0). Invariant: [offset_, allocEnd_) reads as zeros: written and
+    // synced, except for [holeFrom_, holeTo_), a hole left between a batch and the zeros asked for
+    // after it. While extending_, the extender alone writes [extFrom_, extTo_), which starts at or
+    // after both allocEnd_ and the end of every batch written meanwhile (they stay below extFrom_).
     uint64_t preallocate_ = 0;
     uint64_t allocEnd_ = 0;
+    uint64_t holeFrom_ = 0, holeTo_ = 0;
     bool extending_ = false;
     bool extenderStop_ = false;
     int extFd_ = -1;

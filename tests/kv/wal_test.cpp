@@ -370,8 +370,9 @@ uint64_t fileSize(int fd) {
     return ::fstat(fd, &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
 }
 
-// With preallocation the file runs ahead of the log with zeros that read as its clean end, batches
-// after the first extension land inside it (none past the end), and stop() truncates the zeros.
+// With preallocation the file runs ahead of the log with zeros that read as its clean end; the first
+// batches are appends (the zeros start a quarter step after the first one, so that nothing waits for
+// them), the ones after land in the zeros, and stop() truncates the zeros.
 TEST_F(WalLog, PreallocationWritesZerosAheadAndStopTruncatesThem) {
     spindle::testing_support::ScratchDir scratch;
     ASSERT_TRUE(scratch.ok());
@@ -393,12 +394,15 @@ TEST_F(WalLog, PreallocationWritesZerosAheadAndStopTruncatesThem) {
     EXPECT_EQ(l->stats().appendedPastEnd, 1u);
     for (int i = 0; i < 10'000 && l->stats().preallocated == 0; ++i) { onFiber([] { (void)spindle::sleep(std::chrono::milliseconds(1)); }); }
     ASSERT_GE(l->stats().preallocated, kStep);
+    for (int i = 0; i < 20; ++i) { appendDurably(std::string(1000, 'h')); }  // past the quarter-step hole
+    const uint64_t outside = l->stats().appendedPastEnd;
+    EXPECT_GE(outside, 2u);
     for (int i = 0; i < 100; ++i) { appendDurably(std::string(100, static_cast<char>('a' + i % 26))); }  // < kStep
-    EXPECT_EQ(l->stats().appendedPastEnd, 1u) << "a batch went past the zeros made for it";
+    EXPECT_EQ(l->stats().appendedPastEnd, outside) << "a batch went past the zeros made for it";
     EXPECT_GE(fileSize(fd), l->size() + kStep / 2);
     ScanReport r;
     const auto running = payloadsOf(fileBytes(path), &r);
-    EXPECT_EQ(running.size(), 101u);
+    EXPECT_EQ(running.size(), 121u);
     EXPECT_EQ(r.validBytes, l->size());
     EXPECT_EQ(r.droppedBytes, 0u);
     EXPECT_GT(r.zeroTail, 0u);
@@ -407,7 +411,7 @@ TEST_F(WalLog, PreallocationWritesZerosAheadAndStopTruncatesThem) {
     ASSERT_EQ(l->stop(), 0);
     const std::string after = fileBytes(path);
     EXPECT_EQ(after.size(), logical);
-    EXPECT_EQ(payloadsOf(after, &r).size(), 101u);
+    EXPECT_EQ(payloadsOf(after, &r).size(), 121u);
     EXPECT_EQ(r.zeroTail, 0u);
 }
 
