@@ -7,8 +7,8 @@
 /// the payload, then the payload. The header's own checksum tells a damaged length (corruption) from
 /// a record cut short by a crash (a torn tail).
 ///
-/// Invariant: a valid record never starts with a zero byte in all of its first kRecordHeader bytes,
-/// so that zeros at a record boundary mean "the log ends here" and nothing else: the second word is
+/// Invariant: a valid record's first kRecordHeader bytes are never all zero, so that zeros at a
+/// record boundary mean "the log ends here" and nothing else: the header's second word is
 /// the CRC32C of the first, and no four bytes whose CRC32C is zero are zero themselves (CRC32C of four
 /// zero bytes is 0x48674BC7; kZeroLengthHeaderCrc below checks it at compile time). Any change to the
 /// framing must keep this.
@@ -95,7 +95,7 @@ static_assert(kZeroLengthHeaderCrc == 0x48674BC7u && kZeroLengthHeaderCrc != 0,
 /// clients), so the step lasts about a second and the extension is long done before the writer needs
 /// it; the one costlier sync per step (a batch's fdatasync that meets the extension's journal commit)
 /// is then one in thousands. Larger steps gain nothing measurable and cost disk until a clean stop
-/// (the file runs at most two steps ahead) and zeros for recovery to read after a crash.
+/// (the file runs at most about two steps ahead) and zeros for recovery to read after a crash.
 inline constexpr uint64_t kDefaultPreallocate = uint64_t{4} << 20;
 
 /// Appends one framed record holding `payload` to `out`.
