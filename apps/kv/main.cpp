@@ -85,8 +85,9 @@ int main(int argc, char** argv) {
         })
         ->capture_default_str();
     app.add_option("--log-preallocate-bytes", preallocate,
-                   "write and sync this many bytes of zeros ahead of each log's end, so that an fdatasync after a "
-                   "write does not have to grow the file (bytes, or with k, kb, m, mb, g, gb; 0: append as the log grows)")
+                   "with --appendfsync always, write and sync this many bytes of zeros ahead of each log's end, so that "
+                   "an fdatasync after a write does not have to grow the file (bytes, or with k, kb, m, mb, g, gb; 0: "
+                   "append as the log grows)")
         ->check([](const std::string& v) {
             uint64_t n = 0;
             return spindle::kv::parseMemorySize(v, n) && n <= (uint64_t{1} << 30) ? std::string()

@@ -78,7 +78,8 @@ struct ServerOptions {
     bool shareAddress = false;        // SO_REUSEPORT sharing with other processes (net::TcpServer)
     uint64_t autoRewritePercentage = 100;           // auto-aof-rewrite-percentage; 0: no automatic rewrite
     uint64_t autoRewriteMinSize = 64ull << 20;      // auto-aof-rewrite-min-size, bytes per shard log
-    uint64_t logPreallocate = kDefaultPreallocate;  // zeros written ahead of each log (ShardLog::start); 0: none
+    uint64_t logPreallocate = kDefaultPreallocate;  // appendfsync always: zeros written ahead of each log
+                                                    // (ShardLog::start); 0: none
 };
 
 /// Parses a size as Redis's configuration does: digits, optionally followed by k, kb, m, mb, g or gb

@@ -220,6 +220,29 @@ TEST_F(KvLogFault, AFailedPreallocationFailsTheLogAsAFailedBatchDoes) {
     }
 }
 
+// Only appendfsync always preallocates (everysec and no would pay the zeros for little).
+TEST_F(KvLogFault, OnlyAlwaysPreallocates) {
+    for (Fsync mode : {Fsync::kEverySec, Fsync::kNo, Fsync::kAlways}) {
+        SCOPED_TRACE(static_cast<int>(mode));
+        std::filesystem::remove_all(dir_);
+        std::filesystem::create_directory(dir_);
+        startServer(withDir(mode));
+        RespClient c(port_);
+        ASSERT_EQ(c.call({"SET", "k", "v"}), kOk);
+        std::string pre;
+        for (int i = 0; i < 2000 && (pre = infoField(port_, "persistence", "aof_preallocated_bytes")) == "0"; ++i) {
+            if (mode != Fsync::kAlways && i == 200) { break; }  // 200 ms: time enough for the extension
+            std::this_thread::sleep_for(1ms);
+        }
+        if (mode == Fsync::kAlways) {
+            EXPECT_EQ(pre, std::to_string(kDefaultPreallocate));
+        } else {
+            EXPECT_EQ(pre, "0");
+        }
+        server_.reset();
+    }
+}
+
 // What a crash leaves of the preallocated zeros after the last record is the log's clean end: nothing
 // dropped, the records there, new ones appended after them; a clean stop leaves no zeros. A torn
 // record followed by zeros is a torn tail, dropped with the zeros.
