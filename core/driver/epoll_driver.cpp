@@ -4,6 +4,8 @@
 #include <fcntl.h>
 #include <linux/openat2.h>
 #include <poll.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/eventfd.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
@@ -73,6 +75,31 @@ bool isRwOp(op::Code c) noexcept {
 }
 
 int32_t fromSys(long r) noexcept { return r < 0 ? -errno : static_cast<int32_t>(r); }
+
+// splice(2) and tee(2) raise SIGPIPE on the calling thread when the reader of what they write has
+// gone (a socket the peer reset, a pipe with no reader): they have no MSG_NOSIGNAL, and a process
+// that does not ignore the signal would end. Their callers get EPIPE instead, as from a send: the
+// signal is blocked around the call, and the one it raised is taken before the mask is restored.
+// A call that raised it returned EPIPE or, when some bytes went first, a short count: only those
+// look. (io_uring runs them on its workers, which take no signals.) A thread that blocks SIGPIPE
+// itself keeps whatever is pending.
+template <class Call>
+int32_t withoutSigpipe(size_t len, Call call) noexcept {
+    sigset_t pipeSignal;
+    sigset_t old;
+    ::sigemptyset(&pipeSignal);
+    ::sigaddset(&pipeSignal, SIGPIPE);
+    if (::pthread_sigmask(SIG_BLOCK, &pipeSignal, &old) != 0) { return fromSys(call()); }
+    const int32_t r = fromSys(call());
+    if (::sigismember(&old, SIGPIPE) == 0) {
+        if (r == -EPIPE || (r >= 0 && static_cast<size_t>(r) < len)) {
+            const timespec now{};
+            (void)::sigtimedwait(&pipeSignal, nullptr, &now);  // one at most: SIGPIPE does not queue
+        }
+        ::pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    }
+    return r;
+}
 
 // The events that may let `o` make progress.
 uint32_t wantedEvents(const op::Op& o) noexcept {
@@ -154,11 +181,13 @@ int32_t attempt(const op::Op& o, bool nonblock) noexcept {
         case Code::kSplice: {
             auto offIn = static_cast<loff_t>(o.off);
             auto offOut = static_cast<loff_t>(o.off2);
-            return fromSys(::splice(o.fd, static_cast<int64_t>(o.off) == -1 ? nullptr : &offIn, o.fd2,
-                                    static_cast<int64_t>(o.off2) == -1 ? nullptr : &offOut, o.len, o.opFlags));
+            return withoutSigpipe(o.len, [&] {
+                return ::splice(o.fd, static_cast<int64_t>(o.off) == -1 ? nullptr : &offIn, o.fd2,
+                                static_cast<int64_t>(o.off2) == -1 ? nullptr : &offOut, o.len, o.opFlags);
+            });
         }
         case Code::kTee:
-            return fromSys(::tee(o.fd, o.fd2, o.len, o.opFlags));
+            return withoutSigpipe(o.len, [&] { return ::tee(o.fd, o.fd2, o.len, o.opFlags); });
         case Code::kAccept:
         case Code::kAcceptMultishot: {
             const int r = ::accept4(o.fd, static_cast<sockaddr*>(o.addr), static_cast<socklen_t*>(o.addr2),

@@ -12,6 +12,7 @@
 #include <liburing.h>  // SPLICE_F_FD_IN_FIXED
 #include <linux/openat2.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -558,6 +559,28 @@ TEST_F(IoOpsTest, SpliceErrorsComeBackAsErrno) {
     EXPECT_EQ(::read(p.r, buf, sizeof(buf)), 2) << "the failed calls moved nothing";
     ::close(a);
     ::close(b);
+}
+
+// A splice or tee into a pipe (or socket) whose reader has gone raises SIGPIPE in the thread that
+// makes it; the caller must get EPIPE instead, as from a send, whether or not the process ignores the
+// signal. Before, on the epoll backend (the call runs on an offload thread), the process ended.
+TEST_F(IoOpsTest, SpliceAndTeeIntoAGoneReaderAreEpipeNotSigpipe) {
+    struct sigaction dfl {}, saved {};
+    dfl.sa_handler = SIG_DFL;
+    ASSERT_EQ(::sigaction(SIGPIPE, &dfl, &saved), 0);  // as in a process that does not ignore it
+    Pipe from, to;
+    ASSERT_GE(from.r, 0);
+    ASSERT_GE(to.r, 0);
+    ASSERT_EQ(::write(from.w, "abcdef", 6), 6);
+    ::close(to.r);
+    to.r = -1;
+    const auto e = onFiber([&] {
+        return std::make_pair(spindle::splice(from.r, -1, to.w, -1, 6, 0).errorCode(),
+                              spindle::tee(from.r, to.w, 6, 0).errorCode());
+    });
+    EXPECT_EQ(e.first, EPIPE);
+    EXPECT_EQ(e.second, EPIPE);
+    ASSERT_EQ(::sigaction(SIGPIPE, &saved, nullptr), 0);
 }
 
 TEST_F(IoOpsTest, TeeDuplicatesPipeDataWithoutConsumingIt) {
