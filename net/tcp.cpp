@@ -387,9 +387,9 @@ Result<size_t> TcpStream::recv(void* buf, size_t len, Deadline deadline) noexcep
     return detail::recv(fd_, buf, len, 0, deadline);
 }
 
-Result<size_t> TcpStream::send(const void* buf, size_t len, Deadline deadline) noexcept {
+Result<size_t> TcpStream::send(const void* buf, size_t len, Deadline deadline, int flags) noexcept {
     if (fd_ < 0) { return Error{EBADF}; }
-    return detail::send(fd_, buf, len, 0, deadline);
+    return detail::send(fd_, buf, len, flags, deadline);
 }
 
 Result<size_t> TcpStream::writev(const iovec* iov, int iovcnt, Deadline deadline) noexcept {
@@ -421,12 +421,12 @@ Result<void> TcpStream::readExact(void* buf, size_t len, Deadline deadline, size
     return out;
 }
 
-Result<void> TcpStream::writeAll(const void* buf, size_t len, Deadline deadline, size_t* sent) noexcept {
+Result<void> TcpStream::writeAll(const void* buf, size_t len, Deadline deadline, size_t* sent, int flags) noexcept {
     size_t done = 0;
     const auto* p = static_cast<const char*>(buf);
     Result<void> out;
     while (done < len) {
-        auto r = send(p + done, len - done, deadline);
+        auto r = send(p + done, len - done, deadline, flags);
         if (!r) {
             out = Error{r.errorCode()};
             break;

@@ -115,16 +115,20 @@ public:
 
     /// Up to `len` bytes; 0 means the peer shut down its side (end of stream).
     [[nodiscard]] Result<size_t> recv(void* buf, size_t len, Deadline deadline = {}) noexcept;
-    /// Up to `len` bytes sent (a short count is possible for a large buffer).
-    [[nodiscard]] Result<size_t> send(const void* buf, size_t len, Deadline deadline = {}) noexcept;
+    /// Up to `len` bytes sent (a short count is possible for a large buffer). `flags`: send(2)'s, added
+    /// to MSG_NOSIGNAL (MSG_MORE: more follows at once, so the kernel holds a partial segment back
+    /// until the next send, splice or a push, even with TCP_NODELAY).
+    [[nodiscard]] Result<size_t> send(const void* buf, size_t len, Deadline deadline = {}, int flags = 0) noexcept;
     /// Gathers `iovcnt` buffers into one sendmsg (MSG_NOSIGNAL). Errors: EINVAL for iovcnt out of 1..IOV_MAX.
     [[nodiscard]] Result<size_t> writev(const iovec* iov, int iovcnt, Deadline deadline = {}) noexcept;
 
     /// Exactly `len` bytes, or an error: ENODATA when the stream ends first (`*got`, when given,
     /// says how many bytes arrived before the error).
     [[nodiscard]] Result<void> readExact(void* buf, size_t len, Deadline deadline = {}, size_t* got = nullptr) noexcept;
-    /// All `len` bytes, resending after short sends. `*sent`, when given, counts what left.
-    [[nodiscard]] Result<void> writeAll(const void* buf, size_t len, Deadline deadline = {}, size_t* sent = nullptr) noexcept;
+    /// All `len` bytes, resending after short sends. `*sent`, when given, counts what left. `flags` as
+    /// for send(), on every send.
+    [[nodiscard]] Result<void> writeAll(const void* buf, size_t len, Deadline deadline = {}, size_t* sent = nullptr,
+                                        int flags = 0) noexcept;
     /// All bytes of `iov[0..iovcnt)`; advances through `iov` (which it modifies) after short sends.
     [[nodiscard]] Result<void> writevAll(iovec* iov, int iovcnt, Deadline deadline = {}) noexcept;
 
