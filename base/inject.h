@@ -41,6 +41,7 @@
 /// | kLogWrite        | an app's durable-log write (spindle-kv)     | the errno it fails with  |
 /// | kLogSync         | an app's durable-log fdatasync              | the errno it fails with  |
 /// | kLogExtend       | a log preallocation's zero write, then its fdatasync (two passes) | the errno |
+/// | kPipeCreate      | spindle-httpd creating a splice pipe        | the errno pipe2 fails with |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -97,6 +98,7 @@ enum class Point : uint8_t {
     kLogWrite,         // apps: a durable log's write, in place of the call (nothing is written)
     kLogSync,          // apps: a durable log's fdatasync, in place of the call
     kLogExtend,        // apps: a durable log's preallocation: its write of zeros, then its fdatasync
+    kPipeCreate,       // apps: spindle-httpd's pipe2 for splicing file bodies, in place of the call (EMFILE, ENFILE)
     kCount,
 };
 

@@ -24,6 +24,7 @@
 #include "apps/httpd/file_response.h"
 #include "apps/httpd/mime_types.h"
 #include "apps/httpd/static_path.h"
+#include "base/inject.h"
 #include "base/log.h"
 #include "core/deadline.h"
 #include "core/fiber.h"
@@ -45,6 +46,7 @@ constexpr size_t kMaxPath = 1024;                // a decoded path longer than t
 constexpr size_t kLingerBytes = 64 * 1024;       // bytes read and dropped after an error response
 constexpr std::string_view kHelloBody = "Hello, World!";
 constexpr std::string_view kServerHeader = "Server: spindle\r\n";
+constexpr int kPipeBytes = 1 << 20;              // a splice pipe grows to this where the limits allow
 
 // One writer per counter (the carrier that owns it), readers anywhere: no read-modify-write needed.
 void bump(std::atomic<uint64_t>& c, uint64_t by = 1) noexcept { c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed); }
@@ -211,6 +213,7 @@ public:
     Connection& operator=(const Connection&) = delete;
     ~Connection() {
         if (scratch_ != nullptr) { worker_.giveScratch(scratch_); }
+        closePipe();
     }
 
     /// net::TcpServer's handler: serves the connection until it ends (the server closes the stream) or
@@ -428,10 +431,12 @@ private:
         }
     }
 
-    /// Sends what is buffered; false when the connection is broken.
-    bool flush() noexcept {
+    /// Sends what is buffered; false when the connection is broken. `flags`: MSG_MORE when a body
+    /// follows at once by another route (spliceBody), so that the kernel holds a partial last
+    /// segment back for it instead of sending the head on its own.
+    bool flush(int flags = 0) noexcept {
         if (scratch_ == nullptr || out().size() == 0) { return true; }
-        const Result<void> r = stream_.writeAll(out().data(), out().size(), options_.sendTimeout);
+        const Result<void> r = stream_.writeAll(out().data(), out().size(), options_.sendTimeout, nullptr, flags);
         out().clear();
         return r.ok();
     }
@@ -638,49 +643,78 @@ private:
     enum class Spliced : uint8_t { kSent, kBroken, kUnavailable };
 
     /// Sends `length` bytes of `fd` from `offset` after the head without copying them through user
-    /// space: splice(2) file → pipe → socket, a pipe's worth at a time (up to 1 MiB where the pipe
-    /// may grow), each within sendTimeout. kUnavailable, with nothing of the body sent, when no pipe
-    /// can be had or the file cannot be spliced (the caller copies instead); kBroken when the
-    /// connection broke or the file shrank (the promised length cannot be kept).
+    /// space: splice(2) file → pipe → socket through the connection's pipe, a pipe's worth at a time
+    /// (up to kPipeBytes where the pipe may grow), each within sendTimeout. The head (and whatever
+    /// else is buffered) leaves after the first chunk is in the pipe, with MSG_MORE, so it shares a
+    /// segment with the first body bytes. kUnavailable, with nothing sent and the head still
+    /// buffered, when no pipe can be had or the file cannot be spliced (the caller copies instead);
+    /// kBroken when the connection broke or the file shrank (the promised length cannot be kept);
+    /// the pipe is closed then, as it may hold bytes of this body that must not lead the next one.
     Spliced spliceBody(int fd, uint64_t offset, uint64_t length) noexcept {
-        if (!flush()) { return Spliced::kBroken; }  // the head first
-        int pipeFds[2];
-        if (::pipe2(pipeFds, O_CLOEXEC) != 0) { return Spliced::kUnavailable; }
-        struct PipeCloser {
-            int* fds;
-            ~PipeCloser() {
-                ::close(fds[0]);
-                ::close(fds[1]);
-            }
-        } closer{pipeFds};
-        (void)::fcntl(pipeFds[1], F_SETPIPE_SZ, 1 << 20);  // fewer round trips where allowed; 64 KiB otherwise
-        const int pipeSize = ::fcntl(pipeFds[1], F_GETPIPE_SZ);
-        const uint64_t chunk = pipeSize > 0 ? static_cast<uint64_t>(pipeSize) : 65536;
-        bool first = true;
+        if (!openPipe()) { return Spliced::kUnavailable; }
+        bool headSent = false;
         while (length > 0) {
             const Deadline deadline(options_.sendTimeout);
-            const auto want = static_cast<size_t>(std::min(length, chunk));
-            const Result<size_t> in = spindle::splice(fd, static_cast<int64_t>(offset), pipeFds[1], -1, want, SPLICE_F_MOVE, deadline);
+            const auto want = static_cast<size_t>(std::min<uint64_t>(length, pipeSize_));
+            const Result<size_t> in = spindle::splice(fd, static_cast<int64_t>(offset), pipeWrite_, -1, want, SPLICE_F_MOVE, deadline);
             if (!in || *in == 0) {
-                if (first && !in && (in.errorCode() == EINVAL || in.errorCode() == ENOSYS)) { return Spliced::kUnavailable; }
+                // Nothing of this body was sent yet (the pipe is empty: a failed splice moves nothing):
+                // copy it instead, through the buffer that still holds its head.
+                if (!headSent && !in && (in.errorCode() == EINVAL || in.errorCode() == ENOSYS)) { return Spliced::kUnavailable; }
                 log::warn("spindle-httpd: splicing a file failed at offset {}: {}", offset,
                           in ? std::string("end of file") : in.error().message());
-                return Spliced::kBroken;
+                if (!headSent) { (void)flush(); }  // the responses before this one are whole
+                return pipeBroken();
             }
-            first = false;
+            if (!headSent) {
+                if (!flush(MSG_MORE)) { return pipeBroken(); }
+                headSent = true;
+            }
+            // More chunks follow at once: the last partial segment of this one waits for them.
+            const unsigned flags = SPLICE_F_MOVE | (length > *in ? SPLICE_F_MORE : 0u);
             for (size_t left = *in; left > 0;) {
-                const Result<size_t> out = spindle::splice(pipeFds[0], -1, stream_.fd(), -1, left, SPLICE_F_MOVE, deadline);
+                const Result<size_t> out = spindle::splice(pipeRead_, -1, stream_.fd(), -1, left, flags, deadline);
                 if (!out && out.errorCode() == EAGAIN) {  // a non-blocking socket that is full: wait for room
-                    if (!spindle::poll(stream_.fd(), POLLOUT, deadline)) { return Spliced::kBroken; }
+                    if (!spindle::poll(stream_.fd(), POLLOUT, deadline)) { return pipeBroken(); }
                     continue;
                 }
-                if (!out || *out == 0) { return Spliced::kBroken; }
+                if (!out || *out == 0) { return pipeBroken(); }
                 left -= *out;
             }
             offset += *in;
             length -= *in;
         }
         return Spliced::kSent;
+    }
+
+    /// The connection's splice pipe, made on the first body that is spliced and kept until the
+    /// connection ends or parks (~Connection: a parked connection holds no descriptor beyond its
+    /// socket). false, with nothing logged, when none can be had (EMFILE, ENFILE, ENOMEM): that body
+    /// is copied, and the next one tries again.
+    bool openPipe() noexcept {
+        if (pipeRead_ >= 0) { return true; }
+        int fds[2];
+        SPINDLE_INJECT(inject::Point::kPipeCreate, { return false; });
+        if (::pipe2(fds, O_CLOEXEC) != 0) { return false; }
+        // Fewer round trips where allowed; otherwise what the pipe has (64 KiB, or less past
+        // fs.pipe-user-pages-soft).
+        int size = ::fcntl(fds[1], F_SETPIPE_SZ, kPipeBytes);
+        if (size <= 0) { size = ::fcntl(fds[1], F_GETPIPE_SZ); }
+        pipeRead_ = fds[0];
+        pipeWrite_ = fds[1];
+        pipeSize_ = size > 0 ? static_cast<uint32_t>(size) : 4096;
+        return true;
+    }
+    void closePipe() noexcept {
+        if (pipeRead_ < 0) { return; }
+        ::close(pipeRead_);
+        ::close(pipeWrite_);
+        pipeRead_ = pipeWrite_ = -1;
+    }
+    /// The body cannot be sent whole: the pipe, which may hold some of it, is never used again.
+    Spliced pipeBroken() noexcept {
+        closePipe();
+        return Spliced::kBroken;
     }
 
     /// The response to a file that could not be opened or examined: 403 for what the symlink policy
@@ -713,6 +747,9 @@ private:
     int lastStatus_ = 0;                     // of the last response head, for the access log
     uint64_t lastLength_ = 0;
     std::array<char, INET6_ADDRSTRLEN> remote_{};  // the client, with an access log
+    int pipeRead_ = -1;                      // the splice pipe (openPipe()), or -1
+    int pipeWrite_ = -1;
+    uint32_t pipeSize_ = 0;                  // its capacity: the most one chunk moves
 };
 
 

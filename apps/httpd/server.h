@@ -17,7 +17,10 @@
 /// Last-Modified, an ETag (nginx's) and "Accept-Ranges: bytes", and answer conditional requests
 /// (304, 412) and single Range requests (206; 416 when unsatisfiable; several ranges get the whole
 /// file with 200) as apps/httpd/file_response.h decides. A body of spliceMinBytes or more is spliced
-/// file → pipe → socket (a pipe per response; no copy through user space). Other known methods get 405 with "Allow: GET, HEAD", unknown
+/// file → pipe → socket (no copy through user space) through a pipe the connection makes on its first
+/// such body and keeps until it ends or parks; its head leaves with MSG_MORE, in the segment of the
+/// first body bytes. Where no pipe can be had (EMFILE, ENFILE) that body is copied instead, silently.
+/// Other known methods get 405 with "Allow: GET, HEAD", unknown
 /// ones 501; a request body (Content-Length or chunked) is read and dropped, within headerTimeout and
 /// maxBodyBytes (a chunked one over it, or malformed, closes the connection after the answer);
 /// parser errors get their status (400, 413, 414, 431, 501, 505)
@@ -69,7 +72,7 @@ struct ServerOptions {
     bool useOpenat2 = true;                       // where the kernel has it; false: the fallback (for tests)
     std::string mimeTypes = "/etc/mime.types";    // read once at start; "" or missing: the built-in table
     std::string accessLog;                        // a file for nginx's combined format (access_log.h); "": none
-    uint64_t spliceMinBytes = 64 * 1024;          // file bodies this long go out with splice(2), not copied; 0: never
+    uint64_t spliceMinBytes = 64 * 1024;          // file bodies this long go out with splice(2), not copied; 0: never (--splice-min-bytes)
     ParserLimits limits;                          // head bytes, header count, body size
     std::chrono::milliseconds headerTimeout{10'000};
     std::chrono::milliseconds idleTimeout{60'000};

@@ -15,9 +15,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cstddef>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <memory>
 #include <optional>
 #include <regex>
@@ -55,9 +61,12 @@ struct Response {
 /// A blocking TCP client with a receive buffer that keeps pipelined responses apart.
 class Client {
 public:
-    explicit Client(uint16_t port) {
+    /// `receiveBuffer`: SO_RCVBUF before the connect (0: the kernel's), for a client that keeps the
+    /// server's window small.
+    explicit Client(uint16_t port, int receiveBuffer = 0) {
         fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
         EXPECT_GE(fd_, 0);
+        if (receiveBuffer > 0) { ::setsockopt(fd_, SOL_SOCKET, SO_RCVBUF, &receiveBuffer, sizeof receiveBuffer); }
         sockaddr_in a{};
         a.sin_family = AF_INET;
         a.sin_port = htons(port);
@@ -73,6 +82,19 @@ public:
     Client& operator=(const Client&) = delete;
 
     [[nodiscard]] int fd() const { return fd_; }
+
+    /// The MSS the kernel advertises for this connection (TCP_MAXSEG).
+    int mss() const {
+        int v = 0;
+        socklen_t len = sizeof v;
+        return ::getsockopt(fd_, IPPROTO_TCP, TCP_MAXSEG, &v, &len) == 0 ? v : 0;
+    }
+
+    /// SO_LINGER with a zero timeout: the destructor's close sends RST.
+    bool setResetOnClose() {
+        const linger l{.l_onoff = 1, .l_linger = 0};
+        return ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &l, sizeof l) == 0;
+    }
 
     bool send(std::string_view s) {
         while (!s.empty()) {
@@ -543,6 +565,216 @@ TEST_F(StaticFiles, SplicedAndCopiedBodiesAreTheSame) {
         ASSERT_TRUE(after);
         EXPECT_EQ(after->body, "dir index");
     }
+}
+
+constexpr int kSplicePipeBytes = 1 << 20;  // the server grows its splice pipes to this
+
+/// The splice pipes this process has open now (those of kSplicePipeBytes: a pipe the runtime or a
+/// library makes, libunwind's for the stall detector's backtraces say, keeps the default), the
+/// inode of each ("pipe:[INODE]"), once per end.
+std::vector<std::string> openPipeEnds() {
+    std::vector<std::string> ends;
+    for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
+        std::error_code ec;
+        const std::string target = std::filesystem::read_symlink(entry.path(), ec).string();
+        if (ec || !target.starts_with("pipe:")) { continue; }
+        const int fd = std::atoi(entry.path().filename().c_str());
+        if (::fcntl(fd, F_GETPIPE_SZ) == kSplicePipeBytes) { ends.push_back(target); }
+    }
+    std::sort(ends.begin(), ends.end());
+    return ends;
+}
+
+/// The pipe ends in `now` that `before` did not have.
+std::vector<std::string> newPipeEnds(const std::vector<std::string>& before, const std::vector<std::string>& now) {
+    std::vector<std::string> added;
+    std::set_difference(now.begin(), now.end(), before.begin(), before.end(), std::back_inserter(added));
+    return added;
+}
+
+/// Issue 19: spliced bodies go through one pipe per connection, made on its first spliced body and
+/// closed when the connection ends or parks; a pipe that cannot be made means a copied body.
+class SplicedFiles : public StaticFiles {
+protected:
+    void SetUp() override {
+        StaticFiles::SetUp();
+        if (HasFatalFailure() || IsSkipped()) { return; }
+        int probe[2];
+        ASSERT_EQ(::pipe2(probe, O_CLOEXEC), 0);
+        const int grown = ::fcntl(probe[1], F_SETPIPE_SZ, kSplicePipeBytes);
+        ::close(probe[0]);
+        ::close(probe[1]);
+        if (grown != kSplicePipeBytes) { GTEST_SKIP() << "a pipe cannot grow to 1 MiB here (fs.pipe-max-size)"; }
+        medium_ = testing_support::pattern(300 * 1024, 5);
+        large_ = testing_support::pattern(2 * 1024 * 1024, 7);
+        ASSERT_NO_FATAL_FAILURE(writeFile("medium.bin", std::string_view(medium_.data(), medium_.size())));
+        ASSERT_NO_FATAL_FAILURE(writeFile("large.bin", std::string_view(large_.data(), large_.size())));
+    }
+
+    void start(std::chrono::milliseconds idleFiberRelease) {
+        ServerOptions o = defaults();
+        o.root = dir_;
+        o.idleFiberRelease = idleFiberRelease;
+        startServer(o);
+    }
+
+    /// One request for `target` (with a Range when `range` is not empty) whose body must be
+    /// `file`'s bytes [first, first + length), with 206 for a range and 200 otherwise.
+    void expectBody(Client& c, std::string_view target, std::string_view range, const std::vector<char>& file,
+                    size_t first, size_t length) {
+        auto r = ask(c, target, range.empty() ? std::string() : "Range: " + std::string(range) + "\r\n");
+        ASSERT_TRUE(r) << target << " " << range;
+        EXPECT_EQ(r->status(), range.empty() ? 200 : 206) << target << " " << range;
+        ASSERT_EQ(r->body.size(), length) << target << " " << range;
+        EXPECT_TRUE(r->body == std::string(file.data() + first, length)) << target << " " << range << ": bytes differ";
+    }
+
+    /// The requests of the keep-alive tests: whole files and ranges of both, spliced (64 KiB or more)
+    /// and copied (the short ranges), back to back.
+    void fetchMixed(Client& c, const std::function<void()>& afterEach = [] {}) {
+        struct Case {
+            const char* target;
+            const char* range;
+            const std::vector<char>* file;
+            size_t first, length;
+        };
+        const size_t m = medium_.size(), l = large_.size();
+        for (const Case& k : {Case{"/medium.bin", "", &medium_, 0, m}, Case{"/large.bin", "", &large_, 0, l},
+                              Case{"/large.bin", "bytes=1000-1500999", &large_, 1000, 1'500'000},
+                              Case{"/medium.bin", "bytes=-100000", &medium_, m - 100'000, 100'000},
+                              Case{"/large.bin", "bytes=10-19", &large_, 10, 10},  // copied, between spliced ones
+                              Case{"/large.bin", "", &large_, 0, l},
+                              Case{"/medium.bin", "bytes=200000-", &medium_, 200'000, m - 200'000},
+                              Case{"/medium.bin", "", &medium_, 0, m}}) {
+            ASSERT_NO_FATAL_FAILURE(expectBody(c, k.target, k.range, *k.file, k.first, k.length));
+            afterEach();
+        }
+    }
+
+    std::vector<char> medium_;
+    std::vector<char> large_;
+};
+
+// Before, every spliced body made a pipe, grew it and closed it (five system calls a response): no
+// pipe stayed open between responses, and each response had a new one.
+TEST_F(SplicedFiles, AKeepAliveConnectionSplicesEveryBodyThroughOnePipe) {
+    start(/*idleFiberRelease=*/0ms);  // the connection keeps its fiber (and so its pipe) while idle
+    const std::vector<std::string> before = openPipeEnds();
+    Client c(port_);
+    std::vector<std::string> seen;
+    ASSERT_NO_FATAL_FAILURE(fetchMixed(c, [&] {
+        const std::vector<std::string> added = newPipeEnds(before, openPipeEnds());
+        EXPECT_EQ(added.size(), 2u) << "one pipe (two ends) open between responses";
+        if (seen.empty()) { seen = added; }
+        EXPECT_EQ(added, seen) << "the same pipe for every response";
+    }));
+    // A second connection has a pipe of its own; each goes with its connection.
+    {
+        Client other(port_);
+        ASSERT_NO_FATAL_FAILURE(expectBody(other, "/medium.bin", "", medium_, 0, medium_.size()));
+        EXPECT_EQ(newPipeEnds(before, openPipeEnds()).size(), 4u);
+    }
+    EXPECT_TRUE(eventually([&] { return newPipeEnds(before, openPipeEnds()).size() == 2; }));
+    ASSERT_NO_FATAL_FAILURE(expectBody(c, "/large.bin", "bytes=-70000", large_, large_.size() - 70'000, 70'000));
+    EXPECT_EQ(newPipeEnds(before, openPipeEnds()), seen);
+}
+
+// A connection that gives its fiber up gives its pipe up too: a parked connection holds its socket
+// and nothing else. Served again, it makes a new one.
+TEST_F(SplicedFiles, AConnectionThatParksClosesItsPipe) {
+    start(/*idleFiberRelease=*/20ms);
+    const std::vector<std::string> before = openPipeEnds();
+    Client c(port_);
+    for (int round = 0; round < 3; ++round) {
+        ASSERT_NO_FATAL_FAILURE(expectBody(c, "/large.bin", "", large_, 0, large_.size())) << "round " << round;
+        ASSERT_TRUE(becameFiberless(1)) << "round " << round;
+        EXPECT_TRUE(eventually([&] { return newPipeEnds(before, openPipeEnds()).empty(); })) << "round " << round;
+    }
+}
+
+// A client that goes away in the middle of a spliced body ends its connection and its pipe with it;
+// the next connection is served from the start, byte for byte, and leaves nothing open either.
+TEST_F(SplicedFiles, AClientThatLeavesMidBodyLeaksNoPipe) {
+    // Larger than the server's send buffer can ever hold (net.ipv4.tcp_wmem's maximum is some MiB)
+    // plus a client window kept small: the body cannot have left when the client goes.
+    const std::vector<char> huge = testing_support::pattern(24 * 1024 * 1024, 11);
+    ASSERT_NO_FATAL_FAILURE(writeFile("huge.bin", std::string_view(huge.data(), huge.size())));
+    start(/*idleFiberRelease=*/0ms);
+    const std::vector<std::string> before = openPipeEnds();
+    for (const bool lingerZero : {true, false}) {
+        {
+            Client c(port_, /*receiveBuffer=*/16 * 1024);
+            ASSERT_TRUE(c.send(get("/huge.bin")));
+            ASSERT_TRUE(c.receiveMore());  // the head and the first body bytes
+            if (lingerZero) { ASSERT_TRUE(c.setResetOnClose()); }
+        }  // closed with body bytes unread: a reset either way
+        EXPECT_TRUE(eventually([&] { return server_->stats().active == 0; })) << "linger 0: " << lingerZero;
+        EXPECT_TRUE(eventually([&] { return newPipeEnds(before, openPipeEnds()).empty(); })) << "linger 0: " << lingerZero;
+        Client next(port_);
+        ASSERT_NO_FATAL_FAILURE(fetchMixed(next)) << "linger 0: " << lingerZero;
+    }
+    EXPECT_TRUE(eventually([&] { return server_->stats().active == 0; }));
+    EXPECT_TRUE(eventually([&] { return newPipeEnds(before, openPipeEnds()).empty(); }));
+}
+
+/// The kernel's struct tcp_info up to tcpi_data_segs_in (Linux 4.6), which glibc's stops short of.
+struct TcpInfoWithSegments {
+    tcp_info base;  // glibc's: up to tcpi_total_retrans
+    uint64_t pacingRate, maxPacingRate, bytesAcked, bytesReceived;
+    uint32_t segsOut, segsIn, notsentBytes, minRtt, dataSegsIn, dataSegsOut;
+};
+
+/// Segments with data that `fd` has received so far, or nullopt where the kernel does not count them.
+std::optional<uint32_t> dataSegmentsIn(int fd) {
+    TcpInfoWithSegments info{};
+    socklen_t len = sizeof info;
+    if (::getsockopt(fd, IPPROTO_TCP, TCP_INFO, &info, &len) != 0 ||
+        len < offsetof(TcpInfoWithSegments, dataSegsIn) + sizeof info.dataSegsIn) {
+        return std::nullopt;
+    }
+    return info.dataSegsIn;
+}
+
+// Issue 19: the head of a spliced body leaves with MSG_MORE, so that it shares its segment with the
+// first body bytes; before, it was sent alone, and a body that fits one segment took two.
+TEST_F(SplicedFiles, TheHeadSharesASegmentWithTheFirstBodyBytes) {
+    // A head and 20,000 bytes fit one loopback segment (an MSS of 32-64 KiB) and the first window.
+    const std::vector<char> body = testing_support::pattern(20'000, 13);
+    ASSERT_NO_FATAL_FAILURE(writeFile("small.bin", std::string_view(body.data(), body.size())));
+    ServerOptions o = defaults();
+    o.root = dir_;
+    o.spliceMinBytes = 16 * 1024;
+    o.idleFiberRelease = 0ms;
+    startServer(o);
+    Client c(port_);
+    if (!dataSegmentsIn(c.fd())) { GTEST_SKIP() << "TCP_INFO without tcpi_data_segs_in (Linux 4.6)"; }
+    if (c.mss() < 24 * 1024) { GTEST_SKIP() << "a loopback MSS of " << c.mss() << " bytes: the body needs several segments"; }
+    for (int i = 0; i < 4; ++i) {
+        const uint32_t before = *dataSegmentsIn(c.fd());
+        ASSERT_NO_FATAL_FAILURE(expectBody(c, "/small.bin", "", body, 0, body.size()));
+        EXPECT_EQ(*dataSegmentsIn(c.fd()) - before, 1u) << "response " << i << ": head and body in one segment";
+    }
+}
+
+// No pipe can be had (the descriptor table is full): each body is copied through the buffer instead,
+// the right bytes, with nothing logged per request; once pipes can be had again, they are used.
+TEST_F(SplicedFiles, APipeThatCannotBeMadeMeansACopiedBody) {
+#if !defined(SPINDLE_FAULT_INJECTION)
+    GTEST_SKIP() << "built without SPINDLE_FAULT_INJECTION";
+#endif
+    start(/*idleFiberRelease=*/0ms);
+    const std::vector<std::string> before = openPipeEnds();
+    Client c(port_);
+    {
+        inject::ArmedFault f(inject::Point::kPipeCreate, EMFILE, 1000);
+        testing::internal::CaptureStderr();
+        ASSERT_NO_FATAL_FAILURE(fetchMixed(c, [&] { EXPECT_TRUE(newPipeEnds(before, openPipeEnds()).empty()); }));
+        const std::string logged = testing::internal::GetCapturedStderr();
+        EXPECT_EQ(logged, "") << "nothing is logged per request";
+        EXPECT_EQ(inject::remaining(inject::Point::kPipeCreate), 1000u - 7u) << "a try per spliced body";
+    }
+    ASSERT_NO_FATAL_FAILURE(expectBody(c, "/large.bin", "", large_, 0, large_.size()));
+    EXPECT_EQ(newPipeEnds(before, openPipeEnds()).size(), 2u) << "the next spliced body makes the pipe";
 }
 
 TEST_F(StaticFiles, ConditionalRequests) {
