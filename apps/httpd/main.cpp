@@ -116,6 +116,11 @@ int main(int argc, char** argv) {
     app.add_flag("--no-symlinks", noSymlinks, "refuse every symbolic link under --root (--symlinks none)");
     app.add_option("--mime-types", mimeTypes, "Content-Type by extension (\"\" or missing: the built-in table)")
         ->capture_default_str();
+    uint64_t spliceMinBytes = spindle::httpd::ServerOptions{}.spliceMinBytes;
+    app.add_option("--splice-min-bytes", spliceMinBytes,
+                   "file bodies of this many bytes or more leave by splice(2), file -> pipe -> socket; shorter "
+                   "ones are copied, with their head (0: always copy)")
+        ->check(CLI::Range(uint64_t{0}, uint64_t{INT64_MAX}))->capture_default_str();
     std::string accessLog;
     app.add_option("--access-log", accessLog, "append a line per request to FILE (nginx's combined format)");
     spindle::apps::StatsJsonFlag statsJson;
@@ -157,6 +162,7 @@ int main(int argc, char** argv) {
                                                    : spindle::httpd::SymlinkPolicy::kBeneath;
     so.mimeTypes = mimeTypes;
     so.accessLog = accessLog;
+    so.spliceMinBytes = spliceMinBytes;
     so.limits = spindle::httpd::ParserLimits{.maxHeaderBytes = maxHeaderBytes, .maxHeaders = maxHeaders, .maxBodyBytes = maxBodyBytes};
     so.headerTimeout = millis(headerTimeout);
     so.idleTimeout = millis(idleTimeout);
