@@ -5,6 +5,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -24,6 +25,7 @@
 #include "apps/httpd/file_response.h"
 #include "apps/httpd/mime_types.h"
 #include "apps/httpd/static_path.h"
+#include "base/check.h"
 #include "base/inject.h"
 #include "base/log.h"
 #include "core/deadline.h"
@@ -47,6 +49,13 @@ constexpr size_t kLingerBytes = 64 * 1024;       // bytes read and dropped after
 constexpr std::string_view kHelloBody = "Hello, World!";
 constexpr std::string_view kServerHeader = "Server: spindle\r\n";
 constexpr int kPipeBytes = 1 << 20;              // a splice pipe grows to this where the limits allow
+// Splice pipes a carrier keeps between bodies (PipePool); more may be lent at once, and the surplus is
+// closed as it comes back. Each kept pipe holds two descriptors and kPipeBytes of pipe buffer, which
+// count against the user's fs.pipe-user-pages-soft (16384 pages by default: 64 pipes of 1 MiB, past
+// which the kernel makes new pipes 8 KiB and refuses to grow them) whether or not bytes are in them:
+// eight carriers with full pools stay about within it, and one carrier seldom has more than eight
+// bodies waiting for socket room at once that a pooled pipe would spare five system calls each.
+constexpr size_t kPipePoolCap = 8;
 
 // One writer per counter (the carrier that owns it), readers anywhere: no read-modify-write needed.
 void bump(std::atomic<uint64_t>& c, uint64_t by = 1) noexcept { c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed); }
@@ -138,6 +147,93 @@ size_t extraBytes(std::initializer_list<std::string_view> extra) noexcept {
 
 }  // namespace
 
+/// One carrier's splice pipes: each is lent to one spliced body and comes back when that body has
+/// gone out whole, so that a carrier needs as many pipes as it splices bodies at once (issue 19:
+/// a pipe per connection held two descriptors and 1 MiB of pipe buffer per keep-alive connection).
+/// A pipe is created and grown once (pipe2, F_SETPIPE_SZ), kept at the size it got.
+/// Thread-safety: none needed: used only on its carrier's thread. Connection fibers are pinned to the
+/// carrier that accepted them (net::TcpServer::spawnConnection spawns them with `.pinned = true`, and a
+/// parked connection resumes on the same carrier), so every borrow and give-back of Worker `i`'s pool
+/// runs on carrier `i`; closeAll() runs there too (the server's final carrierTick, after the carrier's
+/// last connection ended), and the destructor after the carriers' acceptors were joined.
+/// Invariant: a pipe in free_ is empty (every byte spliced into it was spliced out); one that may hold
+/// bytes is closed (discard()), never kept, as they would lead the next body.
+class PipePool {
+public:
+    struct Pipe {
+        int read = -1;
+        int write = -1;
+        uint32_t size = 0;  // its capacity: the most one chunk moves
+    };
+
+    PipePool() = default;
+    PipePool(const PipePool&) = delete;
+    PipePool& operator=(const PipePool&) = delete;
+    ~PipePool() { closeAll(); }
+
+    /// A pipe for one body: a kept one, else a new one. false, with nothing logged, when none can be
+    /// made (EMFILE, ENFILE, ENOMEM; the fault point kPipeCreate): that body is copied instead.
+    bool borrow(Pipe& p) noexcept {
+        if (count_ > 0) {
+            p = free_[--count_];
+        } else if (!make(p)) {
+            return false;
+        }
+        bump(lent, 1);
+        return true;
+    }
+    /// Takes back a pipe whose body went out whole (it is empty); beyond kPipePoolCap it is closed.
+    void giveBack(const Pipe& p) noexcept {
+        SPINDLE_ASSERT(queued(p) == 0);
+        drop(lent);
+        if (count_ < kPipePoolCap) {
+            free_[count_++] = p;
+        } else {
+            close(p);
+        }
+    }
+    /// Closes a lent pipe that may hold bytes of a body that did not go out whole.
+    void discard(const Pipe& p) noexcept {
+        drop(lent);
+        close(p);
+    }
+    /// Closes the kept pipes (the server stops).
+    void closeAll() noexcept {
+        while (count_ > 0) { close(free_[--count_]); }
+    }
+
+    // Pipes open now (kept or lent) and lent now: one writer (this carrier), readers anywhere.
+    std::atomic<uint64_t> open{0};
+    std::atomic<uint64_t> lent{0};
+
+private:
+    static void drop(std::atomic<uint64_t>& c) noexcept { c.store(c.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed); }
+    static int queued(const Pipe& p) noexcept {
+        int n = -1;
+        return ::ioctl(p.read, FIONREAD, &n) == 0 ? n : -1;
+    }
+    bool make(Pipe& p) noexcept {
+        int fds[2];
+        SPINDLE_INJECT(inject::Point::kPipeCreate, { return false; });
+        if (::pipe2(fds, O_CLOEXEC) != 0) { return false; }
+        // Fewer round trips where allowed; otherwise what the pipe has (64 KiB, or less past
+        // fs.pipe-user-pages-soft).
+        int size = ::fcntl(fds[1], F_SETPIPE_SZ, kPipeBytes);
+        if (size <= 0) { size = ::fcntl(fds[1], F_GETPIPE_SZ); }
+        p = Pipe{.read = fds[0], .write = fds[1], .size = size > 0 ? static_cast<uint32_t>(size) : 4096};
+        bump(open, 1);
+        return true;
+    }
+    void close(const Pipe& p) noexcept {
+        ::close(p.read);
+        ::close(p.write);
+        drop(open);
+    }
+
+    std::array<Pipe, kPipePoolCap> free_{};
+    size_t count_ = 0;  // free_[0, count_) are kept
+};
+
 /// What a connection needs only while it has bytes to answer: the responses of one batch and the
 /// header slots of the request being parsed. Leased from its carrier's free list and given back
 /// before the connection waits, so that an idle connection holds neither (nor the stack pages they
@@ -149,8 +245,9 @@ struct Scratch {
     std::array<Header, kStackHeaders> headers;
 };
 
-/// One carrier's share of the server: its scratch blocks and its counters (net::TcpServer keeps the
-/// listener, the connections and theirs). A cache line of its own: the counters change per request.
+/// One carrier's share of the server: its scratch blocks, its splice pipes and its counters
+/// (net::TcpServer keeps the listener, the connections and theirs). A cache line of its own: the
+/// counters change per request. Used on its carrier only (PipePool says why that holds).
 struct alignas(64) Worker {
     std::atomic<uint64_t> requests{0};
     std::atomic<uint64_t> errors{0};
@@ -158,6 +255,7 @@ struct alignas(64) Worker {
     // Scratch blocks of this carrier: as many are made as connections ever answered at once, then reused.
     Scratch* freeScratch = nullptr;
     Scratch* madeScratch = nullptr;
+    PipePool pipes;
 
     Worker() = default;
     Worker(const Worker&) = delete;
@@ -213,7 +311,6 @@ public:
     Connection& operator=(const Connection&) = delete;
     ~Connection() {
         if (scratch_ != nullptr) { worker_.giveScratch(scratch_); }
-        closePipe();
     }
 
     /// net::TcpServer's handler: serves the connection until it ends (the server closes the stream) or
@@ -643,20 +740,35 @@ private:
     enum class Spliced : uint8_t { kSent, kBroken, kUnavailable };
 
     /// Sends `length` bytes of `fd` from `offset` after the head without copying them through user
-    /// space: splice(2) file → pipe → socket through the connection's pipe, a pipe's worth at a time
-    /// (up to kPipeBytes where the pipe may grow), each within sendTimeout. The head (and whatever
-    /// else is buffered) leaves after the first chunk is in the pipe, with MSG_MORE, so it shares a
-    /// segment with the first body bytes. kUnavailable, with nothing sent and the head still
-    /// buffered, when no pipe can be had or the file cannot be spliced (the caller copies instead);
-    /// kBroken when the connection broke or the file shrank (the promised length cannot be kept);
-    /// the pipe is closed then, as it may hold bytes of this body that must not lead the next one.
+    /// space: splice(2) file → pipe → socket through a pipe borrowed from the carrier's PipePool for
+    /// this body, a pipe's worth at a time (up to kPipeBytes where the pipe may grow), each within
+    /// sendTimeout. The head (and whatever else is buffered) leaves after the first chunk is in the
+    /// pipe, with MSG_MORE, so it shares a segment with the first body bytes. kUnavailable, with
+    /// nothing sent and the head still buffered, when no pipe can be had or the file cannot be spliced
+    /// (the caller copies instead); kBroken when the connection broke or the file shrank (the promised
+    /// length cannot be kept). The pipe goes back to the pool only when it is empty (kSent, or
+    /// kUnavailable: a failed splice moves nothing); after kBroken it may hold bytes of this body that
+    /// must not lead the next one, and is closed.
     Spliced spliceBody(int fd, uint64_t offset, uint64_t length) noexcept {
-        if (!openPipe()) { return Spliced::kUnavailable; }
+        PipePool::Pipe pipe;
+        if (!worker_.pipes.borrow(pipe)) { return Spliced::kUnavailable; }
+        const Spliced r = spliceThrough(pipe, fd, offset, length);
+        if (r == Spliced::kBroken) {
+            worker_.pipes.discard(pipe);
+        } else {
+            worker_.pipes.giveBack(pipe);
+        }
+        return r;
+    }
+
+    /// spliceBody's loop, through `pipe`. Returns kSent or kUnavailable only with the pipe empty:
+    /// every chunk spliced in is spliced out whole before the next one goes in.
+    Spliced spliceThrough(const PipePool::Pipe& pipe, int fd, uint64_t offset, uint64_t length) noexcept {
         bool headSent = false;
         while (length > 0) {
             const Deadline deadline(options_.sendTimeout);
-            const auto want = static_cast<size_t>(std::min<uint64_t>(length, pipeSize_));
-            const Result<size_t> in = spindle::splice(fd, static_cast<int64_t>(offset), pipeWrite_, -1, want, SPLICE_F_MOVE, deadline);
+            const auto want = static_cast<size_t>(std::min<uint64_t>(length, pipe.size));
+            const Result<size_t> in = spindle::splice(fd, static_cast<int64_t>(offset), pipe.write, -1, want, SPLICE_F_MOVE, deadline);
             if (!in || *in == 0) {
                 // Nothing of this body was sent yet (the pipe is empty: a failed splice moves nothing):
                 // copy it instead, through the buffer that still holds its head.
@@ -664,57 +776,27 @@ private:
                 log::warn("spindle-httpd: splicing a file failed at offset {}: {}", offset,
                           in ? std::string("end of file") : in.error().message());
                 if (!headSent) { (void)flush(); }  // the responses before this one are whole
-                return pipeBroken();
+                return Spliced::kBroken;
             }
             if (!headSent) {
-                if (!flush(MSG_MORE)) { return pipeBroken(); }
+                if (!flush(MSG_MORE)) { return Spliced::kBroken; }
                 headSent = true;
             }
             // More chunks follow at once: the last partial segment of this one waits for them.
             const unsigned flags = SPLICE_F_MOVE | (length > *in ? SPLICE_F_MORE : 0u);
             for (size_t left = *in; left > 0;) {
-                const Result<size_t> out = spindle::splice(pipeRead_, -1, stream_.fd(), -1, left, flags, deadline);
+                const Result<size_t> out = spindle::splice(pipe.read, -1, stream_.fd(), -1, left, flags, deadline);
                 if (!out && out.errorCode() == EAGAIN) {  // a non-blocking socket that is full: wait for room
-                    if (!spindle::poll(stream_.fd(), POLLOUT, deadline)) { return pipeBroken(); }
+                    if (!spindle::poll(stream_.fd(), POLLOUT, deadline)) { return Spliced::kBroken; }
                     continue;
                 }
-                if (!out || *out == 0) { return pipeBroken(); }
+                if (!out || *out == 0) { return Spliced::kBroken; }
                 left -= *out;
             }
             offset += *in;
             length -= *in;
         }
         return Spliced::kSent;
-    }
-
-    /// The connection's splice pipe, made on the first body that is spliced and kept until the
-    /// connection ends or parks (~Connection: a parked connection holds no descriptor beyond its
-    /// socket). false, with nothing logged, when none can be had (EMFILE, ENFILE, ENOMEM): that body
-    /// is copied, and the next one tries again.
-    bool openPipe() noexcept {
-        if (pipeRead_ >= 0) { return true; }
-        int fds[2];
-        SPINDLE_INJECT(inject::Point::kPipeCreate, { return false; });
-        if (::pipe2(fds, O_CLOEXEC) != 0) { return false; }
-        // Fewer round trips where allowed; otherwise what the pipe has (64 KiB, or less past
-        // fs.pipe-user-pages-soft).
-        int size = ::fcntl(fds[1], F_SETPIPE_SZ, kPipeBytes);
-        if (size <= 0) { size = ::fcntl(fds[1], F_GETPIPE_SZ); }
-        pipeRead_ = fds[0];
-        pipeWrite_ = fds[1];
-        pipeSize_ = size > 0 ? static_cast<uint32_t>(size) : 4096;
-        return true;
-    }
-    void closePipe() noexcept {
-        if (pipeRead_ < 0) { return; }
-        ::close(pipeRead_);
-        ::close(pipeWrite_);
-        pipeRead_ = pipeWrite_ = -1;
-    }
-    /// The body cannot be sent whole: the pipe, which may hold some of it, is never used again.
-    Spliced pipeBroken() noexcept {
-        closePipe();
-        return Spliced::kBroken;
     }
 
     /// The response to a file that could not be opened or examined: 403 for what the symlink policy
@@ -747,9 +829,6 @@ private:
     int lastStatus_ = 0;                     // of the last response head, for the access log
     uint64_t lastLength_ = 0;
     std::array<char, INET6_ADDRSTRLEN> remote_{};  // the client, with an access log
-    int pipeRead_ = -1;                      // the splice pipe (openPipe()), or -1
-    int pipeWrite_ = -1;
-    uint32_t pipeSize_ = 0;                  // its capacity: the most one chunk moves
 };
 
 
@@ -825,10 +904,14 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
     // would ask every connection in vain.
     if (options.multishotRecv && impl->pool != nullptr) { tcp.idleRelease = options.idleFiberRelease; }
     Server::Impl* raw = impl.get();
-    if (impl->accessLog) {
+    // On each carrier's idle sweep (which runs anyway: idleTimeout > 0) and after its last connection.
+    tcp.carrierTick = [raw](unsigned carrier, bool final) noexcept {
         // Buffered per carrier: written by each sweep pass and after the carrier's last connection.
-        tcp.carrierTick = [raw](unsigned carrier, bool /*final*/) noexcept { raw->accessLog->flush(carrier); };
-    }
+        if (raw->accessLog) { raw->accessLog->flush(carrier); }
+        // The carrier's kept splice pipes close with its last connection, on its thread; ~Worker closes
+        // those of a carrier whose drain never ran (start() failed part way).
+        if (final) { raw->workers[carrier]->pipes.closeAll(); }
+    };
     auto server = net::TcpServer::start(rt, tcp, [raw](net::TcpConnection& c) noexcept { Connection::handle(*raw, c); });
     if (!server) { return Error{server.errorCode()}; }  // net::TcpServer said why in the log
     impl->tcp = std::move(*server);
@@ -853,6 +936,8 @@ ServerStats Server::stats() const noexcept {
         s.requests += w->requests.load(std::memory_order_relaxed);
         s.errors += w->errors.load(std::memory_order_relaxed);
         s.headerTimeouts += w->headerTimeouts.load(std::memory_order_relaxed);
+        s.splicePipes += w->pipes.open.load(std::memory_order_relaxed);
+        s.splicePipesLent += w->pipes.lent.load(std::memory_order_relaxed);
     }
     if (impl_->pool) {
         const net::ProvidedBufferStats p = impl_->pool->stats();

@@ -17,9 +17,10 @@
 /// Last-Modified, an ETag (nginx's) and "Accept-Ranges: bytes", and answer conditional requests
 /// (304, 412) and single Range requests (206; 416 when unsatisfiable; several ranges get the whole
 /// file with 200) as apps/httpd/file_response.h decides. A body of spliceMinBytes or more is spliced
-/// file → pipe → socket (no copy through user space) through a pipe the connection makes on its first
-/// such body and keeps until it ends or parks; its head leaves with MSG_MORE, in the segment of the
-/// first body bytes. Where no pipe can be had (EMFILE, ENFILE) that body is copied instead, silently.
+/// file → pipe → socket (no copy through user space) through a pipe lent by its carrier's pool for that
+/// body (a few kept per carrier; a connection, idle or parked, holds none between bodies); its head
+/// leaves with MSG_MORE, in the segment of the first body bytes. Where no pipe can be had (EMFILE,
+/// ENFILE) that body is copied instead, silently.
 /// Other known methods get 405 with "Allow: GET, HEAD", unknown
 /// ones 501; a request body (Content-Length or chunked) is read and dropped, within headerTimeout and
 /// maxBodyBytes (a chunked one over it, or malformed, closes the connection after the answer);
@@ -106,6 +107,8 @@ struct ServerStats {
     uint64_t fiberReleases = 0;     // times an idle connection gave its fiber up
     uint64_t providedRecvs = 0;     // receives served from the provided-buffer ring
     uint64_t fallbackRecvs = 0;     // receives into a heap buffer instead
+    uint64_t splicePipes = 0;       // splice pipes open now: lent to a body or kept in a carrier's pool
+    uint64_t splicePipesLent = 0;   // of those, lent to a body being spliced now
 };
 
 class Server {
