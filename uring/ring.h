@@ -155,15 +155,6 @@ public:
         return n;
     }
 
-    /// The CQE `k` places after the next one reap() would take (0: that one), or null when the CQ holds
-    /// no such CQE yet. For a look ahead (a prefetch of what its user_data points at); the CQE stays
-    /// where it is.
-    [[nodiscard]] const io_uring_cqe* peek(unsigned k) const noexcept {
-        const unsigned head = *ring_.cq.khead;
-        if (io_uring_smp_load_acquire(ring_.cq.ktail) - head <= k) { return nullptr; }
-        return &ring_.cq.cqes[(head + k) & ring_.cq.ring_mask];
-    }
-
     /// Whether the kernel holds completions that did not fit the CQ (NODROP backlog).
     [[nodiscard]] bool overflowed() const noexcept;
 

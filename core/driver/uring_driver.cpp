@@ -202,12 +202,6 @@ void UringDriver::cancelAll() noexcept {
 }
 
 void UringDriver::dispatch(const io_uring_cqe* cqe) noexcept {
-    // With many connections the request a CQE names (on its fiber's stack) is a cache miss: fetch the
-    // one after next now, so that it has arrived by its turn. A CQE of ours (0, the wake tag) makes a
-    // harmless prefetch.
-    if (const io_uring_cqe* ahead = ring_.peek(1)) {
-        __builtin_prefetch(reinterpret_cast<const void*>(ahead->user_data & ~kBits));
-    }
     const uint64_t ud = cqe->user_data;
     if (ud == 0) { return; }  // a cancel's: nobody waits for it
     if ((ud & kBits) == kWakeTag) [[unlikely]] {
