@@ -287,27 +287,24 @@ Result<std::unique_ptr<ShardLog>> ShardLog::start(Runtime& rt, unsigned carrier,
         return Error{writer.errorCode()};
     }
     log->writer_ = std::move(*writer);
-    if (mode == Fsync::kEverySec) {
-        auto syncer = rt.spawn([l = log.get()]() noexcept { l->syncerLoop(); },
-                               SpawnOptions{.name = "kv-wal-sync", .carrier = static_cast<int>(carrier), .pinned = true});
-        if (!syncer) {
-            const int err = syncer.errorCode();
+    // The log's other fibers, on its carrier; a failure stops what was started and leaves fd_ to the caller.
+    auto helper = [&](const char* name, void (ShardLog::*loop)() noexcept, FiberHandle<void>& slot) -> Result<void> {
+        auto f = rt.spawn([l = log.get(), loop]() noexcept { (l->*loop)(); },
+                          SpawnOptions{.name = name, .carrier = static_cast<int>(carrier), .pinned = true});
+        if (!f) {
+            const int err = f.errorCode();
             log->fd_ = -1;
             (void)log->stop();
             return Error{err};
         }
-        log->syncer_ = std::move(*syncer);
+        slot = std::move(*f);
+        return {};
+    };
+    if (mode == Fsync::kEverySec) {
+        if (auto r = helper("kv-wal-sync", &ShardLog::syncerLoop, log->syncer_); !r) { return Error{r.errorCode()}; }
     }
     if (log->preallocate_ > 0) {
-        auto extender = rt.spawn([l = log.get()]() noexcept { l->extenderLoop(); },
-                                 SpawnOptions{.name = "kv-wal-extend", .carrier = static_cast<int>(carrier), .pinned = true});
-        if (!extender) {
-            const int err = extender.errorCode();
-            log->fd_ = -1;
-            (void)log->stop();
-            return Error{err};
-        }
-        log->extender_ = std::move(*extender);
+        if (auto r = helper("kv-wal-extend", &ShardLog::extenderLoop, log->extender_); !r) { return Error{r.errorCode()}; }
     }
     return log;
 }
