@@ -208,9 +208,12 @@ TEST_F(KvRewrite, AutomaticRewriteAndItsConfig) {
               "$25\r\nauto-aof-rewrite-min-size\r\n$10\r\n1073741824\r\n");
     EXPECT_EQ(c.call({"CONFIG", "SET", "auto-aof-rewrite-min-size", "lots"}),
               "-ERR CONFIG SET failed (possibly related to argument 'auto-aof-rewrite-min-size') - argument must be a memory or a positive number\r\n");
+    // The logs grow past 4 KiB while the threshold is still 1 GiB; only then is it lowered. Were it
+    // lowered first, a run slow enough to span a 100 ms check would rewrite a shard twice.
+    for (int i = 0; i < 400; ++i) { ASSERT_EQ(c.call({"SET", "k" + std::to_string(i % 10), std::string(100, 'v')}), kOk); }
+    EXPECT_EQ(infoField(port_, "persistence", "aof_rewrites"), "0");
     EXPECT_EQ(c.call({"CONFIG", "SET", "auto-aof-rewrite-min-size", "4kb", "auto-aof-rewrite-percentage", "50"}), kOk);
     EXPECT_EQ(c.call({"CONFIG", "GET", "auto-aof-rewrite-min-size"}), "*2\r\n$25\r\nauto-aof-rewrite-min-size\r\n$4\r\n4096\r\n");
-    for (int i = 0; i < 400; ++i) { ASSERT_EQ(c.call({"SET", "k" + std::to_string(i % 10), std::string(100, 'v')}), kOk); }
     ASSERT_TRUE(awaitRewrites(port_, 2)) << "both shards' logs passed 4 KiB: both are rewritten on their own";
     EXPECT_EQ(infoField(port_, "persistence", "aof_rewrites"), "2");
     EXPECT_LT(std::stoull(infoField(port_, "persistence", "aof_current_size")), 8 * 1024u);
