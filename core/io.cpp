@@ -36,13 +36,21 @@ int32_t mapCancelled(int32_t res, Deadline deadline, bool cancelled) noexcept {
     return res;
 }
 
+// A call that a cancel interrupted while it blocked in an io_uring worker (a splice or tee waiting
+// on a pipe or socket) completes with the kernel's internal -ERESTARTSYS family (512-516), which
+// io_uring translates for reads and writes but not for those: ECANCELED for a cancel, else EINTR.
+int32_t fromRestart(int32_t res, bool cancelled) noexcept {
+    if (res <= -512 && res >= -516) [[unlikely]] { return cancelled ? -ECANCELED : -EINTR; }
+    return res;
+}
+
 constexpr size_t kMaxRw = 0x7ffff000;  // what read(2)/write(2) transfer at most
 
 int32_t threadSubmitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) noexcept {
     if (deadline.expired()) { return -ETIMEDOUT; }
     if (threadBackend() == Backend::kUring) {
         const int32_t res = UringDriver::runOnThreadRing(o, deadline, cqeFlags);
-        if (res != kPending) { return mapCancelled(res, deadline, false); }
+        if (res != kPending) { return mapCancelled(fromRestart(res, false), deadline, false); }
         // No ring for this thread after all (a seccomp filter installed since): the system calls.
     }
     return EpollDriver::performBlocking(o, deadline);
@@ -98,7 +106,8 @@ int32_t submitAndWait(const op::Op& o, Deadline deadline, uint32_t* cqeFlags) no
         c->afterInlineCompletion();
     } else {
         noteWait(self, WaitKind::kIo, &o, deadline.isSet() ? deadline.ns() : 0);
-        res = io.done.waitLocal();
+        res = io.done.waitLocal();  // before the flag is read: a cancel came while it waited
+        res = fromRestart(res, self->cancelRequested_.load(std::memory_order_relaxed));
     }
     if (cqeFlags != nullptr) { *cqeFlags = io.flags; }
     if (!deadline.isSet()) { return res; }
