@@ -90,11 +90,20 @@ Result<short> poll(int fd, short events, Deadline deadline = {}) noexcept;
 /// splice(2): moves up to `len` bytes (capped like read) between two descriptors, one of them a pipe.
 /// An offset of -1 uses and advances the file position, as a NULL offset does for splice(2); a pipe
 /// takes only -1. Returns 0 at end of input. Kernel 5.7.
+/// Waiting: a call between pipes and sockets waits, like a receive, until its input has bytes and its
+/// output room (the epoll backend parks it on the carrier; one with a regular-file end runs on the
+/// offload pool there). A cancel ends the wait with ECANCELED, and nothing has moved.
+/// `deadline`: ETIMEDOUT once it passes, moving nothing; but on the io_uring backend only until the
+/// call starts to block in the kernel: a linked timeout never fires on a splice or tee that blocks in
+/// an io_uring worker (kernel 6.18, measured), so there a blocked call waits for its ends, or a cancel.
 /// Errors: EINVAL when neither fd is a pipe, or for SPLICE_F_FD_IN_FIXED (registered files belong to
-/// one carrier's ring, which a fiber cannot name); ESPIPE for an offset on a pipe; EBADF.
+/// one carrier's ring, which a fiber cannot name); ESPIPE for an offset on a pipe; EBADF; ECANCELED;
+/// ETIMEDOUT (see `deadline`).
 Result<size_t> splice(int fdIn, int64_t offIn, int fdOut, int64_t offOut, size_t len, unsigned flags, Deadline deadline = {}) noexcept;
 /// tee(2): copies up to `len` bytes from pipe `fdIn` to pipe `fdOut` without consuming them. Kernel 5.8.
-/// Errors: EINVAL when either fd is not a pipe, both name the same pipe, or for SPLICE_F_FD_IN_FIXED.
+/// Waits, is cancelled and honours `deadline` as splice() does (the same io_uring caveat).
+/// Errors: EINVAL when either fd is not a pipe, both name the same pipe, or for SPLICE_F_FD_IN_FIXED;
+/// ECANCELED; ETIMEDOUT.
 Result<size_t> tee(int fdIn, int fdOut, size_t len, unsigned flags, Deadline deadline = {}) noexcept;
 /// Parks the fiber for `duration` (the deadline heap, not the ring). Errors: ECANCELED.
 Result<void> sleep(std::chrono::nanoseconds duration) noexcept;

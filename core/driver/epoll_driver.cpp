@@ -32,6 +32,7 @@ constexpr uint64_t kCurrentPosition = ~uint64_t{0};
 constexpr uint32_t kInterest = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
 constexpr uint32_t kParked = 1;      // IoRequest::driverState: in an fd's waiter list
 constexpr uint32_t kConnecting = 2;  // ... and a connect that answered EINPROGRESS
+constexpr uint32_t kOnOutput = 4;    // ... a splice or tee in o.fd2's list, for room there (else o.fd's, for input)
 
 // ---- close generations -----------------------------------------------------------------------
 // One counter per descriptor number below the hard RLIMIT_NOFILE (capped), shared by all carriers.
@@ -62,13 +63,13 @@ bool isPathOp(op::Code c) noexcept {
         case op::Code::kUnlinkat:
         case op::Code::kRenameat:
         case op::Code::kMkdirat:
-        case op::Code::kSplice:
-        case op::Code::kTee:
             return true;
         default:
             return false;
     }
 }
+
+bool isSpliceOp(op::Code c) noexcept { return c == op::Code::kSplice || c == op::Code::kTee; }
 
 bool isRwOp(op::Code c) noexcept {
     return c == op::Code::kRead || c == op::Code::kWrite || c == op::Code::kReadv || c == op::Code::kWritev;
@@ -101,8 +102,10 @@ int32_t withoutSigpipe(size_t len, Call call) noexcept {
     return r;
 }
 
-// The events that may let `o` make progress.
-uint32_t wantedEvents(const op::Op& o) noexcept {
+// The events that may let parked request `req` make progress.
+uint32_t wantedEvents(const op::IoRequest& req) noexcept {
+    const op::Op& o = *req.op;
+    if ((req.driverState & kOnOutput) != 0) { return EPOLLOUT | EPOLLERR | EPOLLHUP; }
     if (o.code == op::Code::kPoll) {
         uint32_t e = 0;
         if ((o.len & (POLLIN | POLLRDNORM | POLLRDBAND | POLLPRI | POLLRDHUP)) != 0) { e |= EPOLLIN; }
@@ -181,13 +184,16 @@ int32_t attempt(const op::Op& o, bool nonblock) noexcept {
         case Code::kSplice: {
             auto offIn = static_cast<loff_t>(o.off);
             auto offOut = static_cast<loff_t>(o.off2);
+            const unsigned flags = o.opFlags | (nonblock ? SPLICE_F_NONBLOCK : 0u);
             return withoutSigpipe(o.len, [&] {
                 return ::splice(o.fd, static_cast<int64_t>(o.off) == -1 ? nullptr : &offIn, o.fd2,
-                                static_cast<int64_t>(o.off2) == -1 ? nullptr : &offOut, o.len, o.opFlags);
+                                static_cast<int64_t>(o.off2) == -1 ? nullptr : &offOut, o.len, flags);
             });
         }
-        case Code::kTee:
-            return withoutSigpipe(o.len, [&] { return ::tee(o.fd, o.fd2, o.len, o.opFlags); });
+        case Code::kTee: {
+            const unsigned flags = o.opFlags | (nonblock ? SPLICE_F_NONBLOCK : 0u);
+            return withoutSigpipe(o.len, [&] { return ::tee(o.fd, o.fd2, o.len, flags); });
+        }
         case Code::kAccept:
         case Code::kAcceptMultishot: {
             const int r = ::accept4(o.fd, static_cast<sockaddr*>(o.addr), static_cast<socklen_t*>(o.addr2),
@@ -230,6 +236,39 @@ int32_t setNonblocking(int fd) noexcept {
     if (fl < 0) { return -errno; }
     if ((fl & O_NONBLOCK) == 0 && ::fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) { return -errno; }
     return 0;
+}
+
+// A splice or tee between two pipes or sockets waits for readiness like a receive: with
+// SPLICE_F_NONBLOCK (which covers the pipe ends) on sockets made O_NONBLOCK (splice(2) honours only
+// the socket's own flag there). 0 then; kBlocking when an end is anything else (a regular file or a
+// device, whose blocking call may wait for the disk: the offload pool runs it); -errno (EBADF) for a
+// bad descriptor. Looked up on each call: a number may have been closed and reused.
+int32_t prepareSpliceEnds(const op::Op& o) noexcept {
+    struct stat in {};
+    struct stat out {};
+    if (::fstat(o.fd, &in) != 0 || ::fstat(o.fd2, &out) != 0) { return -errno; }
+    for (const struct stat* sb : {&in, &out}) {
+        if (!S_ISFIFO(sb->st_mode) && !S_ISSOCK(sb->st_mode)) { return kBlocking; }
+    }
+    if (S_ISSOCK(in.st_mode)) {
+        if (const int32_t r = setNonblocking(o.fd); r < 0) { return r; }
+    }
+    if (S_ISSOCK(out.st_mode)) {
+        if (const int32_t r = setNonblocking(o.fd2); r < 0) { return r; }
+    }
+    return 0;
+}
+
+// After a splice or tee between pipes or sockets answered EAGAIN: which end to wait for. The input
+// end when it has nothing to give (0), else the output end when it has no room (kOnOutput); -EAGAIN
+// when both look ready (the call raced with a reader or a writer: try it again); -errno if poll fails.
+int32_t spliceBlockedEnd(const op::Op& o) noexcept {
+    pollfd p[2] = {{o.fd, POLLIN, 0}, {o.fd2, POLLOUT, 0}};
+    if (::poll(p, 2, 0) < 0) { return -errno; }
+    constexpr short kAnswered = POLLERR | POLLHUP | POLLNVAL;
+    if ((p[0].revents & (POLLIN | kAnswered)) == 0) { return 0; }
+    if ((p[1].revents & (POLLOUT | kAnswered)) == 0) { return static_cast<int32_t>(kOnOutput); }
+    return -EAGAIN;
 }
 
 }  // namespace
@@ -387,6 +426,11 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
     }
     if (o.code == op::Code::kNop || o.code == op::Code::kShutdown) { return attempt(o, false); }
     if (isPathOp(o.code)) { return kBlocking; }
+    if (isSpliceOp(o.code)) {
+        if (const int32_t r = prepareSpliceEnds(o); r != 0) { return r; }
+        const int32_t r = attempt(o, true);
+        return r == -EAGAIN ? parkSplice(req) : r;
+    }
 
     FdState* st = stateFor(o.fd);
     if (st == nullptr) { return o.fd < 0 || static_cast<size_t>(o.fd) >= gensSize_ ? -EBADF : -ENOMEM; }
@@ -522,9 +566,30 @@ void EpollDriver::deliverRecvs(op::IoRequest* req, FdState& st) noexcept {
     }
 }
 
-int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained) noexcept {
+int32_t EpollDriver::parkSplice(op::IoRequest* req) noexcept {
     const op::Op& o = *req->op;
-    if (const int32_t r = registerFd(o.fd, st, drained); r < 0) {
+    for (int tries = 0;; ++tries) {
+        int32_t end = spliceBlockedEnd(o);
+        if (end == -EAGAIN) {
+            // Both ends look ready: a reader or writer raced the call. A few more tries, then wait for
+            // room on the output (re-arming its registration reports readiness that is there already).
+            if (tries < 3) {
+                if (const int32_t r = attempt(o, true); r != -EAGAIN) { return r; }
+                continue;
+            }
+            end = static_cast<int32_t>(kOnOutput);
+        }
+        if (end < 0) { return end; }
+        const int fd = end != 0 ? o.fd2 : o.fd;
+        FdState* st = stateFor(fd);
+        if (st == nullptr) { return -ENOMEM; }  // fstat accepted the number: below the table's limit
+        return park(req, *st, /*drained=*/false, static_cast<uint32_t>(end));
+    }
+}
+
+int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained, uint32_t onOutput) noexcept {
+    const op::Op& o = *req->op;
+    if (const int32_t r = registerFd(onOutput != 0 ? o.fd2 : o.fd, st, drained); r < 0) {
         if (r == -EPERM && isRwOp(o.code)) { return kBlocking; }  // a regular file: the pool reads it
         return r;
     }
@@ -538,7 +603,7 @@ int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained) noexcep
     st.tail = req;
     req->epoll.parker = runningFiberId();
     // Connecting: the retry reads SO_ERROR instead of calling connect again.
-    req->driverState = o.code == op::Code::kConnect ? kParked | kConnecting : kParked;
+    req->driverState = (o.code == op::Code::kConnect ? kParked | kConnecting : kParked) | onOutput;
     ++waiting_;
     req->epoll.heapIndex = 0;
     if (req->deadlineNs != 0) { heapPush(req); }
@@ -546,7 +611,8 @@ int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained) noexcep
 }
 
 void EpollDriver::unlink(op::IoRequest* req) noexcept {
-    FdState& st = fds_[static_cast<size_t>(req->op->fd)];
+    const int fd = (req->driverState & kOnOutput) != 0 ? req->op->fd2 : req->op->fd;
+    FdState& st = fds_[static_cast<size_t>(fd)];
     if (req->epoll.prev != nullptr) {
         req->epoll.prev->epoll.next = req->epoll.next;
     } else {
@@ -601,11 +667,21 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
     op::IoRequest* req = st->head;
     while (req != nullptr) {
         op::IoRequest* next = req == last ? nullptr : req->epoll.next;
-        if ((wantedEvents(*req->op) & events) == 0) {
+        if ((wantedEvents(*req) & events) == 0) {
             req = next;
             continue;
         }
         const op::Op& o = *req->op;
+        if (isSpliceOp(o.code)) {
+            // Tried again; still blocked, it waits again for whichever end is now the one missing.
+            int32_t r = attempt(o, true);
+            unlink(req);
+            if (r == -EAGAIN) { r = parkSplice(req); }
+            if (r != kPending) { finish(req, r, 0); }
+            st = &fds_[slot];
+            req = next;
+            continue;
+        }
         if (o.code == op::Code::kRecvMultishot) {
             deliverRecvs(req, *st);
             st = &fds_[slot];
@@ -813,6 +889,10 @@ int32_t EpollDriver::performBlocking(const op::Op& o, Deadline deadline) noexcep
         struct stat sb {};
         if (::fstat(o.fd, &sb) != 0) { return -errno; }
         pollable = !S_ISREG(sb.st_mode) && !S_ISBLK(sb.st_mode) && !S_ISDIR(sb.st_mode);
+    } else if (isSpliceOp(o.code)) {
+        const int32_t r = prepareSpliceEnds(o);
+        if (r < 0 && r != kBlocking) { return r; }
+        pollable = r == 0;
     }
     if (!pollable || (!deadline.isSet() && o.code != op::Code::kConnect && o.code != op::Code::kAccept)) {
         const int32_t r = attempt(o, false);
@@ -821,6 +901,7 @@ int32_t EpollDriver::performBlocking(const op::Op& o, Deadline deadline) noexcep
     bool connecting = false;
     bool polled = false;  // plain: poll(2) said ready, so the blocking call returns at once
     bool plain = false;   // no RWF_NOWAIT here (EOPNOTSUPP, as qemu-user answers): poll, then the plain call
+    int raced = 0;        // a splice's EAGAINs in a row with both ends ready
     for (;;) {
         int32_t r = connecting ? connectOutcome(o.fd) : attempt(o, !(plain && polled));
         if (r == -EOPNOTSUPP && isRwOp(o.code) && !plain) {
@@ -841,6 +922,17 @@ int32_t EpollDriver::performBlocking(const op::Op& o, Deadline deadline) noexcep
         }
         pollfd p{o.fd, static_cast<short>(o.writes() ? POLLOUT : POLLIN), 0};
         if (o.code == op::Code::kPoll) { p.events = static_cast<short>(o.len); }
+        if (isSpliceOp(o.code)) {
+            const int32_t end = spliceBlockedEnd(o);
+            if (end == -EAGAIN) {
+                // Both ends ready, yet EAGAIN: a race with a reader or writer; again, pausing after a few.
+                if (++raced > 3) { (void)::poll(nullptr, 0, 1); }
+                continue;
+            }
+            if (end < 0) { return end; }
+            raced = 0;
+            if (end != 0) { p = pollfd{o.fd2, POLLOUT, 0}; }
+        }
         const int n = ::poll(&p, 1, ms);
         if (n < 0 && errno != EINTR) { return -errno; }
         if (n == 0 && deadline.isSet() && deadline.expired()) { return -ETIMEDOUT; }

@@ -10,6 +10,10 @@
 /// event retries the waiters in the carrier's loop and completes those that got an answer. For a
 /// stream socket, a receive that came back short marks it drained, so the next receive waits for an
 /// event instead of costing a system call that would answer EAGAIN.
+/// A splice or tee between pipes and sockets is tried the same way (SPLICE_F_NONBLOCK, its sockets made
+/// O_NONBLOCK) and waits in the list of the end it lacks: the input's for bytes, else the output's for
+/// room (kOnOutput); each retry picks the end again. One with another end (a regular file, a device)
+/// goes to the pool.
 /// Regular files (which epoll refuses with EPERM) and the path operations (openat, statx, fsync, ...)
 /// are answered kBlocking: submitAndWait runs them on the offload pool; a read or write is first tried
 /// with RWF_NOWAIT, which the page cache often answers at once.
@@ -119,7 +123,12 @@ private:
     int32_t registerFd(int fd, FdState& st, bool drained = false) noexcept;
     // The id of the fiber running on this carrier; 0 outside a fiber.
     [[nodiscard]] uint64_t runningFiberId() const noexcept;
-    int32_t park(op::IoRequest* req, FdState& st, bool drained) noexcept;
+    // Puts `req` in the waiter list of `st`: o.fd's, or o.fd2's waiting for room (`onOutput`:
+    // kOnOutput, a splice's or tee's output end). kPending, or -errno when it cannot wait there.
+    int32_t park(op::IoRequest* req, FdState& st, bool drained, uint32_t onOutput = 0) noexcept;
+    // A splice or tee between pipes or sockets that answered EAGAIN: parks it on the end it waits
+    // for, or returns its result when a retry answered at once.
+    int32_t parkSplice(op::IoRequest* req) noexcept;
     // After a read of `got` bytes out of `asked` from a registered stream socket: a short one means
     // nothing more until the next event (unless the peer shut its side, when the next read answers end
     // of stream at once; that event may have been the same edge).

@@ -13,15 +13,20 @@
 #include <linux/openat2.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <utility>
@@ -38,6 +43,7 @@ using testing_support::pattern;
 using testing_support::yieldUntil;
 
 using testing_support::Pipe;
+using namespace std::chrono_literals;
 
 /// errno of a ::stat on `p`, 0 when it exists.
 int statErr(const std::string& p, struct stat* st = nullptr) {
@@ -619,6 +625,249 @@ TEST_F(IoOpsTest, TeeErrorsComeBackAsErrno) {
     EXPECT_EQ(e[3], EBADF);
     EXPECT_EQ(e[4], EINVAL) << "SPLICE_F_FD_IN_FIXED";
     ::close(f);
+}
+
+// ---- splice and tee that wait --------------------------------------------------------------------------------------
+
+/// A connected AF_UNIX stream pair whose `near` end has no room left: its send buffer (and the peer's
+/// receive queue) filled before the test, `filled` bytes. `cutOff()` ends a call blocked on it (the peer
+/// shuts its reading side: the blocked sender gets EPIPE); `drain()` reads everything the peer has.
+struct FullSocket {
+    int near = -1;
+    int peer = -1;
+    size_t filled = 0;
+    FullSocket() {
+        int sv[2];
+        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) != 0) {
+            ADD_FAILURE() << "socketpair: " << std::strerror(errno);
+            return;
+        }
+        near = sv[0];
+        peer = sv[1];
+        const int small = 4096;
+        (void)::setsockopt(near, SOL_SOCKET, SO_SNDBUF, &small, sizeof(small));
+        (void)::setsockopt(peer, SOL_SOCKET, SO_RCVBUF, &small, sizeof(small));
+        const std::vector<char> chunk(4096, 'f');
+        for (;;) {
+            const ssize_t n = ::send(near, chunk.data(), chunk.size(), MSG_DONTWAIT);
+            if (n <= 0) { break; }
+            filled += static_cast<size_t>(n);
+        }
+    }
+    ~FullSocket() {
+        if (near >= 0) { ::close(near); }
+        if (peer >= 0) { ::close(peer); }
+    }
+    FullSocket(const FullSocket&) = delete;
+    FullSocket& operator=(const FullSocket&) = delete;
+    void cutOff() const { (void)::shutdown(peer, SHUT_RD); }
+    /// Reads `n` bytes from the peer (blocking).
+    [[nodiscard]] std::vector<char> drain(size_t n) const {
+        std::vector<char> got(n);
+        size_t at = 0;
+        while (at < n) {
+            const ssize_t r = ::recv(peer, got.data() + at, n - at, 0);
+            if (r <= 0) { break; }
+            at += static_cast<size_t>(r);
+        }
+        got.resize(at);
+        return got;
+    }
+};
+
+/// Polls the runtime's fiber listing until the fiber named `name` is suspended.
+void awaitSuspended(Runtime& rt, const std::string& name) {
+    for (;;) {
+        const FiberListing l = rt.fibers(false);
+        for (const FiberInfo& f : l.fibers) {
+            if (f.name == name && f.state == "suspended") { return; }
+        }
+        std::this_thread::sleep_for(1ms);
+    }
+}
+
+/// Calls `cutOff` unless `disarm()` comes within `limit`: a call that blocks where it should wait (and
+/// ignores its deadline or a cancel) then fails its test with the error the cut gives instead of hanging it.
+class Watchdog {
+public:
+    template <class F>
+    Watchdog(std::chrono::milliseconds limit, F cutOff) : thread_([this, limit, cutOff] {
+        std::unique_lock lock(mu_);
+        if (!cv_.wait_for(lock, limit, [this] { return disarmed_; })) { cutOff(); }
+    }) {}
+    ~Watchdog() { disarm(); }
+    Watchdog(const Watchdog&) = delete;
+    Watchdog& operator=(const Watchdog&) = delete;
+    void disarm() {
+        {
+            std::lock_guard lock(mu_);
+            disarmed_ = true;
+        }
+        cv_.notify_all();
+        if (thread_.joinable()) { thread_.join(); }
+    }
+
+private:
+    std::mutex mu_;
+    std::condition_variable cv_;
+    bool disarmed_ = false;
+    std::thread thread_;
+};
+
+// A splice from a pipe into a socket with no room waits for room and honours its deadline, moving
+// nothing. Before, on the epoll backend, it ran blocking on the offload pool: the deadline was ignored
+// and the call (and a pool thread) stayed until the peer read or went.
+TEST_F(IoOpsTest, ASpliceIntoASocketWithNoRoomHonoursItsDeadline) {
+    if (testing_support::testBackend() == Backend::kUring) {
+        GTEST_SKIP() << "io_uring: the kernel (6.18) never fires a linked timeout on a splice or tee that blocks "
+                        "(see core/io.h)";
+    }
+    FullSocket s;
+    ASSERT_GT(s.filled, 0u);
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    const auto data = pattern(3000, 21);
+    ASSERT_EQ(::write(p.w, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+    Watchdog dog(10s, [&] { s.cutOff(); });
+    const int err = onFiber([&] { return spindle::splice(p.r, -1, s.near, -1, data.size(), 0, 50ms).errorCode(); });
+    dog.disarm();
+    EXPECT_EQ(err, ETIMEDOUT);
+    EXPECT_EQ(p.queued(), static_cast<int>(data.size())) << "a splice that timed out moved nothing";
+}
+
+// Splices waiting for room in sockets hold no offload thread: with more of them waiting than the pool
+// has threads, a file call (the pool's work on the epoll backend) still runs; then the peers read and
+// every splice completes with its bytes.
+TEST_F(IoOpsTest, SplicesWaitingForRoomLeaveTheOffloadPoolFree) {
+    constexpr size_t kWaiting = 3;  // RuntimeOptions::offloadThreads is 2
+    std::array<FullSocket, kWaiting> socks;
+    std::array<Pipe, kWaiting> pipes;
+    const auto data = pattern(2000, 22);
+    for (size_t i = 0; i < kWaiting; ++i) {
+        ASSERT_GT(socks[i].filled, 0u);
+        ASSERT_EQ(::write(pipes[i].w, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+    }
+    Watchdog dog(10s, [&] {
+        for (const auto& s : socks) { s.cutOff(); }
+    });
+    std::atomic<size_t> started{0};
+    std::vector<FiberHandle<size_t>> splicers;
+    for (size_t i = 0; i < kWaiting; ++i) {
+        splicers.push_back(anywhere([&, i] {
+            started.fetch_add(1);
+            return spindle::splice(pipes[i].r, -1, socks[i].near, -1, data.size(), 0).valueOr(0);
+        }));
+    }
+    yieldUntil([&] { return started.load() == kWaiting; });
+    touch("f");
+    const int statErrno = onFiber([&] {
+        struct statx sx {};
+        return spindle::statx(dirfd_, "f", 0, STATX_SIZE, &sx).errorCode();
+    });
+    EXPECT_EQ(statErrno, 0) << "the statx ran while the splices waited";
+    dog.disarm();
+    for (size_t i = 0; i < kWaiting; ++i) {
+        const auto got = socks[i].drain(socks[i].filled + data.size());
+        ASSERT_EQ(got.size(), socks[i].filled + data.size()) << i;
+        EXPECT_TRUE(std::equal(data.begin(), data.end(), got.end() - static_cast<ptrdiff_t>(data.size()))) << i;
+        EXPECT_EQ(splicers[i].join(), data.size()) << i;
+    }
+}
+
+// A splice waiting for room is cancelled: ECANCELED, and its bytes stay in the pipe.
+TEST_F(IoOpsTest, ASpliceWaitingForRoomIsCancelled) {
+    FullSocket s;
+    ASSERT_GT(s.filled, 0u);
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    ASSERT_EQ(::write(p.w, "0123456789", 10), 10);
+    Watchdog dog(10s, [&] { s.cutOff(); });
+    auto h = rt().spawn([&] { return spindle::splice(p.r, -1, s.near, -1, 10, 0).errorCode(); },
+                        SpawnOptions{.name = "splicer"})
+                 .value();
+    awaitSuspended(rt(), "splicer");  // in its wait: the cancel ends the wait, not the call before it starts
+    h.cancel();
+    const int err = h.join();
+    dog.disarm();
+    EXPECT_EQ(err, ECANCELED);
+    EXPECT_EQ(p.queued(), 10);
+}
+
+// The other direction and the other end: a splice from a socket with nothing to read waits for bytes,
+// and a splice from an empty pipe into a socket waits for the pipe's writer.
+TEST_F(IoOpsTest, SplicesWaitForTheirInputEnd) {
+    int sv[2];
+    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+    Pipe p, q;
+    ASSERT_GE(p.r, 0);
+    ASSERT_GE(q.r, 0);
+    const auto data = pattern(1500, 23);
+    auto fromSocket = anywhere([&] { return spindle::splice(sv[0], -1, p.w, -1, data.size(), 0, 10s).valueOr(0); });
+    auto fromPipe = anywhere([&] { return spindle::splice(q.r, -1, sv[0], -1, data.size(), 0, 10s).valueOr(0); });
+    ASSERT_EQ(::send(sv[1], data.data(), data.size(), 0), static_cast<ssize_t>(data.size()));
+    ASSERT_EQ(::write(q.w, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+    EXPECT_EQ(fromSocket.join(), data.size());
+    EXPECT_EQ(fromPipe.join(), data.size());
+    std::vector<char> a(data.size()), b(data.size());
+    EXPECT_EQ(::read(p.r, a.data(), a.size()), static_cast<ssize_t>(a.size()));
+    EXPECT_EQ(::recv(sv[1], b.data(), b.size(), MSG_WAITALL), static_cast<ssize_t>(b.size()));
+    EXPECT_TRUE(a == data);
+    EXPECT_TRUE(b == data);
+    ::close(sv[0]);
+    ::close(sv[1]);
+}
+
+// A tee into a full pipe waits for room (and honours its deadline there, on epoll); once the reader
+// makes room it copies.
+TEST_F(IoOpsTest, ATeeIntoAFullPipeWaitsForRoom) {
+    Pipe from, to;
+    ASSERT_GE(from.r, 0);
+    ASSERT_GE(to.r, 0);
+    const int fl = ::fcntl(to.w, F_GETFL);
+    ASSERT_EQ(::fcntl(to.w, F_SETFL, fl | O_NONBLOCK), 0);
+    size_t filled = 0;
+    for (char c[4096] = {};;) {
+        const ssize_t n = ::write(to.w, c, sizeof(c));
+        if (n <= 0) { break; }
+        filled += static_cast<size_t>(n);
+    }
+    ASSERT_EQ(::fcntl(to.w, F_SETFL, fl), 0);
+    ASSERT_EQ(::write(from.w, "abc", 3), 3);
+    Watchdog dog(10s, [&] { ::close(std::exchange(to.r, -1)); });  // the tee then fails with EPIPE
+    if (testing_support::testBackend() != Backend::kUring) {  // see ASpliceIntoASocketWithNoRoomHonoursItsDeadline
+        EXPECT_EQ(onFiber([&] { return spindle::tee(from.r, to.w, 3, 0, 50ms).errorCode(); }), ETIMEDOUT);
+    }
+    auto h = rt().spawn([&] { return spindle::tee(from.r, to.w, 3, 0).valueOr(0); }, SpawnOptions{.name = "teer"}).value();
+    awaitSuspended(rt(), "teer");
+    std::vector<char> room(filled);
+    size_t got = 0;
+    while (got < filled) {
+        const ssize_t n = ::read(to.r, room.data(), filled - got);
+        ASSERT_GT(n, 0);
+        got += static_cast<size_t>(n);
+    }
+    EXPECT_EQ(h.join(), 3u);
+    dog.disarm();
+    EXPECT_EQ(from.queued(), 3) << "tee consumed nothing";
+}
+
+// The same waits from a plain thread: a splice into a socket with no room honours its deadline.
+TEST_F(IoOpsTest, ASpliceFromAPlainThreadHonoursItsDeadline) {
+    if (testing_support::testBackend() == Backend::kUring) {
+        GTEST_SKIP() << "io_uring: the kernel (6.18) never fires a linked timeout on a splice or tee that blocks "
+                        "(see core/io.h)";
+    }
+    FullSocket s;
+    ASSERT_GT(s.filled, 0u);
+    Pipe p;
+    ASSERT_GE(p.r, 0);
+    ASSERT_EQ(::write(p.w, "xyz", 3), 3);
+    Watchdog dog(10s, [&] { s.cutOff(); });
+    int err = 0;
+    std::thread([&] { err = spindle::splice(p.r, -1, s.near, -1, 3, 0, 50ms).errorCode(); }).join();
+    dog.disarm();
+    EXPECT_EQ(err, ETIMEDOUT);
+    EXPECT_EQ(p.queued(), 3);
 }
 
 // ---- off-fiber -------------------------------------------------------------------------------------------------
