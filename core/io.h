@@ -93,15 +93,15 @@ Result<short> poll(int fd, short events, Deadline deadline = {}) noexcept;
 /// Waiting: a call between pipes and sockets waits, like a receive, until its input has bytes and its
 /// output room (the epoll backend parks it on the carrier; one with a regular-file end runs on the
 /// offload pool there). A cancel ends the wait with ECANCELED, and nothing has moved.
-/// `deadline`: ETIMEDOUT once it passes, moving nothing; but on the io_uring backend only until the
-/// call starts to block in the kernel: a linked timeout never fires on a splice or tee that blocks in
-/// an io_uring worker (kernel 6.18, measured), so there a blocked call waits for its ends, or a cancel.
+/// `deadline`: ETIMEDOUT once it passes, moving nothing. (On io_uring it is a timeout of its own that
+/// cancels the call: the kernel never fires a linked timeout on a splice or tee blocked in an io_uring
+/// worker, kernel 6.18, measured.)
 /// Errors: EINVAL when neither fd is a pipe, or for SPLICE_F_FD_IN_FIXED (registered files belong to
 /// one carrier's ring, which a fiber cannot name); ESPIPE for an offset on a pipe; EBADF; ECANCELED;
 /// ETIMEDOUT (see `deadline`).
 Result<size_t> splice(int fdIn, int64_t offIn, int fdOut, int64_t offOut, size_t len, unsigned flags, Deadline deadline = {}) noexcept;
 /// tee(2): copies up to `len` bytes from pipe `fdIn` to pipe `fdOut` without consuming them. Kernel 5.8.
-/// Waits, is cancelled and honours `deadline` as splice() does (the same io_uring caveat).
+/// Waits, is cancelled and honours `deadline` as splice() does.
 /// Errors: EINVAL when either fd is not a pipe, both name the same pipe, or for SPLICE_F_FD_IN_FIXED;
 /// ECANCELED; ETIMEDOUT.
 Result<size_t> tee(int fdIn, int fdOut, size_t len, unsigned flags, Deadline deadline = {}) noexcept;

@@ -163,6 +163,7 @@ void UringDriver::onEventFd(op::IoRequest* req, int32_t, uint32_t) noexcept {
 }
 
 int32_t UringDriver::startLinked(op::IoRequest* req) noexcept {
+    if (req->op->code == op::Code::kSplice || req->op->code == op::Code::kTee) [[unlikely]] { return startTimed(req); }
     // The op and its IORING_OP_LINK_TIMEOUT leave in one submission; the request completes once both
     // CQEs came, so its frame is never reused while the timeout could still cancel by its user_data.
     ring_.reserveSqes(2);
@@ -179,6 +180,51 @@ int32_t UringDriver::startLinked(op::IoRequest* req) noexcept {
     req->driverState = 2;
     inflight_ += 2;
     return kPending;
+}
+
+int32_t UringDriver::startTimed(op::IoRequest* req) noexcept {
+    ring_.reserveSqes(2);
+    io_uring_sqe* sqe = ring_.acquireSqe();
+    prepare(sqe, *req->op);
+    io_uring_sqe_set_data64(sqe, userData(req));  // kLinkedBit: its CQE's result is kept
+    req->uring.timeoutSpec[0] = static_cast<int64_t>(req->deadlineNs / 1000000000u);
+    req->uring.timeoutSpec[1] = static_cast<int64_t>(req->deadlineNs % 1000000000u);
+    io_uring_sqe* t = ring_.acquireSqe();
+    io_uring_prep_timeout(t, reinterpret_cast<__kernel_timespec*>(req->uring.timeoutSpec), 0, IORING_TIMEOUT_ABS);
+    io_uring_sqe_set_data64(t, reinterpret_cast<uint64_t>(req) | kTimeoutBit);
+    req->driverState = kOwnTimer | kOpDue | kTimerDue;
+    inflight_ += 2;
+    return kPending;
+}
+
+void UringDriver::onTimedCqe(op::IoRequest* req, TimedCqe which, int32_t res) noexcept {
+    uint32_t& st = req->driverState;
+    switch (which) {
+        case TimedCqe::kOp:
+            st &= ~kOpDue;
+            break;
+        case TimedCqe::kTimer:
+            st &= ~kTimerDue;
+            break;
+        case TimedCqe::kControl:
+            st &= ~kControlDue;
+            break;
+    }
+    // The op done while the timeout waits: remove it. The timeout fired while the op waits: cancel it.
+    const bool removeTimer = which == TimedCqe::kOp && (st & kTimerDue) != 0;
+    const bool cancelOp = which == TimedCqe::kTimer && res == -ETIME && (st & kOpDue) != 0;
+    if ((removeTimer || cancelOp) && (st & kControlSent) == 0) {
+        io_uring_sqe* sqe = ring_.acquireSqe();
+        if (removeTimer) {
+            io_uring_prep_timeout_remove(sqe, reinterpret_cast<uint64_t>(req) | kTimeoutBit, 0);
+        } else {
+            io_uring_prep_cancel64(sqe, userData(req), 0);
+        }
+        io_uring_sqe_set_data64(sqe, reinterpret_cast<uint64_t>(req) | kControlBits);
+        st |= kControlSent | kControlDue;
+        ++inflight_;
+    }
+    if ((st & (kOpDue | kTimerDue | kControlDue)) == 0) { req->complete(req, req->uring.savedRes, req->uring.savedFlags); }
 }
 
 void UringDriver::cancel(op::IoRequest* req) noexcept {
@@ -225,9 +271,17 @@ void UringDriver::dispatch(const io_uring_cqe* cqe) noexcept {
         req->complete(req, cqe->res, cqe->flags);
         return;
     }
+    if ((ud & kControlBits) == kControlBits) [[unlikely]] {
+        onTimedCqe(req, TimedCqe::kControl, cqe->res);
+        return;
+    }
     if ((ud & kLinkedBit) != 0) {
         req->uring.savedRes = cqe->res;
         req->uring.savedFlags = cqe->flags;
+    }
+    if ((req->driverState & kOwnTimer) != 0) [[unlikely]] {
+        onTimedCqe(req, (ud & kTimeoutBit) != 0 ? TimedCqe::kTimer : TimedCqe::kOp, cqe->res);
+        return;
     }
     if (--req->driverState == 0) { req->complete(req, req->uring.savedRes, req->uring.savedFlags); }
 }
@@ -322,25 +376,34 @@ int32_t UringDriver::runOnThreadRing(const op::Op& o, Deadline deadline, uint32_
         }
     }
     // The operation's CQE carries user_data 8, a linked timeout's 16; both are awaited (see start()).
+    // A splice or tee has a timeout of its own (see startTimed): its removal or the op's cancel,
+    // whichever is needed, carries 24 and is awaited too.
+    const bool ownTimer = o.code == op::Code::kSplice || o.code == op::Code::kTee;
     tr.ring.reserveSqes(2);
     io_uring_sqe* sqe = tr.ring.acquireSqe();
     prepare(sqe, o);
     io_uring_sqe_set_data64(sqe, 8);
     __kernel_timespec ts{};
     if (deadline.isSet()) {
-        sqe->flags |= IOSQE_IO_LINK;
         ts.tv_sec = static_cast<int64_t>(deadline.ns() / 1000000000u);
         ts.tv_nsec = static_cast<long long>(deadline.ns() % 1000000000u);
         io_uring_sqe* t = tr.ring.acquireSqe();
-        io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
+        if (ownTimer) {
+            io_uring_prep_timeout(t, &ts, 0, IORING_TIMEOUT_ABS);
+        } else {
+            sqe->flags |= IOSQE_IO_LINK;
+            io_uring_prep_link_timeout(t, &ts, IORING_TIMEOUT_ABS);
+        }
         io_uring_sqe_set_data64(t, 16);
     }
     bool done = false;
     bool timeoutDone = !deadline.isSet();
+    bool controlSent = false;
+    bool controlDone = true;
     int32_t res = 0;
     // No return before both CQEs: the kernel may hold the caller's buffer (and `ts`) until then,
     // and an SQE left unsubmitted would go out with the thread's next call.
-    while (!done || !timeoutDone) {
+    while (!done || !timeoutDone || !controlDone) {
         const int w = tr.ring.submitAndWait(nullptr);
         if (w == -ENOMEM || w == -EAGAIN || w == -EBUSY) {
             ::usleep(1000);  // the kernel is short of memory: try again shortly
@@ -353,8 +416,23 @@ int32_t UringDriver::runOnThreadRing(const op::Op& o, Deadline deadline, uint32_
                 res = cqe->res;
                 if (cqeFlags != nullptr) { *cqeFlags = cqe->flags; }
                 done = true;
-            } else {
+            } else if (cqe->user_data == 16) {
                 timeoutDone = true;
+            } else {
+                controlDone = true;
+            }
+            const bool removeTimer = cqe->user_data == 8 && !timeoutDone;
+            const bool cancelOp = cqe->user_data == 16 && !done && cqe->res == -ETIME;
+            if (ownTimer && !controlSent && (removeTimer || cancelOp)) {
+                io_uring_sqe* c = tr.ring.acquireSqe();
+                if (removeTimer) {
+                    io_uring_prep_timeout_remove(c, 16, 0);
+                } else {
+                    io_uring_prep_cancel64(c, 8, 0);
+                }
+                io_uring_sqe_set_data64(c, 24);
+                controlSent = true;
+                controlDone = false;
             }
         });
     }

@@ -87,8 +87,23 @@ private:
         return c == op::Code::kAcceptMultishot || c == op::Code::kRecvMultishot;
     }
 
-    // start() for a request with a deadline: the op and its linked timeout.
+    // start() for a request with a deadline: the op and its linked timeout (for a splice or tee, a
+    // timeout of its own: startTimed).
     int32_t startLinked(op::IoRequest* req) noexcept;
+    // The kernel (6.18, measured) never fires a linked timeout on a splice or tee that blocks in an
+    // io_uring worker: theirs is an IORING_OP_TIMEOUT of its own. Fired first, it cancels the op (a
+    // cancel does end the blocked call); the op ending first removes it. That cancel or removal (the
+    // control SQE, user_data kControlBits) is awaited too: the request completes only once every CQE
+    // that names it came, so no SQE can name its address after its frame is reused.
+    int32_t startTimed(op::IoRequest* req) noexcept;
+    enum class TimedCqe { kOp, kTimer, kControl };
+    void onTimedCqe(op::IoRequest* req, TimedCqe which, int32_t res) noexcept;
+    static constexpr uint64_t kControlBits = kTimeoutBit | kLinkedBit;  // no other user_data has both
+    static constexpr uint32_t kOwnTimer = 0x100;   // driverState: started by startTimed
+    static constexpr uint32_t kOpDue = 0x1;        // ... the op's CQE is still to come
+    static constexpr uint32_t kTimerDue = 0x2;     // ... the timeout's
+    static constexpr uint32_t kControlDue = 0x4;   // ... the control SQE's
+    static constexpr uint32_t kControlSent = 0x8;  // ... which went (there is one at most)
     void dispatch(const io_uring_cqe* cqe) noexcept;
     [[nodiscard]] uint64_t userData(const op::IoRequest* req) const noexcept {
         uint64_t ud = reinterpret_cast<uint64_t>(req);
