@@ -136,6 +136,7 @@ void Carrier::joinThread() noexcept {
 
 void Carrier::threadMain() noexcept {
     tlsCarrier = this;
+    threadId_.store(static_cast<int>(::gettid()), std::memory_order_release);
     auto ok = setUp();
     startState_.store(ok ? 1 : -ok.errorCode(), std::memory_order_release);
     startState_.notify_all();

@@ -18,6 +18,7 @@
 #include <cxxabi.h>
 #include <fcntl.h>
 #include <libunwind.h>
+#include <pthread.h>
 #include <signal.h>
 #include <ucontext.h>
 #include <unistd.h>
@@ -26,12 +27,15 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <ctime>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "base/check.h"
@@ -552,6 +556,9 @@ void StallMonitor::stop() noexcept {
     rt_->wakeStallMonitor();
     cv_.notify_all();
     if (thread_.joinable()) { thread_.join(); }
+    for (Watch& w : watch_) {
+        if (w.stat >= 0) { ::close(std::exchange(w.stat, -1)); }
+    }
 }
 
 void StallMonitor::run() noexcept {
@@ -566,19 +573,59 @@ void StallMonitor::run() noexcept {
             Carrier* c = carriers[i].get();
             Watch& w = watch_[i];
             const uint64_t run = c->stats().fibersRun.load(std::memory_order_relaxed);
+            const uint64_t cpu = threadCpuNs(c, w);
             if (run != w.run || !c->inFiber()) {
                 w.run = run;
                 w.since = now;
+                w.cpuSince = cpu;
                 continue;
             }
-            if (now - w.since >= thresholdNs_ && w.reported != run) {
+            // The same fiber since `since`. What counts is the time its thread spent on a CPU, or, when
+            // the thread is blocked in the kernel now (a blocking call on the carrier), the wall time: a
+            // thread that waits for a CPU behind others (preempted, a loaded machine) is not stalled by
+            // its fiber, which would otherwise be reported again and again.
+            const uint64_t wall = now - w.since;
+            const uint64_t ran = cpu - std::min(cpu, w.cpuSince);
+            const uint64_t stalled = ran >= thresholdNs_ ? ran : wall >= thresholdNs_ && blockedInKernel(c, w) ? wall : 0;
+            if (stalled != 0 && w.reported != run) {
                 w.reported = run;
-                report(c, now - w.since);
+                report(c, stalled);
             }
         }
         sleepWhileAllParked();
         lock.lock();
     }
+}
+
+uint64_t StallMonitor::threadCpuNs(Carrier* c, Watch& w) noexcept {
+    if (!w.clockKnown) {
+        if (c->threadId() == 0) { return 0; }  // not started yet
+        w.clockKnown = true;
+        if (::pthread_getcpuclockid(c->threadHandle(), &w.clock) != 0) { w.clockKnown = false; }
+    }
+    timespec ts{};
+    if (!w.clockKnown || ::clock_gettime(w.clock, &ts) != 0) { return 0; }
+    return static_cast<uint64_t>(ts.tv_sec) * 1'000'000'000u + static_cast<uint64_t>(ts.tv_nsec);
+}
+
+bool StallMonitor::blockedInKernel(Carrier* c, Watch& w) noexcept {
+    if (!w.statTried) {
+        const int tid = c->threadId();
+        if (tid == 0) { return true; }
+        w.statTried = true;
+        char path[64];
+        std::snprintf(path, sizeof(path), "/proc/self/task/%d/stat", tid);
+        w.stat = ::open(path, O_RDONLY | O_CLOEXEC);
+    }
+    if (w.stat < 0) { return true; }  // cannot tell: wall time, as before
+    // "tid (comm) S ...": the state follows the last ')' (a name may hold one).
+    char buf[256];
+    const ssize_t n = ::pread(w.stat, buf, sizeof(buf) - 1, 0);
+    if (n <= 0) { return true; }
+    buf[n] = '\0';
+    const char* paren = std::strrchr(buf, ')');
+    if (paren == nullptr || paren[1] != ' ') { return true; }
+    return paren[2] != 'R';  // S, D: waiting in the kernel; R: running, or runnable and waiting for a CPU
 }
 
 void StallMonitor::sleepWhileAllParked() noexcept {

@@ -199,6 +199,8 @@ public:
     [[nodiscard]] const Fiber* runningNow() const noexcept { return runningNow_.load(std::memory_order_relaxed); }
     [[nodiscard]] bool inFiber() const noexcept { return runningNow() != nullptr; }
     [[nodiscard]] pthread_t threadHandle() noexcept { return thread_.native_handle(); }
+    /// Its thread's kernel id (gettid), 0 until the thread has started (any thread).
+    [[nodiscard]] int threadId() const noexcept { return threadId_.load(std::memory_order_acquire); }
     /// Whether its thread has left its loop for good (any thread).
     [[nodiscard]] bool exited() const noexcept { return exited_.load(std::memory_order_acquire); }
     /// What the stall signal's handler found on this carrier's thread (core/introspect.cpp).
@@ -356,6 +358,7 @@ private:
     std::atomic<bool> exited_{true};    // false from start() until threadMain ends
     Carrier* debugNext_ = nullptr;      // the runtime's next carrier, for debuggers (tools/gdb/spindle.py)
     StallSample stallSample_;
+    std::atomic<int> threadId_{0};
 
     RuntimeImpl* runtime_;
     const std::atomic<bool>* stoppingFlag_;

@@ -5,6 +5,8 @@
 ///
 /// Thread-safety: the carrier list is fixed after start(); the counters are atomics.
 
+#include <time.h>  // clockid_t
+
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -41,8 +43,18 @@ private:
     struct Watch {
         uint64_t run = 0;                 // the carrier's fibersRun at the last look
         uint64_t since = 0;               // when it was last seen to move (or the carrier idle)
+        uint64_t cpuSince = 0;            // its thread's CPU time then
         uint64_t reported = UINT64_MAX;   // the fibersRun of the stall last reported
+        clockid_t clock{};                // its thread's CPU-time clock, once clockKnown
+        bool clockKnown = false;
+        int stat = -1;                    // /proc/self/task/TID/stat, open; -1: not (yet)
+        bool statTried = false;
     };
+    // The CPU time the carrier's thread has used (0 before it started, or if unreadable).
+    static uint64_t threadCpuNs(Carrier* c, Watch& w) noexcept;
+    // Whether the carrier's thread is waiting in the kernel now (not running and not runnable); true
+    // when that cannot be told.
+    static bool blockedInKernel(Carrier* c, Watch& w) noexcept;
     static constexpr unsigned kBurst = 8;                       // reports per window, at most
     static constexpr uint64_t kWindowNs = 10'000'000'000;       // 10 s
     void run() noexcept;

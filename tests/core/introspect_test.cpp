@@ -8,6 +8,7 @@
 
 #include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -302,6 +303,75 @@ TEST(StallDetector, ReportsAFiberThatRunsWithoutYieldingOnceWithItsBacktrace) {
     const auto stats = rt->stats();
     EXPECT_EQ(stats[1].stalls, 1u);
     EXPECT_EQ(stats[0].stalls, 0u);
+}
+
+// A fiber that blocks its carrier in a system call (a blocking read of an empty pipe) uses no CPU, and is
+// reported all the same: the detector counts wall time while the thread waits in the kernel. (The
+// sample's signal does not end the read: SA_RESTART.)
+TEST(StallDetector, ReportsAFiberThatBlocksItsCarrierInTheKernel) {
+    RuntimeOptions o;
+    o.carriers = 1;
+    o.stallThresholdMs = 20;
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt);
+    int p[2];
+    ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
+    testing::internal::CaptureStderr();
+    auto h = rt->spawn([&] {
+        char c = 0;
+        return ::read(p[0], &c, 1);  // blocking: the carrier waits in the kernel
+    }, SpawnOptions{.name = "blocker"});
+    ASSERT_TRUE(h);
+    const auto giveUp = std::chrono::steady_clock::now() + 10s;
+    while (rt->stats()[0].stalls == 0 && std::chrono::steady_clock::now() < giveUp) { std::this_thread::sleep_for(1ms); }
+    ASSERT_EQ(::write(p[1], "x", 1), 1);
+    EXPECT_EQ(h->join(), 1) << "the read got its byte, not EINTR";
+    rt->shutdown();
+    rt->join();  // the monitor has stopped: its log is complete
+    const std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_NE(logged.find("stall: fiber 'blocker'"), std::string::npos) << logged;
+    EXPECT_EQ(rt->stats()[0].stalls, 1u) << logged;
+    ::close(p[0]);
+    ::close(p[1]);
+}
+
+// A fiber that yields often is not reported while its carrier's thread waits for the CPU behind other
+// threads (a loaded machine): the detector counts the time the fiber ran, less the time its thread
+// spent preempted (schedstat's run-queue wait). Before, wall time alone: eight busy threads on the
+// carrier's CPU made the polite fiber look stalled again and again.
+TEST(StallDetector, AFiberThatYieldsIsNotReportedWhileItsThreadIsPreempted) {
+    if (::access("/proc/self/schedstat", R_OK) != 0) { GTEST_SKIP() << "no schedstat in this kernel"; }
+    RuntimeOptions o;
+    o.carriers = 1;
+    o.stallThresholdMs = 20;
+    auto rt = Runtime::start(o);
+    ASSERT_TRUE(rt);
+    auto where = rt->spawn([] { return ::sched_getcpu(); });
+    ASSERT_TRUE(where);
+    const int cpu = where->join();
+    ASSERT_GE(cpu, 0);
+    std::atomic<bool> stop{false};
+    std::vector<std::thread> hogs;
+    for (int i = 0; i < 8; ++i) {
+        hogs.emplace_back([&] {
+            cpu_set_t set;
+            CPU_ZERO(&set);
+            CPU_SET(cpu, &set);
+            (void)::pthread_setaffinity_np(::pthread_self(), sizeof(set), &set);
+            while (!stop.load(std::memory_order_relaxed)) { gSpin.store(true, std::memory_order_relaxed); }
+        });
+    }
+    testing::internal::CaptureStderr();
+    auto polite = rt->spawn([] {
+        const auto end = std::chrono::steady_clock::now() + 400ms;
+        while (std::chrono::steady_clock::now() < end) { this_fiber::yield(); }
+    }, SpawnOptions{.name = "polite"});
+    ASSERT_TRUE(polite);
+    polite->join();
+    stop.store(true);
+    for (auto& t : hogs) { t.join(); }
+    const std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(rt->stats()[0].stalls, 0u) << logged;
 }
 
 // The voluntary context switches of this process's thread named `name` (-1: none such, or several).
