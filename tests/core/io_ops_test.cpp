@@ -714,22 +714,32 @@ private:
     std::thread thread_;
 };
 
+/// A pipe holding `bytes` bytes and a FullSocket to splice them into, with a Watchdog that cuts the
+/// socket off after 10 s (a splice that blocks instead of waiting then fails its test, not hangs it).
+struct PipeToFullSocket {
+    FullSocket s;
+    Pipe p;
+    std::vector<char> data;
+    Watchdog dog;
+    explicit PipeToFullSocket(size_t bytes) : data(pattern(bytes, 21)), dog(10s, [this] { s.cutOff(); }) {
+        EXPECT_GT(s.filled, 0u);
+        EXPECT_EQ(::write(p.w, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+    }
+    [[nodiscard]] Result<size_t> splice(Deadline deadline = {}) const {
+        return spindle::splice(p.r, -1, s.near, -1, data.size(), 0, deadline);
+    }
+};
+
 // A splice from a pipe into a socket with no room waits for room and honours its deadline, moving
 // nothing. Before, on the epoll backend, it ran blocking on the offload pool: the deadline was ignored
 // and the call (and a pool thread) stayed until the peer read or went. On io_uring the kernel never
 // fired the linked timeout of a splice blocked in its worker, with the same outcome.
 TEST_F(IoOpsTest, ASpliceIntoASocketWithNoRoomHonoursItsDeadline) {
-    FullSocket s;
-    ASSERT_GT(s.filled, 0u);
-    Pipe p;
-    ASSERT_GE(p.r, 0);
-    const auto data = pattern(3000, 21);
-    ASSERT_EQ(::write(p.w, data.data(), data.size()), static_cast<ssize_t>(data.size()));
-    Watchdog dog(10s, [&] { s.cutOff(); });
-    const int err = onFiber([&] { return spindle::splice(p.r, -1, s.near, -1, data.size(), 0, 50ms).errorCode(); });
-    dog.disarm();
+    PipeToFullSocket t(3000);
+    const int err = onFiber([&] { return t.splice(50ms).errorCode(); });
+    t.dog.disarm();
     EXPECT_EQ(err, ETIMEDOUT);
-    EXPECT_EQ(p.queued(), static_cast<int>(data.size())) << "a splice that timed out moved nothing";
+    EXPECT_EQ(t.p.queued(), 3000) << "a splice that timed out moved nothing";
 }
 
 // Splices waiting for room in sockets hold no offload thread: with more of them waiting than the pool
@@ -773,21 +783,14 @@ TEST_F(IoOpsTest, SplicesWaitingForRoomLeaveTheOffloadPoolFree) {
 
 // A splice waiting for room is cancelled: ECANCELED, and its bytes stay in the pipe.
 TEST_F(IoOpsTest, ASpliceWaitingForRoomIsCancelled) {
-    FullSocket s;
-    ASSERT_GT(s.filled, 0u);
-    Pipe p;
-    ASSERT_GE(p.r, 0);
-    ASSERT_EQ(::write(p.w, "0123456789", 10), 10);
-    Watchdog dog(10s, [&] { s.cutOff(); });
-    auto h = rt().spawn([&] { return spindle::splice(p.r, -1, s.near, -1, 10, 0).errorCode(); },
-                        SpawnOptions{.name = "splicer"})
-                 .value();
+    PipeToFullSocket t(10);
+    auto h = rt().spawn([&] { return t.splice().errorCode(); }, SpawnOptions{.name = "splicer"}).value();
     awaitSuspended(rt(), "splicer");  // in its wait: the cancel ends the wait, not the call before it starts
     h.cancel();
     const int err = h.join();
-    dog.disarm();
+    t.dog.disarm();
     EXPECT_EQ(err, ECANCELED);
-    EXPECT_EQ(p.queued(), 10);
+    EXPECT_EQ(t.p.queued(), 10);
 }
 
 // The other direction and the other end: a splice from a socket with nothing to read waits for bytes,
@@ -877,17 +880,12 @@ TEST_F(IoOpsTest, SplicesWithDeadlinesOneAfterAnother) {
 
 // The same waits from a plain thread: a splice into a socket with no room honours its deadline.
 TEST_F(IoOpsTest, ASpliceFromAPlainThreadHonoursItsDeadline) {
-    FullSocket s;
-    ASSERT_GT(s.filled, 0u);
-    Pipe p;
-    ASSERT_GE(p.r, 0);
-    ASSERT_EQ(::write(p.w, "xyz", 3), 3);
-    Watchdog dog(10s, [&] { s.cutOff(); });
+    PipeToFullSocket t(3);
     int err = 0;
-    std::thread([&] { err = spindle::splice(p.r, -1, s.near, -1, 3, 0, 50ms).errorCode(); }).join();
-    dog.disarm();
+    std::thread([&] { err = t.splice(50ms).errorCode(); }).join();
+    t.dog.disarm();
     EXPECT_EQ(err, ETIMEDOUT);
-    EXPECT_EQ(p.queued(), 3);
+    EXPECT_EQ(t.p.queued(), 3);
 }
 
 // ---- off-fiber -------------------------------------------------------------------------------------------------
