@@ -71,6 +71,9 @@ bool isPathOp(op::Code c) noexcept {
 
 bool isSpliceOp(op::Code c) noexcept { return c == op::Code::kSplice || c == op::Code::kTee; }
 
+// The descriptor in whose waiter list a request parked with `state` (its driverState) waits.
+int parkedFd(const op::Op& o, uint32_t state) noexcept { return (state & kOnOutput) != 0 ? o.fd2 : o.fd; }
+
 bool isRwOp(op::Code c) noexcept {
     return c == op::Code::kRead || c == op::Code::kWrite || c == op::Code::kReadv || c == op::Code::kWritev;
 }
@@ -580,8 +583,7 @@ int32_t EpollDriver::parkSplice(op::IoRequest* req) noexcept {
             end = static_cast<int32_t>(kOnOutput);
         }
         if (end < 0) { return end; }
-        const int fd = end != 0 ? o.fd2 : o.fd;
-        FdState* st = stateFor(fd);
+        FdState* st = stateFor(parkedFd(o, static_cast<uint32_t>(end)));
         if (st == nullptr) { return -ENOMEM; }  // fstat accepted the number: below the table's limit
         return park(req, *st, /*drained=*/false, static_cast<uint32_t>(end));
     }
@@ -589,7 +591,7 @@ int32_t EpollDriver::parkSplice(op::IoRequest* req) noexcept {
 
 int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained, uint32_t onOutput) noexcept {
     const op::Op& o = *req->op;
-    if (const int32_t r = registerFd(onOutput != 0 ? o.fd2 : o.fd, st, drained); r < 0) {
+    if (const int32_t r = registerFd(parkedFd(o, onOutput), st, drained); r < 0) {
         if (r == -EPERM && isRwOp(o.code)) { return kBlocking; }  // a regular file: the pool reads it
         return r;
     }
@@ -611,8 +613,7 @@ int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained, uint32_
 }
 
 void EpollDriver::unlink(op::IoRequest* req) noexcept {
-    const int fd = (req->driverState & kOnOutput) != 0 ? req->op->fd2 : req->op->fd;
-    FdState& st = fds_[static_cast<size_t>(fd)];
+    FdState& st = fds_[static_cast<size_t>(parkedFd(*req->op, req->driverState))];
     if (req->epoll.prev != nullptr) {
         req->epoll.prev->epoll.next = req->epoll.next;
     } else {

@@ -260,16 +260,21 @@ constexpr bool kTsan = false;
 
 std::atomic<bool> gSpin{false};
 
+/// A runtime's options with `carriers` carriers and the stall detector at `thresholdMs`.
+RuntimeOptions stallOptions(unsigned carriers, unsigned thresholdMs) {
+    RuntimeOptions o;
+    o.carriers = carriers;
+    o.stallThresholdMs = thresholdMs;
+    return o;
+}
+
 [[gnu::noinline]] void spinWithoutYielding(std::chrono::milliseconds d) {
     const auto end = std::chrono::steady_clock::now() + d;
     while (std::chrono::steady_clock::now() < end) { gSpin.store(true, std::memory_order_relaxed); }
 }
 
 TEST(StallDetector, ReportsAFiberThatRunsWithoutYieldingOnceWithItsBacktrace) {
-    RuntimeOptions o;
-    o.carriers = 2;
-    o.stallThresholdMs = 20;
-    auto rt = Runtime::start(o);
+    auto rt = Runtime::start(stallOptions(2, 20));
     ASSERT_TRUE(rt);
     testing::internal::CaptureStderr();
     auto h = rt->spawn([] { spinWithoutYielding(300ms); }, SpawnOptions{.name = "hog", .carrier = 1});
@@ -309,10 +314,7 @@ TEST(StallDetector, ReportsAFiberThatRunsWithoutYieldingOnceWithItsBacktrace) {
 // reported all the same: the detector counts wall time while the thread waits in the kernel. (The
 // sample's signal does not end the read: SA_RESTART.)
 TEST(StallDetector, ReportsAFiberThatBlocksItsCarrierInTheKernel) {
-    RuntimeOptions o;
-    o.carriers = 1;
-    o.stallThresholdMs = 20;
-    auto rt = Runtime::start(o);
+    auto rt = Runtime::start(stallOptions(1, 20));
     ASSERT_TRUE(rt);
     int p[2];
     ASSERT_EQ(::pipe2(p, O_CLOEXEC), 0);
@@ -341,10 +343,7 @@ TEST(StallDetector, ReportsAFiberThatBlocksItsCarrierInTheKernel) {
 // carrier's CPU made the polite fiber look stalled again and again.
 TEST(StallDetector, AFiberThatYieldsIsNotReportedWhileItsThreadIsPreempted) {
     if (::access("/proc/self/schedstat", R_OK) != 0) { GTEST_SKIP() << "no schedstat in this kernel"; }
-    RuntimeOptions o;
-    o.carriers = 1;
-    o.stallThresholdMs = 20;
-    auto rt = Runtime::start(o);
+    auto rt = Runtime::start(stallOptions(1, 20));
     ASSERT_TRUE(rt);
     auto where = rt->spawn([] { return ::sched_getcpu(); });
     ASSERT_TRUE(where);
@@ -397,10 +396,7 @@ long voluntarySwitchesOf(const std::string& name) {
 }
 
 TEST(StallDetector, TheMonitorSleepsWhileEveryCarrierIsParkedAndStillCatchesTheNextStall) {
-    RuntimeOptions o;
-    o.carriers = 2;
-    o.stallThresholdMs = 10;  // a look every 5 ms while a carrier is awake
-    auto rt = Runtime::start(o);
+    auto rt = Runtime::start(stallOptions(2, 10));  // a look every 5 ms while a carrier is awake
     ASSERT_TRUE(rt);
     // Let start-up settle (first parks, the stack pool's scavenger), then count the monitor's wake-ups
     // over 500 ms of nothing: 100 if it looked every 5 ms, a handful if it sleeps.
@@ -423,10 +419,7 @@ TEST(StallDetector, TheMonitorSleepsWhileEveryCarrierIsParkedAndStillCatchesTheN
 }
 
 TEST(StallDetector, OffMeansNoMonitorAndNoReport) {
-    RuntimeOptions o;
-    o.carriers = 1;
-    o.stallThresholdMs = 0;
-    auto rt = Runtime::start(o);
+    auto rt = Runtime::start(stallOptions(1, 0));
     ASSERT_TRUE(rt);
     testing::internal::CaptureStderr();
     auto h = rt->spawn([] { spinWithoutYielding(50ms); });
@@ -459,10 +452,7 @@ TEST(StallDetector, ABadSpindleStallMsIsRefusedAndAGoodOneWins) {
     }
     {
         testing_support::ScopedEnv env("SPINDLE_STALL_MS", "0");  // off, whatever the options say
-        RuntimeOptions o;
-        o.carriers = 1;
-        o.stallThresholdMs = 1;
-        auto rt = Runtime::start(o);
+        auto rt = Runtime::start(stallOptions(1, 1));
         ASSERT_TRUE(rt);
         testing::internal::CaptureStderr();
         rt->spawn([] { spinWithoutYielding(30ms); }).value().join();
