@@ -202,6 +202,14 @@ bool carrierOtherwiseIdle() noexcept {
     return c != nullptr && c->running() != nullptr && c->otherwiseIdle();
 }
 
+bool carrierSendsInline() noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (c == nullptr || c->running() == nullptr) { return false; }
+    return !c->onRing() || c->otherwiseIdle();
+}
+
+void afterInlineSend() noexcept { detail::Carrier::current()->afterInlineCompletion(); }
+
 uring::Ring* currentRing() noexcept {
     detail::Carrier* c = detail::Carrier::current();
     return c != nullptr ? c->ring() : nullptr;

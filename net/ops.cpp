@@ -18,23 +18,28 @@ namespace spindle::net::detail {
 namespace {
 
 // How a send goes out:
-// - When the fiber is all its carrier has to do (carrierOtherwiseIdle), one send(2) with MSG_DONTWAIT
-//   straight away: through the ring it would cost the carrier an io_uring_enter all the same, plus a
-//   park, a CQE and a resume. With other fibers ready or SQEs queued, the ring batches it with them.
+// - One send(2) with MSG_DONTWAIT straight away when carrierSendsInline() says so: on the epoll
+//   backend always (its driver would make the same call, after more bookkeeping); on io_uring when
+//   the fiber is all its carrier has to do (carrierOtherwiseIdle), since through the ring it would cost
+//   the carrier an io_uring_enter all the same, plus a park, a CQE and a resume. With other fibers
+//   ready or SQEs queued, the ring batches it with them.
 // - A send with a deadline tries first without one, with MSG_DONTWAIT: a socket with room in its
 //   send buffer (nearly always) completes it at once, and the linked timeout (an extra SQE, a timer
 //   armed and cancelled, its own CQE awaited) is paid only when the kernel answers EAGAIN.
 // The direct calls are raw system calls: the descriptor may come from an accept on the ring, which
-// ThreadSanitizer's interceptors cannot see. (The epoll driver tries every send at once anyway.)
+// ThreadSanitizer's interceptors cannot see.
 int32_t sendOp(op::Op o, Deadline deadline) noexcept {
     if ((o.opFlags & MSG_DONTWAIT) != 0) { return submitOp(o, deadline).res; }
-    if (carrierOtherwiseIdle()) {
+    if (carrierSendsInline()) {
         if (this_fiber::cancellationRequested()) { return -ECANCELED; }
         if (deadline.expired()) { return -ETIMEDOUT; }
         const long n = o.code == op::Code::kSend
                            ? ::syscall(SYS_sendto, o.fd, o.addr, o.len, o.opFlags | MSG_DONTWAIT, nullptr, 0)
                            : ::syscall(SYS_sendmsg, o.fd, o.addr, o.opFlags | MSG_DONTWAIT);
-        if (n >= 0) { return static_cast<int32_t>(n); }  // all of it, or what the socket took
+        if (n >= 0) {  // all of it, or what the socket took
+            afterInlineSend();
+            return static_cast<int32_t>(n);
+        }
         if (errno != EAGAIN && errno != EINTR) { return -errno; }
         return submitOp(o, deadline).res;  // full: the driver waits for room
     }

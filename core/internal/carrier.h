@@ -97,6 +97,8 @@ public:
     int32_t startIo(op::IoRequest* req) noexcept {
         return uring_ != nullptr ? uring_->UringDriver::start(req) : driver_->start(req);
     }
+    /// Whether the driver is the io_uring one (false: a readiness driver, which tries each call at once).
+    [[nodiscard]] bool onRing() const noexcept { return uring_ != nullptr; }
     /// The io_uring ring, for registrations; null on the epoll backend.
     [[nodiscard]] uring::Ring* ring() noexcept { return driver_->ring(); }
     /// This carrier's registered buffers and files (core/fixed.h); see core/internal/fixed_pool.h.

@@ -1,7 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
-// How a send leaves: a direct send(2) when the fiber is all its carrier has to do, the ring when
-// other fibers are ready (batching), the ring again when the socket is full; cancellation and past
-// deadlines behave the same on every path.
+// How a send leaves: a direct send(2) when the fiber is all its carrier has to do (on the epoll
+// backend, always), the ring when other fibers are ready (batching), the driver when the socket is
+// full; cancellation and past deadlines behave the same on every path.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -60,7 +60,12 @@ TEST_F(SendPath, AloneTheFiberSendsDirectlyWithOthersReadyTheRingBatches) {
         this_fiber::yield();  // let it start
         const uint64_t mid = sqesOn(0);
         for (int i = 0; i < kMessages; ++i) { ASSERT_TRUE(pair.client.writeAll("abcdefgh", 8, 5s)); }
-        EXPECT_GE(sqesOn(0) - mid, static_cast<uint64_t>(kMessages));
+        if (testing_support::testBackend() == Backend::kUring) {
+            EXPECT_GE(sqesOn(0) - mid, static_cast<uint64_t>(kMessages));
+        } else {
+            // The epoll driver would make the same send(2) at once: no operation is started for it.
+            EXPECT_LT(sqesOn(0) - mid, 10u) << "sends went through the epoll driver";
+        }
         stop.store(true);
         busy.join();
     }).join();
