@@ -771,6 +771,9 @@ void Carrier::park() noexcept {
     }
     if (timeout != 0) {
         stats_.parks.store(stats_.parks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        if (timeout > 0) {
+            stats_.timedParks.store(stats_.timedParks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        }
         const uint64_t parkedAt = nowNs();
         driver_->wait(timeout);
         addIdle(parkedAt);

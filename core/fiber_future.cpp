@@ -145,7 +145,13 @@ int32_t FiberFuture::waitWithTimeout(FiberFuture* future, std::chrono::nanosecon
                                      const void* object) noexcept {
     if (future->isSet()) { return future->res_; }
     if (timeout.count() <= 0) { return -ETIMEDOUT; }
-    const uint64_t deadline = detail::nowNs() + static_cast<uint64_t>(detail::clampTimeout(timeout).count());
+    const std::chrono::nanoseconds clamped = detail::clampTimeout(timeout);
+    // No limit: a timer that never comes due (UINT64_MAX), there only for a cancel to fire. The carrier
+    // parks without a timeout for it, as for no timer at all; with a finite one every park would cost
+    // the kernel a timer armed and cancelled.
+    const uint64_t deadline = clamped == detail::kMaxTimeout
+                                  ? UINT64_MAX
+                                  : detail::nowNs() + static_cast<uint64_t>(clamped.count());
     detail::Fiber* self = detail::currentFiber();
 
     if (self->proxy_) {
@@ -157,7 +163,9 @@ int32_t FiberFuture::waitWithTimeout(FiberFuture* future, std::chrono::nanosecon
             return future->res_;
         }
         const timespec ts{static_cast<time_t>(deadline / 1000000000u), static_cast<long>(deadline % 1000000000u)};
-        if (!proxy->blockUntil(ts)) {
+        if (deadline == UINT64_MAX) {
+            proxy->block();  // a plain thread cannot be cancelled: only the set ends this wait
+        } else if (!proxy->blockUntil(ts)) {
             expected = reinterpret_cast<uint64_t>(proxy);
             if (future->state_.compare_exchange_strong(expected, 0, std::memory_order_acq_rel,
                                                        std::memory_order_acquire)) {

@@ -64,6 +64,9 @@ public:
     /// Returns the result, parking the calling fiber (or blocking the calling
     /// thread) until set() has run.
     [[nodiscard]] int32_t wait() noexcept { return wait(detail::WaitKind::kFuture, this); }
+
+    /// For waitWithTimeout(): wait without a limit, but end the wait when the fiber is cancelled.
+    static constexpr std::chrono::nanoseconds kNoTimeout = std::chrono::nanoseconds::max();
     /// wait(), telling Runtime::fibers what the caller waits for (recorded only if it parks); for the
     /// fiber-aware primitives built on futures.
     [[nodiscard]] int32_t wait(detail::WaitKind kind, const void* object, uint64_t deadlineNs = 0) noexcept;
@@ -98,6 +101,9 @@ public:
     /// legal and a later wait() returns it. -ECANCELED during shutdown or for a
     /// cancelled fiber; -ENOMEM (without waiting) when the carrier's timer heap
     /// must grow and cannot. The primitives' timed waits take either as a timeout.
+    /// kNoTimeout (or any timeout of 2^62 ns, 146 years, or more) is no limit: only the result or a
+    /// cancel ends the wait (a cancel does not end wait()), and the carrier parks without a timeout
+    /// for it, where a finite one costs the kernel a timer armed and cancelled at every park.
     static int32_t waitWithTimeout(FiberFuture* future, std::chrono::nanoseconds timeout) noexcept {
         return waitWithTimeout(future, timeout, detail::WaitKind::kFuture, future);
     }

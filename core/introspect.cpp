@@ -114,7 +114,7 @@ std::string describeWait(const Fiber& f, uint64_t now) {
             break;
         default: out = fmt::format("{}", f.waitObject_); break;
     }
-    if (f.waitDeadlineNs_ != 0) {
+    if (f.waitDeadlineNs_ != 0 && f.waitDeadlineNs_ != UINT64_MAX) {  // UINT64_MAX: a cancellable wait without limit
         if (!out.empty()) { out += ", "; }
         if (f.waitDeadlineNs_ >= now) {
             out += fmt::format("deadline in {} ms", (f.waitDeadlineNs_ - now) / 1'000'000);

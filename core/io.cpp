@@ -171,18 +171,13 @@ int32_t waitMultishot(FiberFuture* future, MultishotCompletion* completion, Dead
     // The cheap wait needs the fiber to resume on this thread (pinned: never stolen), which is the
     // thread that handles a cancel for the wait: see the end of this function.
     if (self == nullptr || c != completion->owner || self->pinCount_ == 0 || deadline.isSet()) {
-        std::chrono::nanoseconds left = std::chrono::hours(24 * 365);
+        std::chrono::nanoseconds left = FiberFuture::kNoTimeout;  // cancellable, but no timer comes due
         if (deadline.isSet()) {
             const uint64_t now = detail::nowNs();
             left = std::chrono::nanoseconds(deadline.ns() > now ? deadline.ns() - now : 0);
             if (left.count() == 0) { return future->isSet() ? future->result() : -ETIMEDOUT; }
         }
-        for (;;) {
-            const int32_t r = FiberFuture::waitWithTimeout(future, left);
-            // -ETIMEDOUT with the future set is the operation's (TCP_USER_TIMEOUT, keep-alive), not the
-            // stand-in year running out: return it rather than wait again on a future already set.
-            if (r != -ETIMEDOUT || deadline.isSet() || future->isSet()) { return r; }
-        }
+        return FiberFuture::waitWithTimeout(future, left);
     }
     // The cancel point is the operation: a cancel has the driver cancel it, and its last completion,
     // which the handler passes to the future, ends the wait.

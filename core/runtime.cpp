@@ -449,6 +449,7 @@ std::vector<CarrierStats> Runtime::stats() const {
         s.fibersRun = c->stats().fibersRun.load(std::memory_order_relaxed);
         s.steals = c->stats().steals.load(std::memory_order_relaxed);
         s.parks = c->stats().parks.load(std::memory_order_relaxed);
+        s.timedParks = c->stats().timedParks.load(std::memory_order_relaxed);
         s.idleSpins = c->stats().idleSpins.load(std::memory_order_relaxed);
         s.wakesSent = c->stats().wakesSent.load(std::memory_order_relaxed);
         const detail::Driver::Counters dc = c->driver().counters();

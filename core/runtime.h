@@ -181,6 +181,7 @@ struct CarrierStats {
     uint64_t fibersRun = 0;         // switches into a fiber
     uint64_t steals = 0;            // fibers taken from other carriers
     uint64_t parks = 0;             // times it blocked in io_uring_enter
+    uint64_t timedParks = 0;        // ... of which with a timeout (a timer, a deadline, a stack scavenge due)
     uint64_t idleSpins = 0;         // idle spells spent spinning instead of parking (kSpin, kHybrid)
     uint64_t wakesSent = 0;         // MSG_RING or eventfd wake-ups sent to parked carriers
     uint64_t enters = 0;            // io_uring_enter calls

@@ -295,7 +295,7 @@ Result<TcpStream> TcpListener::accept(SocketAddress* peer, Deadline deadline) no
                 const uint64_t left = deadline.ns() > nowNs ? deadline.ns() - nowNs : 0;
                 res = FiberFuture::waitWithTimeout(&w.future, std::chrono::nanoseconds(left));
             } else {
-                res = FiberFuture::waitWithTimeout(&w.future, std::chrono::hours(24));
+                res = FiberFuture::waitWithTimeout(&w.future, FiberFuture::kNoTimeout);  // cancellable
             }
             if (res == -ETIMEDOUT || res == -ECANCELED) {
                 bool withdrawn = false;
@@ -315,8 +315,7 @@ Result<TcpStream> TcpListener::accept(SocketAddress* peer, Deadline deadline) no
                     if (handedRes == kClosed) { return Error{EBADF}; }
                 }
                 if (res == -ECANCELED) { return Error{ECANCELED}; }
-                if (deadline.isSet()) { return Error{ETIMEDOUT}; }
-                continue;  // the 24-hour wait of an accept without a deadline ran out: wait again
+                return Error{ETIMEDOUT};  // a wait without a deadline has no limit: it cannot time out
             }
             got = res;
             if (got == kRetry) { continue; }

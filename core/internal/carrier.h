@@ -227,6 +227,7 @@ public:
         std::atomic<uint64_t> fibersRun{0};
         std::atomic<uint64_t> steals{0};
         std::atomic<uint64_t> parks{0};
+        std::atomic<uint64_t> timedParks{0};  // parks with a timeout (a timer, a deadline, a stack scavenge)
         std::atomic<uint64_t> idleSpins{0};   // idle spells begun by spinning (kSpin, kHybrid)
         std::atomic<uint64_t> wakesSent{0};
         std::atomic<uint64_t> cancelsSent{0};  // waits this carrier ended for FiberHandle::cancel()

@@ -954,7 +954,7 @@ Result<size_t> receiveWith(UdpSocket::State& s, Deadline deadline, Take&& take) 
             if (s.waiter != nullptr) { return Error{EBUSY}; }  // another receiver: one at a time
             s.waiter = &wake;
         }
-        std::chrono::nanoseconds left = std::chrono::hours(24 * 365);
+        std::chrono::nanoseconds left = FiberFuture::kNoTimeout;  // cancellable, but no timer comes due
         if (deadline.isSet()) {
             const uint64_t now = monoNowNs();
             left = std::chrono::nanoseconds(deadline.ns() > now ? deadline.ns() - now : 0);
@@ -969,10 +969,7 @@ Result<size_t> receiveWith(UdpSocket::State& s, Deadline deadline, Take&& take) 
                     mine = true;
                 }
             }
-            if (mine) {
-                if (r == -ETIMEDOUT && !deadline.isSet()) { continue; }  // the stand-in year ran out
-                return Error{-r};
-            }
+            if (mine) { return Error{-r}; }
             (void)wake.wait();  // the poller (or close) claimed it: its set is on the way
         }
         if (wake.isSet() && wake.result() == -ECANCELED) { return Error{ECANCELED}; }  // closed under us

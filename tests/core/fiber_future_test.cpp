@@ -356,6 +356,55 @@ TEST_F(FiberFutureTest, WaitWithTimeoutTimesOutOnAPlainThread) {
     EXPECT_EQ(FiberFuture::waitWithTimeout(&g, -1ms), -ETIMEDOUT);
 }
 
+// kNoTimeout: only the result or a cancel ends the wait, and it arms no timer in the kernel. With a
+// finite stand-in (the accept without a deadline waited 24 hours, a multishot receive a year) every park
+// of the carrier was a timed one: the kernel armed and cancelled a timer each time.
+TEST_F(FiberFutureTest, WaitWithoutLimitEndsWithTheResultOrACancelAndKeepsParksUntimed) {
+    FiberFuture forever;
+    auto waiter = on(0, [&] { return FiberFuture::waitWithTimeout(&forever, FiberFuture::kNoTimeout); });
+    // Another fiber on carrier 0 waits for the main thread ten times: ten parks, each woken by a set.
+    constexpr int kRounds = 10;
+    FiberFuture step[kRounds];
+    std::atomic<int> reached{0};
+    auto stepper = on(0, [&] {
+        for (int i = 0; i < kRounds; ++i) {
+            reached.store(i + 1);
+            EXPECT_EQ(step[i].wait(), i);
+        }
+    });
+    const auto parksOf0 = [&] { return rt().stats().at(0); };
+    uint64_t parks0 = 0;
+    uint64_t timed0 = 0;
+    for (int i = 0; i < kRounds; ++i) {
+        while (reached.load() <= i) { std::this_thread::yield(); }
+        std::this_thread::sleep_for(2ms);  // let carrier 0 park
+        if (i == 0) {
+            parks0 = parksOf0().parks;
+            timed0 = parksOf0().timedParks;
+        }
+        step[i].set(i);
+    }
+    stepper.join();
+    EXPECT_GE(parksOf0().parks - parks0, uint64_t{kRounds - 1});
+    EXPECT_EQ(parksOf0().timedParks - timed0, 0u) << "a wait without limit made the carrier's parks timed";
+    waiter.cancel();
+    EXPECT_EQ(waiter.join(), -ECANCELED);
+
+    // Set: its result. On a plain thread as well (which no cancel reaches).
+    FiberFuture later;
+    auto waiter2 = on(0, [&] { return FiberFuture::waitWithTimeout(&later, FiberFuture::kNoTimeout); });
+    std::this_thread::sleep_for(1ms);
+    later.set(6);
+    EXPECT_EQ(waiter2.join(), 6);
+    FiberFuture fromFiber;
+    auto setter = on(1, [&] {
+        (void)this_fiber::sleep_for(1ms);
+        fromFiber.set(7);
+    });
+    EXPECT_EQ(FiberFuture::waitWithTimeout(&fromFiber, FiberFuture::kNoTimeout), 7);
+    setter.join();
+}
+
 TEST_F(FiberFutureTest, WaitWithTimeoutReturnsTheResultWhenSetInTime) {
     // Already set: the result, whatever the timeout.
     FiberFuture done;

@@ -47,6 +47,7 @@ TEST(RuntimeMetrics, OneSamplePerCarrierLabelledWithItsIndex) {
     stats[0].stacksMapped = 9;
     stats[1].stacksInUse = 6;
     stats[0].parks = 13;
+    stats[0].timedParks = 5;
     stats[1].wakesSent = 17;
     stats[0].stealSuccesses[static_cast<size_t>(numa::Distance::kSameCache)] = 5;
     stats[0].stealAttempts[static_cast<size_t>(numa::Distance::kSameCache)] = 8;
@@ -71,6 +72,7 @@ TEST(RuntimeMetrics, OneSamplePerCarrierLabelledWithItsIndex) {
     has("spindle_carrier_stacks_mapped_total{carrier=\"0\"} 9");
     has("spindle_carrier_stacks_in_use{carrier=\"7\"} 6");
     has("spindle_carrier_parks_total{carrier=\"0\"} 13");
+    has("spindle_carrier_timed_parks_total{carrier=\"0\"} 5");
     has("spindle_carrier_wakes_sent_total{carrier=\"7\"} 17");
     has("spindle_carrier_steals_total{carrier=\"0\",distance=\"same-cache\"} 5");
     has("spindle_carrier_steal_attempts_total{carrier=\"0\",distance=\"same-cache\"} 8");
