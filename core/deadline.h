@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdint>
 #include <limits>
+#include <ratio>
 #include <type_traits>
 
 namespace spindle {
@@ -49,6 +50,19 @@ public:
 private:
     template <class Rep, class Period>
     static int64_t saturatingNs(std::chrono::duration<Rep, Period> d) noexcept {
+        using PerTick = std::ratio_divide<Period, std::nano>;  // nanoseconds per tick
+        if constexpr (std::is_integral_v<Rep> && std::is_signed_v<Rep> && sizeof(Rep) <= sizeof(int64_t) &&
+                      PerTick::den == 1) {
+            // Whole nanoseconds per tick (ns, us, ms, s, ...): integer compares. The long double path
+            // below costs an x87 control-word switch (fnstcw/fldcw) on every Deadline built from a
+            // timeout, a send's for instance.
+            constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+            constexpr int64_t kMin = std::numeric_limits<int64_t>::min();
+            const auto ticks = static_cast<int64_t>(d.count());
+            if (ticks > kMax / PerTick::num) { return kMax; }
+            if (ticks < kMin / PerTick::num) { return kMin; }
+            return ticks * static_cast<int64_t>(PerTick::num);
+        }
         using Ns = std::chrono::duration<long double, std::nano>;
         const long double v = std::chrono::duration_cast<Ns>(d).count();
         if (v >= static_cast<long double>(std::numeric_limits<int64_t>::max())) {

@@ -188,6 +188,18 @@ TEST(DeadlineType, ConversionsSaturateAndOrder) {
     EXPECT_EQ(far.ns(), static_cast<uint64_t>(INT64_MAX));
     const Deadline hours = std::chrono::hours(24 * 365 * 1000);  // overflows int64 nanoseconds
     EXPECT_EQ(hours.ns(), static_cast<uint64_t>(INT64_MAX));
+    // The integer path's edges: the first count past what nanoseconds hold, either way.
+    constexpr int64_t kMsMax = INT64_MAX / 1'000'000;
+    EXPECT_EQ(Deadline(std::chrono::milliseconds(kMsMax + 1)).ns(), static_cast<uint64_t>(INT64_MAX));
+    EXPECT_EQ(Deadline(std::chrono::hours::max()).ns(), static_cast<uint64_t>(INT64_MAX));
+    EXPECT_TRUE(Deadline(std::chrono::hours::min()).expired());
+    EXPECT_TRUE(Deadline(std::chrono::milliseconds(-kMsMax - 1)).expired());
+    // Fractional and floating-point durations take the other path.
+    const uint64_t low = Deadline(400ms).ns();
+    const uint64_t half = Deadline(std::chrono::duration<double>(0.5)).ns();
+    EXPECT_GT(half, low);
+    EXPECT_LE(half, Deadline(500ms).ns());
+    EXPECT_TRUE(Deadline(std::chrono::duration<double>(-1.0)).expired());
     EXPECT_LT(Deadline(1s).ns(), Deadline(2s).ns());
     const auto t = std::chrono::steady_clock::now() + 1h;
     EXPECT_EQ(Deadline(t).ns(),
