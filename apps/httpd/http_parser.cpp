@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <memory>
 
 namespace spindle::httpd {
 namespace {
@@ -152,7 +153,10 @@ std::string_view Request::header(std::string_view name) const noexcept {
 
 ParseResult parseRequest(std::string_view input, const ParserLimits& limits, std::span<Header> storage,
                          Request& out) noexcept {
-    out = Request{};
+    // In place: `out = Request{}` zeroed a temporary with `rep stos` and copied it over, and reading
+    // the temporary back waited for those stores (no store forwarding from a string store): a third of
+    // the parse of a small GET.
+    std::construct_at(&out);
     // Only the first maxHeaderBytes bytes may hold the head; past them, an unfinished head is an error.
     const std::string_view window = input.substr(0, std::min(input.size(), limits.maxHeaderBytes));
     const bool windowFull = input.size() >= limits.maxHeaderBytes;
