@@ -29,7 +29,7 @@ namespace {
 // The direct calls are raw system calls: the descriptor may come from an accept on the ring, which
 // ThreadSanitizer's interceptors cannot see.
 int32_t sendOp(op::Op o, Deadline deadline) noexcept {
-    if ((o.opFlags & MSG_DONTWAIT) != 0) { return submitOp(o, deadline).res; }
+    const bool dontWait = (o.opFlags & MSG_DONTWAIT) != 0;
     if (carrierSendsInline()) {
         if (this_fiber::cancellationRequested()) { return -ECANCELED; }
         if (deadline.expired()) { return -ETIMEDOUT; }
@@ -41,8 +41,10 @@ int32_t sendOp(op::Op o, Deadline deadline) noexcept {
             return static_cast<int32_t>(n);
         }
         if (errno != EAGAIN && errno != EINTR) { return -errno; }
+        if (dontWait && errno == EAGAIN) { return -EAGAIN; }  // asked not to wait
         return submitOp(o, deadline).res;  // full: the driver waits for room
     }
+    if (dontWait) { return submitOp(o, deadline).res; }
     if (deadline.isSet()) {
         if (deadline.expired()) { return -ETIMEDOUT; }
         op::Op now = o;

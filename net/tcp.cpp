@@ -436,6 +436,29 @@ Result<void> TcpStream::writeAll(const void* buf, size_t len, Deadline deadline,
     return out;
 }
 
+Result<void> TcpStream::writeAllWithin(const void* buf, size_t len, std::chrono::nanoseconds timeout, size_t* sent,
+                                       int flags) noexcept {
+    // The first try never waits, so it needs no deadline; the clock is read only when it fell short.
+    size_t done = 0;
+    if (len > 0) {
+        auto r = send(buf, len, Deadline::never(), flags | MSG_DONTWAIT);
+        if (r) {
+            done = *r;
+        } else if (r.errorCode() != EAGAIN) {
+            if (sent != nullptr) { *sent = 0; }
+            return Error{r.errorCode()};
+        }
+    }
+    if (done == len) {
+        if (sent != nullptr) { *sent = done; }
+        return {};
+    }
+    size_t rest = 0;
+    auto r = writeAll(static_cast<const char*>(buf) + done, len - done, Deadline(timeout), &rest, flags);
+    if (sent != nullptr) { *sent = done + rest; }
+    return r;
+}
+
 Result<void> TcpStream::writevAll(iovec* iov, int iovcnt, Deadline deadline) noexcept {
     while (iovcnt > 0) {
         // Skip emptied buffers so that the kernel never sees a zero-length gather at the front.

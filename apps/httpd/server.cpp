@@ -533,7 +533,8 @@ private:
     /// segment back for it instead of sending the head on its own.
     bool flush(int flags = 0) noexcept {
         if (scratch_ == nullptr || out().size() == 0) { return true; }
-        const Result<void> r = stream_.writeAll(out().data(), out().size(), options_.sendTimeout, nullptr, flags);
+        // The send timeout starts only if the socket is full: a response that fits reads no clock.
+        const Result<void> r = stream_.writeAllWithin(out().data(), out().size(), options_.sendTimeout, nullptr, flags);
         out().clear();
         return r.ok();
     }

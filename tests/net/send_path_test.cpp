@@ -3,10 +3,12 @@
 // backend, always), the ring when other fibers are ready (batching), the driver when the socket is
 // full; cancellation and past deadlines behave the same on every path.
 #include <gtest/gtest.h>
+#include <sys/socket.h>
 
 #include <atomic>
 #include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/fiber.h"
@@ -157,6 +159,58 @@ TEST_F(SendPath, APendingCancellationFailsTheDirectSendWithNothingSent) {
         ASSERT_TRUE(pair.server.readExact(buf, 2, 5s));
         EXPECT_EQ(std::string(buf, 2), "ok") << "the cancelled send must not have sent its byte";
         pair = LoopbackPair{};
+    }).join();
+}
+
+// MSG_DONTWAIT: what fits, or EAGAIN at once, on every path (direct, ring, epoll driver).
+TEST_F(SendPath, ADontWaitSendOnAFullSocketAnswersEagainAtOnce) {
+    on(0, [&] {
+        LoopbackPair pair = connectLoopbackPair();
+        const std::vector<char> big(8 << 20, 'x');
+        size_t total = 0;
+        for (;;) {
+            auto r = pair.client.send(big.data(), big.size(), {}, MSG_DONTWAIT);
+            if (!r) {
+                EXPECT_EQ(r.errorCode(), EAGAIN);
+                break;
+            }
+            total += *r;
+            ASSERT_LT(total, size_t{64} << 20) << "the socket never filled";
+        }
+        EXPECT_GT(total, 0u);
+    }).join();
+}
+
+// writeAllWithin: all of it when it fits; when the socket stays full, ETIMEDOUT once it has had no room
+// for the timeout, with what left counted; a failed send's error, with what left before it.
+TEST_F(SendPath, WriteAllWithinSendsWhatFitsAndTimesTheWaitForRoomOnly) {
+    on(0, [&] {
+        LoopbackPair pair = connectLoopbackPair();
+        size_t sent = 99;
+        ASSERT_TRUE(pair.client.writeAllWithin("hello", 5, 1s, &sent));
+        EXPECT_EQ(sent, 5u);
+        char got[5] = {};
+        ASSERT_TRUE(pair.server.readExact(got, 5, 5s));
+        EXPECT_EQ(std::string(got, 5), "hello");
+
+        // Nobody reads: the first send fills the socket, then the wait for room runs out.
+        const std::vector<char> big(8 << 20, 'x');
+        const auto t0 = std::chrono::steady_clock::now();
+        auto r = pair.client.writeAllWithin(big.data(), big.size(), 100ms, &sent);
+        ASSERT_FALSE(r);
+        EXPECT_EQ(r.errorCode(), ETIMEDOUT);
+        EXPECT_GT(sent, 0u);
+        EXPECT_LT(sent, big.size());
+        EXPECT_GE(std::chrono::steady_clock::now() - t0, 90ms);
+
+        // The peer is gone: its error, and nothing counted as sent by this call.
+        pair.server = TcpStream{};
+        std::this_thread::sleep_for(20ms);
+        auto gone = pair.client.writeAllWithin("y", 1, 1s, &sent);
+        for (int i = 0; gone && i < 100; ++i) { gone = pair.client.writeAllWithin("y", 1, 1s, &sent); }
+        ASSERT_FALSE(gone);
+        EXPECT_TRUE(gone.errorCode() == EPIPE || gone.errorCode() == ECONNRESET) << gone.errorCode();
+        EXPECT_EQ(sent, 0u);
     }).join();
 }
 
