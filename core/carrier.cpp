@@ -293,9 +293,11 @@ Fiber* Carrier::popFifo() noexcept {
             fifoTail_ = nullptr;
         } else {
             // With many connections each fiber's block and stack are cold by the time it runs: fetch
-            // the next one's saved context now, and the block of the one after it, whose link the next
-            // pop reads (that block was fetched by this pop's predecessor, so these loads hit).
-            __builtin_prefetch(next->sp_);
+            // the next one's saved context now, with the frames above it that its return path reads
+            // (kResumePrefetchBytes), and the block of the one after it, whose link the next pop reads
+            // (that block was fetched by this pop's predecessor, so these loads hit).
+            const auto* sp = static_cast<const char*>(next->sp_);
+            for (size_t off = 0; off < kResumePrefetchBytes; off += 64) { __builtin_prefetch(sp + off); }
             __builtin_prefetch(next->nextLocal_);
         }
         f->nextLocal_ = nullptr;
