@@ -724,10 +724,14 @@ void Carrier::idle() noexcept {
         runtime_->spinningCount_.fetch_add(1, std::memory_order_relaxed);
         stats_.idleSpins.store(stats_.idleSpins.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         spinSince_ = nowNs();  // kHybrid's spin budget, and the idle time counted by endSpin()
-    } else if (config_.pollMode != PollMode::kSpin && mayPark && nowNs() - spinSince_ >= config_.spinNs) {
-        endSpin();
-        park();
-        return;
+    } else if (config_.pollMode != PollMode::kSpin && mayPark) {
+        const uint64_t now = nowNs();
+        if (now - spinSince_ >= config_.spinNs) {
+            coarseNowNs_ = now;  // park() counts from it
+            endSpin();
+            park();
+            return;
+        }
     }
     cpuRelax();
 }
@@ -758,25 +762,24 @@ void Carrier::park() noexcept {
     if (!work) {
         uint64_t next = driver_->nextDeadline();
         if (!timers_.empty()) { next = std::min(next, timers_.nextDeadline()); }
+        // The clock as maintenance read it just before (idle() comes right after it, or refreshes it
+        // after a spin): the timeout can only come out longer by that much, never shorter, and saves
+        // two clock reads per park (0.7 parks per request at 10 HTTP connections).
+        const uint64_t now = coarseNowNs_;
         if (pool_.nextScavengeNs() != UINT64_MAX) {
             // Idle stacks go back to the kernel one scavenge period after they were last used, also
             // when the carrier has nothing else to do: wake for it.
-            pool_.scavenge(nowNs());
+            pool_.scavenge(now);
             next = std::min(next, pool_.nextScavengeNs());
         }
-        if (next == UINT64_MAX) {
-            timeout = -1;
-        } else {
-            const uint64_t now = nowNs();
-            timeout = next > now ? static_cast<int64_t>(next - now) : 0;
-        }
+        timeout = next == UINT64_MAX ? -1 : next > now ? static_cast<int64_t>(next - now) : 0;
     }
     if (timeout != 0) {
         stats_.parks.store(stats_.parks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         if (timeout > 0) {
             stats_.timedParks.store(stats_.timedParks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
         }
-        const uint64_t parkedAt = nowNs();
+        const uint64_t parkedAt = coarseNowNs_;
         driver_->wait(timeout);
         addIdle(parkedAt);
     }
