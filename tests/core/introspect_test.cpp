@@ -273,11 +273,23 @@ RuntimeOptions stallOptions(unsigned carriers, unsigned thresholdMs) {
     while (std::chrono::steady_clock::now() < end) { gSpin.store(true, std::memory_order_relaxed); }
 }
 
+// Spins (never yielding) until carrier `carrier` has counted a stall, which it does after the sample and
+// the report, so the sample lands in this frame however little CPU a loaded machine gives this thread
+// (a fixed 300 ms spin could end before a starved thread had run 20 ms, and the sample then found it
+// returning: a clang-checked run under ctest -j2 printed no frame of the hog's own). At most 10 s.
+[[gnu::noinline]] void spinUntilStalled(Runtime& rt, unsigned carrier) {
+    const auto end = std::chrono::steady_clock::now() + 10s;
+    while (rt.stats().at(carrier).stalls == 0 && std::chrono::steady_clock::now() < end) {
+        spinWithoutYielding(1ms);
+    }
+}
+
 TEST(StallDetector, ReportsAFiberThatRunsWithoutYieldingOnceWithItsBacktrace) {
     auto rt = Runtime::start(stallOptions(2, 20));
     ASSERT_TRUE(rt);
     testing::internal::CaptureStderr();
-    auto h = rt->spawn([] { spinWithoutYielding(300ms); }, SpawnOptions{.name = "hog", .carrier = 1});
+    Runtime& r = *rt;
+    auto h = r.spawn([&r] { spinUntilStalled(r, 1); }, SpawnOptions{.name = "hog", .carrier = 1});
     ASSERT_TRUE(h);
     const uint64_t hogId = h->id();
     h->join();
@@ -301,7 +313,7 @@ TEST(StallDetector, ReportsAFiberThatRunsWithoutYieldingOnceWithItsBacktrace) {
     // fiber may not do before the monitor stops waiting for the sample: the report comes without frames.
     if (!kTsan) {
         EXPECT_NE(logged.find("    #0 "), std::string::npos) << logged;
-        EXPECT_NE(logged.find("spinWithoutYielding"), std::string::npos) << "its own frame:\n" << logged;
+        EXPECT_NE(logged.find("spinUntilStalled"), std::string::npos) << "its own frame:\n" << logged;
         EXPECT_EQ(logged.find("onStallSignal"), std::string::npos) << "the handler's frames are left out:\n" << logged;
     }
     EXPECT_EQ(reports("'polite'"), 0u) << logged;
@@ -408,7 +420,8 @@ TEST(StallDetector, TheMonitorSleepsWhileEveryCarrierIsParkedAndStillCatchesTheN
     EXPECT_LE(idleWakes, 20) << "the monitor kept looking at parked carriers";
     // A fiber that hogs a carrier right after the idle spell is still reported.
     testing::internal::CaptureStderr();
-    auto h = rt->spawn([] { spinWithoutYielding(300ms); }, SpawnOptions{.name = "late-hog", .carrier = 0});
+    Runtime& r = *rt;
+    auto h = r.spawn([&r] { spinUntilStalled(r, 0); }, SpawnOptions{.name = "late-hog", .carrier = 0});
     ASSERT_TRUE(h);
     h->join();
     const std::string logged = testing::internal::GetCapturedStderr();
