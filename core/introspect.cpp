@@ -651,10 +651,8 @@ void StallMonitor::sleepWhileAllParked() noexcept {
 }
 
 void StallMonitor::report(Carrier* c, uint64_t ranNs) noexcept {
-    // Counted once the report is written (or suppressed): a count that went up means the sample and
-    // the log line are done. The monitor alone writes it.
     auto& stalls = const_cast<Carrier::Stats&>(c->stats()).stalls;
-    const auto counted = [&stalls] { stalls.store(stalls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); };
+    stalls.store(stalls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // the monitor alone writes it
     // Rate limit: at most kBurst reports per kWindowNs; the others are counted and said in the next.
     const uint64_t now = nowNs();
     if (now - windowStart_ >= kWindowNs) {
@@ -663,7 +661,6 @@ void StallMonitor::report(Carrier* c, uint64_t ranNs) noexcept {
     }
     if (++inWindow_ > kBurst) {
         ++suppressed_;
-        counted();
         return;
     }
     Carrier::StallSample& s = c->stallSample();
@@ -697,7 +694,6 @@ void StallMonitor::report(Carrier* c, uint64_t ranNs) noexcept {
               c->index(), ranNs / 1'000'000, thresholdNs_ / 1'000'000,
               suppressed_ != 0 ? fmt::format("; {} more stalls were not reported", std::exchange(suppressed_, 0)) : "",
               trace.empty() ? std::string() : "; backtrace:" + trace);
-    counted();
 }
 
 }  // namespace detail

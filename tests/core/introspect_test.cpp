@@ -273,15 +273,18 @@ RuntimeOptions stallOptions(unsigned carriers, unsigned thresholdMs) {
     while (std::chrono::steady_clock::now() < end) { gSpin.store(true, std::memory_order_relaxed); }
 }
 
-// Spins (never yielding) until carrier `carrier` has counted a stall, which it does after the sample and
-// the report, so the sample lands in this frame however little CPU a loaded machine gives this thread
-// (a fixed 300 ms spin could end before a starved thread had run 20 ms, and the sample then found it
-// returning: a clang-checked run under ctest -j2 printed no frame of the hog's own). At most 10 s.
+// Spins (never yielding) until carrier `carrier` has counted a stall, then 300 ms more: the monitor
+// counts a stall and then signals the carrier for its sample, so the sample lands in this frame however
+// little CPU a loaded machine gives this thread (a fixed 300 ms spin could end before a starved thread
+// had run 20 ms, and the sample then found it returning: a clang-checked run under ctest -j2 printed
+// no frame of the hog's own). A thread starved past the extra spin takes the pending signal before
+// its next instruction, still in here. At most 10 s.
 [[gnu::noinline]] void spinUntilStalled(Runtime& rt, unsigned carrier) {
     const auto end = std::chrono::steady_clock::now() + 10s;
     while (rt.stats().at(carrier).stalls == 0 && std::chrono::steady_clock::now() < end) {
         spinWithoutYielding(1ms);
     }
+    spinWithoutYielding(300ms);
 }
 
 TEST(StallDetector, ReportsAFiberThatRunsWithoutYieldingOnceWithItsBacktrace) {
