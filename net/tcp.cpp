@@ -440,23 +440,22 @@ Result<void> TcpStream::writeAllWithin(const void* buf, size_t len, std::chrono:
                                        int flags) noexcept {
     // The first try never waits, so it needs no deadline; the clock is read only when it fell short.
     size_t done = 0;
+    Result<void> out;
     if (len > 0) {
         auto r = send(buf, len, Deadline::never(), flags | MSG_DONTWAIT);
         if (r) {
             done = *r;
         } else if (r.errorCode() != EAGAIN) {
-            if (sent != nullptr) { *sent = 0; }
-            return Error{r.errorCode()};
+            out = Error{r.errorCode()};
         }
     }
-    if (done == len) {
-        if (sent != nullptr) { *sent = done; }
-        return {};
+    if (out && done < len) {
+        size_t rest = 0;
+        out = writeAll(static_cast<const char*>(buf) + done, len - done, Deadline(timeout), &rest, flags);
+        done += rest;
     }
-    size_t rest = 0;
-    auto r = writeAll(static_cast<const char*>(buf) + done, len - done, Deadline(timeout), &rest, flags);
-    if (sent != nullptr) { *sent = done + rest; }
-    return r;
+    if (sent != nullptr) { *sent = done; }
+    return out;
 }
 
 Result<void> TcpStream::writevAll(iovec* iov, int iovcnt, Deadline deadline) noexcept {
