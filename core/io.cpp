@@ -1,7 +1,9 @@
 // SPDX-License-Identifier: Apache-2.0
 #include "core/io.h"
 
+#include <fcntl.h>
 #include <linux/openat2.h>
+#include <poll.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -17,6 +19,7 @@
 #include "core/driver/backend.h"
 #include "core/driver/buffer_group.h"
 #include "core/driver/epoll_driver.h"
+#include "core/driver/splice_ends.h"
 #include "core/driver/uring_driver.h"
 #include "core/internal/io_submit.h"
 #include "core/ring_ops.h"
@@ -330,14 +333,53 @@ Result<short> poll(int fd, short events, Deadline deadline) noexcept {
     return static_cast<short>(res);
 }
 
+namespace {
+
+// Whether this call's operation goes to an io_uring ring (the carrier's, or the thread's own).
+bool callGoesToRing() noexcept {
+    const detail::Carrier* c = detail::Carrier::current();
+    if (c != nullptr && c->running() != nullptr) { return c->onRing(); }
+    return detail::threadBackend() == Backend::kUring;
+}
+
+// A splice or tee. io_uring runs every one in an io-wq worker (it has no non-blocking first try
+// for them), and a worker whose call waits for bytes or room sleeps there until they come: one
+// kernel thread per waiting call, so a server splicing files to N slow readers held N workers
+// (issue 19: 8 of 8, measured). Here the call is made non-blocking (splice_ends.h), so the worker
+// answers EAGAIN at once, and the fiber waits for the end that held it up with a poll on the ring,
+// which holds no thread; then it tries again. The caller's own SPLICE_F_NONBLOCK gets EAGAIN, as
+// splice(2) gives it. The epoll driver waits the same way in its own loop (parkSplice).
+int32_t spliceOrTee(op::Op o, Deadline deadline) noexcept {
+    if ((o.opFlags & SPLICE_F_NONBLOCK) != 0 || !callGoesToRing()) { return detail::submitAndWait(o, deadline); }
+    if (const int32_t r = detail::prepareSpliceEnds(o); r < 0) { return r; }
+    o.opFlags |= SPLICE_F_NONBLOCK;
+    for (int raced = 0;;) {
+        const int32_t r = detail::submitAndWait(o, deadline);
+        if (r != -EAGAIN) { return r; }
+        int32_t end = detail::spliceBlockedEnd(o);
+        if (end == -EAGAIN) {
+            // Both ends look ready: a reader or a writer raced the call. Again, a few times; then wait
+            // for room on the output (a poll reports readiness that is there already).
+            if (++raced < 3) { continue; }
+            end = detail::kSpliceOutput;
+        }
+        if (end < 0) { return end; }
+        const bool out = end == detail::kSpliceOutput;
+        const int32_t p = detail::submitAndWait(op::poll(out ? o.fd2 : o.fd, out ? POLLOUT : POLLIN), deadline);
+        if (p < 0) { return p; }  // ETIMEDOUT, ECANCELED: nothing moved
+    }
+}
+
+}  // namespace
+
 Result<size_t> splice(int fdIn, int64_t offIn, int fdOut, int64_t offOut, size_t len, unsigned flags, Deadline deadline) noexcept {
     if ((flags & SPLICE_F_FD_IN_FIXED) != 0) { return Error{EINVAL}; }
-    return sizeFromRes(detail::submitAndWait(op::splice(fdIn, offIn, fdOut, offOut, capRw(len), flags), deadline));
+    return sizeFromRes(spliceOrTee(op::splice(fdIn, offIn, fdOut, offOut, capRw(len), flags), deadline));
 }
 
 Result<size_t> tee(int fdIn, int fdOut, size_t len, unsigned flags, Deadline deadline) noexcept {
     if ((flags & SPLICE_F_FD_IN_FIXED) != 0) { return Error{EINVAL}; }
-    return sizeFromRes(detail::submitAndWait(op::tee(fdIn, fdOut, capRw(len), flags), deadline));
+    return sizeFromRes(spliceOrTee(op::tee(fdIn, fdOut, capRw(len), flags), deadline));
 }
 
 Result<void> sleep(std::chrono::nanoseconds duration) noexcept { return this_fiber::sleep_for(duration); }

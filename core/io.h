@@ -90,9 +90,14 @@ Result<short> poll(int fd, short events, Deadline deadline = {}) noexcept;
 /// splice(2): moves up to `len` bytes (capped like read) between two descriptors, one of them a pipe.
 /// An offset of -1 uses and advances the file position, as a NULL offset does for splice(2); a pipe
 /// takes only -1. Returns 0 at end of input. Kernel 5.7.
-/// Waiting: a call between pipes and sockets waits, like a receive, until its input has bytes and its
-/// output room (the epoll backend parks it on the carrier; one with a regular-file end runs on the
-/// offload pool there). A cancel ends the wait with ECANCELED, and nothing has moved.
+/// Waiting: a call waits, like a receive, until its input has bytes and its output room, and no
+/// thread sleeps meanwhile: the call is made non-blocking (SPLICE_F_NONBLOCK; a socket end is made
+/// O_NONBLOCK, which spindle's calls on it do not notice: io_uring waits on such a socket as on a
+/// blocking one, kernel 6.18, measured) and waits for the end that held it up
+/// (epoll: parked on the carrier; io_uring: a poll on the ring, so the io-wq worker that runs every
+/// splice is free at once). A regular-file or device end may still wait for the disk: in the io-wq
+/// worker on io_uring, on the offload pool on epoll. A cancel ends the wait with ECANCELED, and
+/// nothing has moved. With SPLICE_F_NONBLOCK in `flags` the call does not wait: EAGAIN, as splice(2).
 /// `deadline`: ETIMEDOUT once it passes, moving nothing. (On io_uring it is a timeout of its own that
 /// cancels the call: the kernel never fires a linked timeout on a splice or tee blocked in an io_uring
 /// worker, kernel 6.18, measured.)

@@ -786,11 +786,8 @@ private:
             // More chunks follow at once: the last partial segment of this one waits for them.
             const unsigned flags = SPLICE_F_MOVE | (length > *in ? SPLICE_F_MORE : 0u);
             for (size_t left = *in; left > 0;) {
+                // A full socket waits for room on the carrier, on either backend (spindle::splice).
                 const Result<size_t> out = spindle::splice(pipe.read, -1, stream_.fd(), -1, left, flags, deadline);
-                if (!out && out.errorCode() == EAGAIN) {  // a non-blocking socket that is full: wait for room
-                    if (!spindle::poll(stream_.fd(), POLLOUT, deadline)) { return Spliced::kBroken; }
-                    continue;
-                }
                 if (!out || *out == 0) { return Spliced::kBroken; }
                 left -= *out;
             }

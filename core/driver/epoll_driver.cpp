@@ -21,6 +21,7 @@
 #include "base/inject.h"
 #include "base/log.h"
 #include "core/driver/buffer_group.h"
+#include "core/driver/splice_ends.h"
 #include "core/internal/carrier.h"
 #include "core/internal/runtime_impl.h"
 
@@ -234,45 +235,6 @@ int32_t connectOutcome(int fd) noexcept {
     return -err;
 }
 
-int32_t setNonblocking(int fd) noexcept {
-    const int fl = ::fcntl(fd, F_GETFL);
-    if (fl < 0) { return -errno; }
-    if ((fl & O_NONBLOCK) == 0 && ::fcntl(fd, F_SETFL, fl | O_NONBLOCK) != 0) { return -errno; }
-    return 0;
-}
-
-// A splice or tee between two pipes or sockets waits for readiness like a receive: with
-// SPLICE_F_NONBLOCK (which covers the pipe ends) on sockets made O_NONBLOCK (splice(2) honours only
-// the socket's own flag there). 0 then; kBlocking when an end is anything else (a regular file or a
-// device, whose blocking call may wait for the disk: the offload pool runs it); -errno (EBADF) for a
-// bad descriptor. Looked up on each call: a number may have been closed and reused.
-int32_t prepareSpliceEnds(const op::Op& o) noexcept {
-    struct stat in {};
-    struct stat out {};
-    if (::fstat(o.fd, &in) != 0 || ::fstat(o.fd2, &out) != 0) { return -errno; }
-    for (const struct stat* sb : {&in, &out}) {
-        if (!S_ISFIFO(sb->st_mode) && !S_ISSOCK(sb->st_mode)) { return kBlocking; }
-    }
-    if (S_ISSOCK(in.st_mode)) {
-        if (const int32_t r = setNonblocking(o.fd); r < 0) { return r; }
-    }
-    if (S_ISSOCK(out.st_mode)) {
-        if (const int32_t r = setNonblocking(o.fd2); r < 0) { return r; }
-    }
-    return 0;
-}
-
-// After a splice or tee between pipes or sockets answered EAGAIN: which end to wait for. The input
-// end when it has nothing to give (0), else the output end when it has no room (kOnOutput); -EAGAIN
-// when both look ready (the call raced with a reader or a writer: try it again); -errno if poll fails.
-int32_t spliceBlockedEnd(const op::Op& o) noexcept {
-    pollfd p[2] = {{o.fd, POLLIN, 0}, {o.fd2, POLLOUT, 0}};
-    if (::poll(p, 2, 0) < 0) { return -errno; }
-    constexpr short kAnswered = POLLERR | POLLHUP | POLLNVAL;
-    if ((p[0].revents & (POLLIN | kAnswered)) == 0) { return 0; }
-    if ((p[1].revents & (POLLOUT | kAnswered)) == 0) { return static_cast<int32_t>(kOnOutput); }
-    return -EAGAIN;
-}
 
 }  // namespace
 
@@ -430,7 +392,9 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
     if (o.code == op::Code::kNop || o.code == op::Code::kShutdown) { return attempt(o, false); }
     if (isPathOp(o.code)) { return kBlocking; }
     if (isSpliceOp(o.code)) {
-        if (const int32_t r = prepareSpliceEnds(o); r != 0) { return r; }
+        // Between pipes and sockets it waits for readiness like a receive (splice_ends.h); with a
+        // regular file or a device at one end, the blocking call runs on the offload pool.
+        if (const int32_t r = prepareSpliceEnds(o); r != 0) { return r == kSpliceOtherEnd ? kBlocking : r; }
         const int32_t r = attempt(o, true);
         return r == -EAGAIN ? parkSplice(req) : r;
     }
@@ -573,6 +537,7 @@ int32_t EpollDriver::parkSplice(op::IoRequest* req) noexcept {
     const op::Op& o = *req->op;
     for (int tries = 0;; ++tries) {
         int32_t end = spliceBlockedEnd(o);
+        if (end == kSpliceOutput) { end = static_cast<int32_t>(kOnOutput); }
         if (end == -EAGAIN) {
             // Both ends look ready: a reader or writer raced the call. A few more tries, then wait for
             // room on the output (re-arming its registration reports readiness that is there already).
