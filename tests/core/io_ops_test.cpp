@@ -743,43 +743,57 @@ TEST_F(IoOpsTest, ASpliceIntoASocketWithNoRoomHonoursItsDeadline) {
     EXPECT_EQ(t.p.queued(), 3000) << "a splice that timed out moved nothing";
 }
 
+/// kWaiting pipes of 2,000 bytes each and as many FullSockets to splice them into, with a Watchdog that
+/// cuts the sockets off after 10 s; finish() lets the peers read and checks each splice's bytes.
+struct SplicesIntoFullSockets {
+    static constexpr size_t kWaiting = 3;  // RuntimeOptions::offloadThreads is 2
+    std::array<FullSocket, kWaiting> socks;
+    std::array<Pipe, kWaiting> pipes;
+    std::vector<char> data;
+    Watchdog dog;
+    explicit SplicesIntoFullSockets(unsigned seed) : data(pattern(2000, seed)), dog(10s, [this] {
+        for (const auto& s : socks) { s.cutOff(); }
+    }) {
+        for (size_t i = 0; i < kWaiting; ++i) {
+            EXPECT_GT(socks[i].filled, 0u);
+            EXPECT_EQ(::write(pipes[i].w, data.data(), data.size()), static_cast<ssize_t>(data.size()));
+        }
+    }
+    [[nodiscard]] size_t splice(size_t i) const {
+        return spindle::splice(pipes[i].r, -1, socks[i].near, -1, data.size(), 0).valueOr(0);
+    }
+    void finish(std::vector<FiberHandle<size_t>>& splicers) {
+        dog.disarm();
+        for (size_t i = 0; i < kWaiting; ++i) {
+            const auto got = socks[i].drain(socks[i].filled + data.size());
+            ASSERT_EQ(got.size(), socks[i].filled + data.size()) << i;
+            EXPECT_TRUE(std::equal(data.begin(), data.end(), got.end() - static_cast<ptrdiff_t>(data.size()))) << i;
+            EXPECT_EQ(splicers[i].join(), data.size()) << i;
+        }
+    }
+};
+
 // Splices waiting for room in sockets hold no offload thread: with more of them waiting than the pool
 // has threads, a file call (the pool's work on the epoll backend) still runs; then the peers read and
 // every splice completes with its bytes.
 TEST_F(IoOpsTest, SplicesWaitingForRoomLeaveTheOffloadPoolFree) {
-    constexpr size_t kWaiting = 3;  // RuntimeOptions::offloadThreads is 2
-    std::array<FullSocket, kWaiting> socks;
-    std::array<Pipe, kWaiting> pipes;
-    const auto data = pattern(2000, 22);
-    for (size_t i = 0; i < kWaiting; ++i) {
-        ASSERT_GT(socks[i].filled, 0u);
-        ASSERT_EQ(::write(pipes[i].w, data.data(), data.size()), static_cast<ssize_t>(data.size()));
-    }
-    Watchdog dog(10s, [&] {
-        for (const auto& s : socks) { s.cutOff(); }
-    });
+    SplicesIntoFullSockets t(22);
     std::atomic<size_t> started{0};
     std::vector<FiberHandle<size_t>> splicers;
-    for (size_t i = 0; i < kWaiting; ++i) {
+    for (size_t i = 0; i < t.kWaiting; ++i) {
         splicers.push_back(anywhere([&, i] {
             started.fetch_add(1);
-            return spindle::splice(pipes[i].r, -1, socks[i].near, -1, data.size(), 0).valueOr(0);
+            return t.splice(i);
         }));
     }
-    yieldUntil([&] { return started.load() == kWaiting; });
+    yieldUntil([&] { return started.load() == t.kWaiting; });
     touch("f");
     const int statErrno = onFiber([&] {
         struct statx sx {};
         return spindle::statx(dirfd_, "f", 0, STATX_SIZE, &sx).errorCode();
     });
     EXPECT_EQ(statErrno, 0) << "the statx ran while the splices waited";
-    dog.disarm();
-    for (size_t i = 0; i < kWaiting; ++i) {
-        const auto got = socks[i].drain(socks[i].filled + data.size());
-        ASSERT_EQ(got.size(), socks[i].filled + data.size()) << i;
-        EXPECT_TRUE(std::equal(data.begin(), data.end(), got.end() - static_cast<ptrdiff_t>(data.size()))) << i;
-        EXPECT_EQ(splicers[i].join(), data.size()) << i;
-    }
+    t.finish(splicers);
 }
 
 /// This process's io_uring workers (threads named iou-wrk-*) asleep anywhere but in the worker's own
@@ -818,30 +832,18 @@ int busyRingWorkers() {
 // N slow readers held N). Now each waits with a poll on the ring, and the workers are idle. On the
 // epoll backend no worker is involved: the check holds trivially there.
 TEST_F(IoOpsTest, SplicesWaitingForRoomHoldNoRingWorker) {
-    constexpr size_t kWaiting = 3;
-    std::array<FullSocket, kWaiting> socks;
-    std::array<Pipe, kWaiting> pipes;
-    const auto data = pattern(2000, 23);
-    for (size_t i = 0; i < kWaiting; ++i) {
-        ASSERT_GT(socks[i].filled, 0u);
-        ASSERT_EQ(::write(pipes[i].w, data.data(), data.size()), static_cast<ssize_t>(data.size()));
-    }
-    Watchdog dog(10s, [&] {
-        for (const auto& s : socks) { s.cutOff(); }
-    });
+    SplicesIntoFullSockets t(23);
     if (busyRingWorkers() < 0) { GTEST_SKIP() << "/proc/<pid>/task/<tid>/wchan does not say where threads sleep"; }
     std::vector<FiberHandle<size_t>> splicers;
-    for (size_t i = 0; i < kWaiting; ++i) {
-        splicers.push_back(rt().spawn([&, i] {
-            return spindle::splice(pipes[i].r, -1, socks[i].near, -1, data.size(), 0).valueOr(0);
-        }, SpawnOptions{.name = "splicer"}).value());
+    for (size_t i = 0; i < t.kWaiting; ++i) {
+        splicers.push_back(rt().spawn([&, i] { return t.splice(i); }, SpawnOptions{.name = "splicer"}).value());
     }
-    for (;;) {  // all three in their wait
+    for (;;) {  // all of them in their wait
         size_t waiting = 0;
         for (const FiberInfo& f : rt().fibers(false).fibers) {
             if (f.name == "splicer" && f.state == "suspended") { ++waiting; }
         }
-        if (waiting == kWaiting) { break; }
+        if (waiting == t.kWaiting) { break; }
         std::this_thread::sleep_for(1ms);
     }
     std::this_thread::sleep_for(100ms);  // a worker that took a splice has had time to block in it
@@ -851,13 +853,7 @@ TEST_F(IoOpsTest, SplicesWaitingForRoomHoldNoRingWorker) {
         busy = busyRingWorkers();
     }
     EXPECT_EQ(busy, 0) << "workers asleep in a call while the splices wait for room";
-    dog.disarm();
-    for (size_t i = 0; i < kWaiting; ++i) {
-        const auto got = socks[i].drain(socks[i].filled + data.size());
-        ASSERT_EQ(got.size(), socks[i].filled + data.size()) << i;
-        EXPECT_TRUE(std::equal(data.begin(), data.end(), got.end() - static_cast<ptrdiff_t>(data.size()))) << i;
-        EXPECT_EQ(splicers[i].join(), data.size()) << i;
-    }
+    t.finish(splicers);
 }
 
 // A splice waiting for room is cancelled: ECANCELED, and its bytes stay in the pipe.
