@@ -171,7 +171,31 @@ struct Server::Impl {
     std::atomic<uint64_t> maxMemory{0};
     std::atomic<uint64_t> maxClients{0};
     std::atomic<uint64_t> clients{0};
-    std::atomic<uint64_t> commands{0};
+    /// Commands run, counted by the carrier that runs each (the connection's own, or a shard's for a
+    /// run of commands sent there), each count on its own cache line: one counter that every carrier
+    /// bumps moves its line between them on each command (1.7 % of spindle-kv's CPU on 2 carriers,
+    /// its locked add the hottest instruction of execute()). The last slot counts commands run off
+    /// the carriers. commandCount() sums them.
+    struct alignas(64) CommandCount {
+        std::atomic<uint64_t> n{0};
+    };
+    std::unique_ptr<CommandCount[]> commandsOn;
+    unsigned commandSlots = 0;
+    void countCommand() noexcept {
+        const int c = this_fiber::carrierIndex();
+        if (c >= 0 && static_cast<unsigned>(c) + 1 < commandSlots) {
+            // One writer per slot (that carrier's thread): no read-modify-write needed.
+            std::atomic<uint64_t>& n = commandsOn[c].n;
+            n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        } else {
+            commandsOn[commandSlots - 1].n.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+    [[nodiscard]] uint64_t commandCount() const noexcept {
+        uint64_t total = 0;
+        for (unsigned i = 0; i < commandSlots; ++i) { total += commandsOn[i].n.load(std::memory_order_relaxed); }
+        return total;
+    }
     std::atomic<uint64_t> rejected{0};
     uint64_t replayed = 0;
     uint64_t droppedTail = 0;
@@ -709,7 +733,7 @@ std::string infoText(Server::Impl& s, const Client& c, std::string_view section)
         out += fmt::format(
             "# Stats\r\ntotal_connections_received:{}\r\ntotal_commands_processed:{}\r\nrejected_connections:{}\r\n"
             "expired_keys:{}\r\n\r\n",
-            t.accepted, s.commands.load(), s.rejected.load(), expired);
+            t.accepted, s.commandCount(), s.rejected.load(), expired);
     }
     if (want("keyspace")) {
         out += "# Keyspace\r\n";
@@ -2456,7 +2480,7 @@ void execute(Server::Impl& s, Client& client, const std::vector<std::string_view
             return;
         }
     }
-    s.commands.fetch_add(1, std::memory_order_relaxed);
+    s.countCommand();
     Ctx ctx{s, client, args, w, marks, *cmd, now};
     cmd->fn(ctx);
     broken = ctx.broken;
@@ -2709,6 +2733,8 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
     impl->autoRewritePct = options.autoRewritePercentage;
     impl->autoRewriteMin = options.autoRewriteMinSize;
     const unsigned shards = rt.carrierCount();
+    impl->commandSlots = shards + 1;
+    impl->commandsOn = std::make_unique<Impl::CommandCount[]>(impl->commandSlots);
     for (unsigned i = 0; i < shards; ++i) {
         impl->shards.push_back(std::make_unique<Shard>(i));
         impl->locks.push_back(std::make_unique<KeyLocks>());
@@ -2884,7 +2910,7 @@ ServerStats Server::stats() const noexcept {
     ServerStats st;
     if (impl_->tcp) { st.connections = impl_->tcp->stats().accepted; }
     st.clients = impl_->clients.load();
-    st.commands = impl_->commands.load();
+    st.commands = impl_->commandCount();
     st.rejectedClients = impl_->rejected.load();
     st.keys = impl_->keyCount();
     st.usedMemory = impl_->usedMemory();

@@ -23,6 +23,7 @@ namespace spindle::kv {
 namespace {
 
 using namespace std::chrono_literals;
+using testing_support::infoField;
 using testing_support::RespClient;
 using V = std::vector<std::string>;
 
@@ -232,6 +233,30 @@ TEST_F(KvServer, TenThousandPipelinedCommandsAndInlineOnes) {
     EXPECT_EQ(c.reply().value_or(""), "+PONG\r\n");
     EXPECT_EQ(c.reply().value_or(""), kOk);
     EXPECT_EQ(c.reply().value_or(""), bulk("a b"));
+}
+
+// INFO's total_commands_processed counts every command once, wherever it ran: on the connection's
+// carrier, or on the other shard's, where a pipelined run of commands on its keys is sent (the counts
+// are kept per carrier and summed). Two connections, 500 pipelined SETs each over keys of both shards.
+TEST_F(KvServer, EveryCommandIsCountedOnceOnWhicheverCarrierItRan) {
+    startServer(defaults());
+    RespClient a(port_);
+    RespClient b(port_);
+    ASSERT_TRUE(a.connected() && b.connected());
+    const uint64_t before = std::strtoull(infoField(port_, "stats", "total_commands_processed").c_str(), nullptr, 10);
+    std::string batch;
+    for (int i = 0; i < 500; ++i) {
+        // Runs of the same key, so that a run of another shard's commands goes there in one message.
+        batch += RespClient::encode({"SET", "key:" + std::to_string(i / 4), "v"});
+    }
+    for (RespClient* c : {&a, &b}) { ASSERT_TRUE(c->sendRaw(batch)); }
+    for (RespClient* c : {&a, &b}) {
+        for (int i = 0; i < 500; ++i) { ASSERT_EQ(c->reply().value_or(""), kOk) << i; }
+    }
+    // The INFO that reads it counts itself, as Redis does; so did the one that read `before`.
+    const uint64_t after = std::strtoull(infoField(port_, "stats", "total_commands_processed").c_str(), nullptr, 10);
+    EXPECT_EQ(after - before, 1000u + 1u);
+    EXPECT_EQ(server_->stats().commands, after) << "Server::stats() sums the same counts";
 }
 
 TEST_F(KvServer, LargeAndBinaryValues) {
