@@ -6,10 +6,12 @@
 #include <poll.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdint>
 #include <new>
+#include <thread>
 
 #include "base/log.h"
 #include "core/fiber.h"
@@ -351,19 +353,32 @@ bool callGoesToRing() noexcept {
 // splice(2) gives it. The epoll driver waits the same way in its own loop (parkSplice).
 int32_t spliceOrTee(op::Op o, Deadline deadline) noexcept {
     if ((o.opFlags & SPLICE_F_NONBLOCK) != 0 || !callGoesToRing()) { return detail::submitAndWait(o, deadline); }
-    if (const int32_t r = detail::prepareSpliceEnds(o); r < 0) { return r; }
+    // One or two system calls before the SQE, against DESIGN.md's "no system call of its own": the
+    // ring cannot tell a splice to give up where a socket is full, only the socket's flag can.
+    if (const int32_t r = detail::makeSpliceEndsNonblocking(o); r < 0) { return r; }
     o.opFlags |= SPLICE_F_NONBLOCK;
+    std::chrono::milliseconds backoff{1};
     for (int raced = 0;;) {
         const int32_t r = detail::submitAndWait(o, deadline);
         if (r != -EAGAIN) { return r; }
         int32_t end = detail::spliceBlockedEnd(o);
         if (end == -EAGAIN) {
-            // Both ends look ready: a reader or a writer raced the call. Again, a few times; then wait
-            // for room on the output (a poll reports readiness that is there already).
+            // Both ends look ready: a reader or a writer raced the call; again, a few times. An answer
+            // that lasts (TCP's global memory limit refuses the send while the socket's own room says
+            // ready) is waited out with a growing sleep, so the fiber does not spin on the ring.
             if (++raced < 3) { continue; }
-            end = detail::kSpliceOutput;
+            if (deadline.isSet() && deadline.expired()) { return -ETIMEDOUT; }
+            if (this_fiber::inFiber()) {
+                if (auto slept = this_fiber::sleep_for(backoff); !slept) { return -slept.errorCode(); }
+            } else {
+                std::this_thread::sleep_for(backoff);
+            }
+            backoff = std::min(backoff * 2, std::chrono::milliseconds{64});
+            continue;
         }
         if (end < 0) { return end; }
+        raced = 0;
+        backoff = std::chrono::milliseconds{1};
         const bool out = end == detail::kSpliceOutput;
         const int32_t p = detail::submitAndWait(op::poll(out ? o.fd2 : o.fd, out ? POLLOUT : POLLIN), deadline);
         if (p < 0) { return p; }  // ETIMEDOUT, ECANCELED: nothing moved

@@ -92,8 +92,9 @@ Result<short> poll(int fd, short events, Deadline deadline = {}) noexcept;
 /// takes only -1. Returns 0 at end of input. Kernel 5.7.
 /// Waiting: a call waits, like a receive, until its input has bytes and its output room, and no
 /// thread sleeps meanwhile: the call is made non-blocking (SPLICE_F_NONBLOCK; a socket end is made
-/// O_NONBLOCK, which spindle's calls on it do not notice: io_uring waits on such a socket as on a
-/// blocking one, kernel 6.18, measured) and waits for the end that held it up
+/// O_NONBLOCK, which spindle's calls on it do not notice from Linux 5.12 on: io_uring waits on such a
+/// socket as on a blocking one, measured on 6.18; before 5.12 a read or write op, not a recv or send,
+/// on it answers EAGAIN) and waits for the end that held it up
 /// (epoll: parked on the carrier; io_uring: a poll on the ring, so the io-wq worker that runs every
 /// splice is free at once). A regular-file or device end may still wait for the disk: in the io-wq
 /// worker on io_uring, on the offload pool on epoll. A cancel ends the wait with ECANCELED, and

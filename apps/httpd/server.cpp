@@ -215,7 +215,8 @@ private:
     bool make(Pipe& p) noexcept {
         int fds[2];
         SPINDLE_INJECT(inject::Point::kPipeCreate, { return false; });
-        if (::pipe2(fds, O_CLOEXEC) != 0) { return false; }
+        // Non-blocking: a splice on io_uring then needs one fcntl to look at it (splice_ends.h).
+        if (::pipe2(fds, O_CLOEXEC | O_NONBLOCK) != 0) { return false; }
         // Fewer round trips where allowed; otherwise what the pipe has (64 KiB, or less past
         // fs.pipe-user-pages-soft).
         int size = ::fcntl(fds[1], F_SETPIPE_SZ, kPipeBytes);

@@ -24,6 +24,11 @@ inline constexpr int32_t kSpliceOtherEnd = 1;
 /// up on each call: a number may have been closed and reused.
 int32_t prepareSpliceEnds(const op::Op& o) noexcept;
 
+/// prepareSpliceEnds() without looking for other ends: one fcntl per end that is O_NONBLOCK already
+/// (a socket after its first splice, a pipe made so), an fstat and up to one more fcntl for one that
+/// is not. 0, or -errno (EBADF).
+int32_t makeSpliceEndsNonblocking(const op::Op& o) noexcept;
+
 /// Which end of splice or tee `o`, which answered EAGAIN, to wait for: the input end when it has
 /// nothing to give (kSpliceInput), else the output end when it has no room (kSpliceOutput); -EAGAIN
 /// when both look ready (the call raced with a reader or a writer: try it again); -errno when
