@@ -349,8 +349,8 @@ bool callGoesToRing() noexcept {
 // kernel thread per waiting call, so a server splicing files to N slow readers held N workers
 // (issue 19: 8 of 8, measured). Here the call is made non-blocking (splice_ends.h), so the worker
 // answers EAGAIN at once, and the fiber waits for the end that held it up with a poll on the ring,
-// which holds no thread; then it tries again. The caller's own SPLICE_F_NONBLOCK gets EAGAIN, as
-// splice(2) gives it. The epoll driver waits the same way in its own loop (parkSplice).
+// which holds no thread; then it tries again. A call with the caller's own SPLICE_F_NONBLOCK goes as
+// given (splice(2)'s meaning, EAGAIN, no wait). The epoll driver waits the same way in its own loop (parkSplice).
 int32_t spliceOrTee(op::Op o, Deadline deadline) noexcept {
     if ((o.opFlags & SPLICE_F_NONBLOCK) != 0 || !callGoesToRing()) { return detail::submitAndWait(o, deadline); }
     // One or two system calls before the SQE, against DESIGN.md's "no system call of its own": the

@@ -98,8 +98,9 @@ Result<short> poll(int fd, short events, Deadline deadline = {}) noexcept;
 /// (epoll: parked on the carrier; io_uring: a poll on the ring, so the io-wq worker that runs every
 /// splice is free at once). A regular-file or device end may still wait for the disk: in the io-wq
 /// worker on io_uring, on the offload pool on epoll. A cancel ends the wait with ECANCELED, and
-/// nothing has moved. With SPLICE_F_NONBLOCK in `flags` the call is made as given: splice(2)'s
-/// meaning (a pipe end that would wait answers EAGAIN; a socket end waits unless it is O_NONBLOCK).
+/// nothing has moved. With SPLICE_F_NONBLOCK in `flags` the call does not wait for a pipe end: EAGAIN,
+/// splice(2)'s meaning, on both backends; a socket end answers EAGAIN when it is O_NONBLOCK (on epoll
+/// it always is: the driver makes it so).
 /// `deadline`: ETIMEDOUT once it passes, moving nothing. (On io_uring it is a timeout of its own that
 /// cancels the call: the kernel never fires a linked timeout on a splice or tee blocked in an io_uring
 /// worker, kernel 6.18, measured.)

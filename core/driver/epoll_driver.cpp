@@ -396,7 +396,8 @@ int32_t EpollDriver::startOp(op::IoRequest* req) noexcept {
         // regular file or a device at one end, the blocking call runs on the offload pool.
         if (const int32_t r = prepareSpliceEnds(o); r != 0) { return r == kSpliceOtherEnd ? kBlocking : r; }
         const int32_t r = attempt(o, true);
-        return r == -EAGAIN ? parkSplice(req) : r;
+        // The caller's own SPLICE_F_NONBLOCK: EAGAIN, as io_uring and splice(2) answer.
+        return r == -EAGAIN && (o.opFlags & SPLICE_F_NONBLOCK) == 0 ? parkSplice(req) : r;
     }
 
     FdState* st = stateFor(o.fd);

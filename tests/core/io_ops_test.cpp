@@ -867,6 +867,18 @@ TEST_F(IoOpsTest, SplicesWaitingForRoomHoldNoRingWorker) {
     t.finish(splicers);
 }
 
+// The caller's own SPLICE_F_NONBLOCK means what it means to splice(2): a pipe with nothing to give
+// answers EAGAIN at once, moving nothing, on both backends. Before, the epoll driver parked the call
+// until the pipe had bytes (here: until its deadline), as if the flag were not there.
+TEST_F(IoOpsTest, ACallersSpliceNonblockAnswersEagainOnAnEmptyPipe) {
+    Pipe in, out;
+    ASSERT_GE(in.r, 0);
+    ASSERT_GE(out.r, 0);
+    const int err = onFiber([&] { return spindle::splice(in.r, -1, out.w, -1, 64, SPLICE_F_NONBLOCK, 2s).errorCode(); });
+    EXPECT_EQ(err, EAGAIN);
+    EXPECT_EQ(out.queued(), 0);
+}
+
 // A splice waiting for room is cancelled: ECANCELED, and its bytes stay in the pipe.
 TEST_F(IoOpsTest, ASpliceWaitingForRoomIsCancelled) {
     PipeToFullSocket t(10);
