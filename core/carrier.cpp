@@ -673,11 +673,24 @@ size_t queuedAt(const StealVictim& v) noexcept { return v.carrier->queuedApprox(
 
 // The idle path: no allocation, one pass over the victims at most. Pinned fibers never reach a deque
 // (pushReady and maintenance's hand-off keep them in the owner-only FIFO), so none can be stolen here.
+//
+// A thief that leaves a backlog behind passes the wake-up on. A busy carrier offers its queue with one
+// wake-up per maintenance (every kMaintenanceInterval fibers it runs, so milliseconds apart when they
+// compute), and a burst that reaches it from outside, through its inbox, gets one wake-up in all: without
+// the relay, the thieves came one per maintenance of the victim, and on 16 cores a skewed workload ran
+// no faster on 16 carriers than on 8 (spindle-topo experiment, docs/PERFORMANCE.md). Each thief wakes
+// at most one more, only while the victim still has fibers queued.
 Fiber* Carrier::trySteal() noexcept {
     Fiber* got = nullptr;
+    Carrier* victim = nullptr;
     stealPass(config_.stealPolicy, config_.crossNodeThreshold, victims_, localVictims_, queuedAt,
               [this] { return nextRandom(); },
-              [this, &got](const StealVictim& v) { return (got = stealFrom(v)) != nullptr; });
+              [this, &got, &victim](const StealVictim& v) {
+                  got = stealFrom(v);
+                  victim = v.carrier;
+                  return got != nullptr;
+              });
+    if (got != nullptr && !victim->deque_.emptyApprox()) { runtime_->wakeIdle(victim); }
     return got;
 }
 
