@@ -198,6 +198,19 @@ Result<void> RuntimeImpl::start() noexcept {
         return Error{EINVAL};
     }
     const bool canBind = options_.bindCarriers && topology_ && !topology_->isSynthetic();
+    std::vector<int> sqThreadCpus;  // with SQPOLL on bound carriers: where each ring's SQ thread goes
+    if (options_.sqpoll && canBind) {
+        try {
+            sqThreadCpus = numa::placeSqThreads(*topology_, placed);
+        } catch (const std::bad_alloc&) {
+            return Error{ENOMEM};
+        }
+        if (std::find(sqThreadCpus.begin(), sqThreadCpus.end(), -1) != sqThreadCpus.end()) {
+            log::info("SQPOLL: every PU runs a carrier, so the SQ threads are left to the kernel and share CPUs "
+                      "with carriers (a spinning carrier then passes its CPU to its SQ thread only at the end of a "
+                      "time slice; leave PUs free for them: fewer carriers)");
+        }
+    }
     try {
         carriers_.reserve(count);
         for (unsigned i = 0; i < count; ++i) {
@@ -211,7 +224,7 @@ Result<void> RuntimeImpl::start() noexcept {
             cfg.ring.deferTaskrun = options_.deferTaskrun;
             cfg.ring.sqpoll = options_.sqpoll;
             cfg.ring.sqThreadIdleMs = options_.sqThreadIdleMs;
-            if (options_.sqpoll) { cfg.ring.sqThreadCpu = canBind ? sqThreadCpuFor(cfg.pu) : -1; }
+            if (options_.sqpoll) { cfg.ring.sqThreadCpu = sqThreadCpus.empty() ? -1 : sqThreadCpus[i]; }
             cfg.fixedBufferCount = options_.fixedBufferCount;
             cfg.fixedBufferSize = options_.fixedBufferSize;
             cfg.fixedFileSlots = options_.fixedFileSlots;
@@ -272,27 +285,6 @@ Result<void> RuntimeImpl::start() noexcept {
         listedOnSignal_ = true;
     }
     return {};
-}
-
-int RuntimeImpl::sqThreadCpuFor(int pu) const noexcept {
-    // The carrier's SMT sibling shares its core's caches; else the next allowed PU in OS order.
-    const std::vector<numa::Pu>& pus = topology_->pus();
-    const auto self = std::find_if(pus.begin(), pus.end(), [pu](const numa::Pu& p) { return int(p.os) == pu; });
-    if (self == pus.end() || pus.size() < 2) {
-        log::info("no PU next to PU {} for its SQPOLL thread; the kernel places it", pu);
-        return -1;
-    }
-    for (const numa::Pu& p : pus) {
-        if (p.core == self->core && p.os != self->os) { return static_cast<int>(p.os); }
-    }
-    const numa::Pu* next = nullptr;  // smallest OS index above pu, else the smallest overall
-    const numa::Pu* lowest = nullptr;
-    for (const numa::Pu& p : pus) {
-        if (p.os == self->os) { continue; }
-        if (p.os > self->os && (next == nullptr || p.os < next->os)) { next = &p; }
-        if (lowest == nullptr || p.os < lowest->os) { lowest = &p; }
-    }
-    return static_cast<int>((next != nullptr ? next : lowest)->os);
 }
 
 bool RuntimeImpl::admitFiber(bool fromOwnFiber) noexcept {

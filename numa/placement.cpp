@@ -152,4 +152,33 @@ Result<std::vector<unsigned>> placeCarriers(const Topology& topology, Placement 
     }
 }
 
+std::vector<int> placeSqThreads(const Topology& topology, const std::vector<unsigned>& carrierPus) {
+    const std::vector<Pu>& pus = topology.pus();
+    std::vector<const Pu*> spare;
+    for (const Pu& p : pus) {
+        if (std::find(carrierPus.begin(), carrierPus.end(), p.os) == carrierPus.end()) { spare.push_back(&p); }
+    }
+    std::vector<unsigned> threadsOn(spare.size(), 0);
+    std::vector<int> out;
+    out.reserve(carrierPus.size());
+    for (const unsigned self : carrierPus) {
+        size_t best = spare.size();
+        const auto rank = [&](size_t i) {
+            const unsigned os = spare[i]->os;
+            const unsigned after = os > self ? os - self : os + (1u << 31) - self;  // cyclic OS order after self
+            return std::tuple(topology.distance(self, os), threadsOn[i], after);
+        };
+        for (size_t i = 0; i < spare.size(); ++i) {
+            if (best == spare.size() || rank(i) < rank(best)) { best = i; }
+        }
+        if (best == spare.size()) {
+            out.push_back(-1);
+        } else {
+            ++threadsOn[best];
+            out.push_back(static_cast<int>(spare[best]->os));
+        }
+    }
+    return out;
+}
+
 }  // namespace spindle::numa

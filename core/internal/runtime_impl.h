@@ -150,8 +150,6 @@ private:
     void showToDebuggers(bool on) noexcept;
     // Takes n from live_; the last one out wakes waitIdle() and, during shutdown, the carriers.
     void dropLive(uint64_t n) noexcept;
-    /// The CPU for the SQPOLL thread of the carrier on PU `pu`, or -1 (logged) when there is none.
-    int sqThreadCpuFor(int pu) const noexcept;
 
     RuntimeOptions options_;
     std::optional<numa::Topology> topology_;
