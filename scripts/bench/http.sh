@@ -15,6 +15,12 @@
 # --floor: also runs raw_http.c's io_uring loop (raw-uring) in the same rotation: the raw loops answer
 # the same bytes and do nothing else, so what they cost per request is what the kernel charges any
 # server here (the floor), and the extra ratio lines say how far nginx and spindle-httpd are above it.
+# Each run also gives the TCP segments per request (OutSegs of /proc/net/snmp over the run, both ends of
+# the loopback counted): 2 when every ACK rides on a request or an answer; at 10,000 connections 3.1-3.2
+# in a good run and near 4 in the mode of issue 19, where each request gets an ACK of its own.
+# --fresh: each measured run gets a server started for it and warmed up for W seconds, instead of one
+# server per backend for the whole sweep (a run at 10,000 connections keeps the TCP state its start
+# gave it, so runs on one server are not independent draws).
 # --rss: instead, opens --rss-connections keep-alive connections to each spindle-httpd and nginx (one
 # request on each, then idle) and prints the server's VmRSS before and after, and the growth per
 # connection.
@@ -33,7 +39,7 @@
 #
 # usage: scripts/bench/http.sh [--connections "10 100 1000 10000"] [--duration D] [--warmup W]
 #                              [--repetitions R] [--server-cpu C] [--client-cpu C] [--floor]
-#                              [--backends "io_uring epoll"] [--rss [--rss-connections N]]
+#                              [--backends "io_uring epoll"] [--fresh] [--rss [--rss-connections N]]
 #                              [--files "1M 100M" [--file-connections F]] [--out DIR]
 #                              [--no-build] [--port-base P]
 #   --connections L   connection counts to sweep (default "10 100 1000 10000")
@@ -43,6 +49,7 @@
 #   --server-cpu C    CPU the servers are pinned to (default 0)
 #   --client-cpu C    CPU wrk is pinned to (default 1)
 #   --floor           add raw_http.c's io_uring loop beside its epoll loop
+#   --fresh           a new server for every measured run, warmed up for W seconds first (see above)
 #   --backends L      spindle-httpd's backends to measure, each its own server run with --backend B
 #                     (default "io_uring epoll"; raw-epoll runs when epoll is among them or with --floor;
 #                     raw_http.c needs cc and liburing-dev)
@@ -79,6 +86,7 @@ files=""
 files_mode=0
 file_conns=4
 floor=0
+fresh=0
 backends="io_uring epoll"
 out_dir=""
 build=1
@@ -93,6 +101,7 @@ while (($# > 0)); do
     --client-cpu) client_cpu="$2"; shift ;;
     --rss) rss=1 ;;
     --floor) floor=1 ;;
+    --fresh) fresh=1 ;;
     --backends) backends="$2"; shift ;;
     --rss-connections) rss_conns="$2"; shift ;;
     --files) files="$2"; files_mode=1; shift ;;
@@ -106,6 +115,7 @@ while (($# > 0)); do
   shift
 done
 bench_parse_backends http.sh "$backends"
+((!fresh || (!rss && !files_mode))) || { echo "http.sh: --fresh goes with the connection sweep only, not --rss or --files" >&2; exit 2; }
 
 # size_bytes SIZE: prints the bytes of a --files size (1048576 for 1M).
 # Errors: returns 1 when SIZE is not a positive number with an optional K, M or G suffix.
@@ -262,38 +272,61 @@ for p in "${spindle_port[@]}" "$nginx_port" "$raw_epoll_port" "$raw_uring_port";
 done
 # The servers of the rotation: name, pid, port.
 servers=()
-declare -A pid_of=() port_of=()
+declare -A pid_of=() port_of=() backend_of=()
+# start_server NAME: starts the server of the rotation called NAME, pinned to the server CPU, sets
+# pid_of[NAME] and waits until it listens. Errors: exits with status 1 when it does not come up, or
+# when a spindle-httpd runs on another backend than the one asked for.
+start_server() {
+  local name=$1 b mode
+  case $name in
+    spindle-*)
+      b=${backend_of[$name]}
+      taskset -c "$server_cpu" "$httpd" --carriers 1 --backend "$b" --address 127.0.0.1 --port "${port_of[$name]}" \
+        "${root_args[@]}" 2>"$tmp/$name.log" &
+      ;;
+    nginx) taskset -c "$server_cpu" nginx -p "$tmp" -c "$tmp/nginx.conf" 2>"$tmp/nginx.stderr" & ;;
+    raw-*)
+      mode=${name#raw-}
+      taskset -c "$server_cpu" "$raw_http" --mode "$mode" --address 127.0.0.1 --port "${port_of[$name]}" \
+        2>"$tmp/$name.log" &
+      ;;
+  esac
+  pid_of[$name]=$!
+  pids+=("$!")
+  wait_port "${port_of[$name]}" || exit 1
+  if [[ $name == spindle-* ]]; then
+    # Its startup line names the backend the runtime chose: another one would measure nothing asked for.
+    grep -q "backend $b" "$tmp/$name.log" || { echo "http.sh: $name does not run on $b: $(cat "$tmp/$name.log")" >&2; exit 1; }
+  fi
+}
+# stop_server NAME: stops it (SIGINT, as a user would) and waits until its port is free.
+stop_server() {
+  local name=$1 pid=${pid_of[$1]} p kept=()
+  kill -INT "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  for p in "${pids[@]}"; do [[ $p == "$pid" ]] || kept+=("$p"); done
+  pids=("${kept[@]}")
+}
 for b in "${backend_list[@]}"; do
   name=${spindle_name[$b]}
-  taskset -c "$server_cpu" "$httpd" --carriers 1 --backend "$b" --address 127.0.0.1 --port "${spindle_port[$b]}" \
-    "${root_args[@]}" 2>"$tmp/$name.log" &
-  pids+=("$!")
   servers+=("$name")
-  pid_of[$name]=$! port_of[$name]=${spindle_port[$b]}
-  wait_port "${spindle_port[$b]}"
-  # Its startup line names the backend the runtime chose: another one would measure nothing asked for.
-  grep -q "backend $b" "$tmp/$name.log" || { echo "http.sh: $name does not run on $b: $(cat "$tmp/$name.log")" >&2; exit 1; }
+  port_of[$name]=${spindle_port[$b]} backend_of[$name]=$b
 done
 spindle_servers=("${servers[@]}")
-taskset -c "$server_cpu" nginx -p "$tmp" -c "$tmp/nginx.conf" 2>"$tmp/nginx.stderr" &
-nginx_pid=$!
-pids+=("$nginx_pid")
-wait_port "$nginx_port"
 servers+=(nginx)
-pid_of[nginx]=$nginx_pid port_of[nginx]=$nginx_port
-if ((${#raw_modes[@]} > 0)); then
-  for mode in "${raw_modes[@]}"; do
-    if [[ $mode == epoll ]]; then port=$raw_epoll_port; else port=$raw_uring_port; fi
-    taskset -c "$server_cpu" "$raw_http" --mode "$mode" --address 127.0.0.1 --port "$port" 2>"$tmp/raw-$mode.log" &
-    pids+=("$!")
-    servers+=("raw-$mode")
-    pid_of[raw-$mode]=$! port_of[raw-$mode]=$port
-    wait_port "$port"
-  done
-fi
+port_of[nginx]=$nginx_port
+for mode in "${raw_modes[@]}"; do
+  if [[ $mode == epoll ]]; then port_of[raw-$mode]=$raw_epoll_port; else port_of[raw-$mode]=$raw_uring_port; fi
+  servers+=("raw-$mode")
+done
+for server in "${servers[@]}"; do start_server "$server"; done
 
 # CPU ticks of a process, all threads: "utime stime" (the command name, field 2, holds no spaces here).
 cpu_ticks() { awk '{ print $14, $15 }' "/proc/$1/stat"; }
+# TCP segments this network namespace has sent so far (the Tcp: lines of /proc/net/snmp: names, values).
+tcp_out_segs() {
+  awk '$1 == "Tcp:" { if (!col) { for (i = 2; i <= NF; i++) if ($i == "OutSegs") col = i } else print $col }' /proc/net/snmp
+}
 rss_kib() { awk '/^VmRSS:/ { print $2 }' "/proc/$1/status"; }
 
 # Every server is up: from here on there is something to keep.
@@ -309,7 +342,8 @@ fi
 echo "machine: $(bench_machine_line)"
 spindle_pids=""
 for name in "${spindle_servers[@]}"; do spindle_pids+="$name pid ${pid_of[$name]}, "; done
-echo "spindle-httpd: ${spindle_pids}$(nginx -v 2>&1) pid $nginx_pid; servers on CPU $server_cpu, wrk on CPU $client_cpu"
+echo "spindle-httpd: ${spindle_pids}$(nginx -v 2>&1) pid ${pid_of[nginx]}; servers on CPU $server_cpu, wrk on CPU $client_cpu"
+((!fresh)) || echo "--fresh: each measured run gets a new server (the pids above are the first ones)"
 
 if ((rss)); then
   command -v python3 >/dev/null || { echo "http.sh: python3 is needed for --rss" >&2; exit 1; }
@@ -348,18 +382,21 @@ fi
 wrk_path=/hello
 wrk_opts=()
 # One wrk run: prints "requests_per_s cpu_us_per_request p99_us requests errors user_us_per_request
-# bytes seconds cpu_us user_us" (bytes: what wrk read, headers included, over its seconds; cpu_us and
-# user_us: the server's whole CPU time and its user part over the run).
+# bytes seconds cpu_us user_us segments_per_request" (bytes: what wrk read, headers included, over its
+# seconds; cpu_us and user_us: the server's whole CPU time and its user part over the run; segments:
+# TCP segments sent over the run, by both ends).
 # With a fifth argument, also leaves wrk's whole output in that file (its latency percentiles
 # included: the "cdf PERCENT US" lines of wrk_percentiles.lua, which only runs after the measurement).
 run_wrk() {
-  local pid=$1 port=$2 n=$3 d=$4 keep=${5:-} u0 s0 u1 s1 out
+  local pid=$1 port=$2 n=$3 d=$4 keep=${5:-} u0 s0 u1 s1 out g0 g1
   read -r u0 s0 < <(cpu_ticks "$pid")
+  g0=$(tcp_out_segs)
   out=$(taskset -c "$client_cpu" wrk -t1 -c"$n" -d"${d}s" "${wrk_opts[@]}" --latency \
     -s "$SPINDLE_REPO_ROOT/scripts/bench/wrk_percentiles.lua" "http://127.0.0.1:$port$wrk_path")
+  g1=$(tcp_out_segs)
   read -r u1 s1 < <(cpu_ticks "$pid")
   [[ -z "$keep" ]] || printf '%s\n' "$out" >"$keep"
-  awk -v c0="$((u0 + s0))" -v c1="$((u1 + s1))" -v u="$((u1 - u0))" -v hz="$(getconf CLK_TCK)" '
+  awk -v c0="$((u0 + s0))" -v c1="$((u1 + s1))" -v u="$((u1 - u0))" -v hz="$(getconf CLK_TCK)" -v segs="$((g1 - g0))" '
     function us(v) {
       if (v ~ /us$/) return v + 0; if (v ~ /ms$/) return v * 1000; if (v ~ /s$/) return v * 1e6; return v
     }
@@ -370,8 +407,9 @@ run_wrk() {
     /Non-2xx/ { errs += $NF }
     $1 == "summary" { bytes = $2; secs = $3 / 1e6 }
     END {  # %.0f for the bytes: %d in mawk stops at 2^31 - 1
-      printf "%.1f %.3f %.1f %d %d %.3f %.0f %.6f %.0f %.0f\n", rps, (reqs > 0 ? (c1 - c0) / hz * 1e6 / reqs : 0), p99,
-             reqs, errs + 0, (reqs > 0 ? u / hz * 1e6 / reqs : 0), bytes, secs, (c1 - c0) / hz * 1e6, u / hz * 1e6
+      printf "%.1f %.3f %.1f %d %d %.3f %.0f %.6f %.0f %.0f %.3f\n", rps, (reqs > 0 ? (c1 - c0) / hz * 1e6 / reqs : 0), p99,
+             reqs, errs + 0, (reqs > 0 ? u / hz * 1e6 / reqs : 0), bytes, secs, (c1 - c0) / hz * 1e6, u / hz * 1e6,
+             (reqs > 0 ? segs / reqs : 0)
     }
   ' <<<"$out"
 }
@@ -423,7 +461,7 @@ if ((files_mode)); then
       bench_order "$r" "${servers[@]}"
       for server in "${order[@]}"; do
         bench_step "$run_s" "http --files $server $size, run $r/$reps"
-        read -r a b c d e _ g h k l < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$file_conns" "$duration")
+        read -r a b c d e _ g h k l _ < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$file_conns" "$duration")
         # MB/s: 10^6 bytes per second; CPU per MiB: over the MiB wrk read (a response cut off at the end included).
         read -r mb cm um < <(awk -v b="$g" -v t="$h" -v c="$k" -v u="$l" 'BEGIN {
           mib = b / 1048576
@@ -467,24 +505,39 @@ if ((files_mode)); then
 fi
 
 read -r -a conn_list <<<"$conns"
-steps=$((${#conn_list[@]} * (1 + reps * ${#servers[@]})))
-bench_progress_start "$steps" "$(awk -v c="${#conn_list[@]}" -v w="$warm_s" -v r="$((reps * ${#servers[@]}))" -v s="$run_s" \
-  'BEGIN { print c * (w + r * s) }')"
-printf '%-6s %-13s %28s %10s %9s %10s %7s\n' N server "req/s median [min..max]" "cpu us/req" "user us" "p99 us" errors
+# --fresh: no warm-up step per connection count; each measured run starts its server and warms it up.
+if ((fresh)); then
+  run_s=$(awk -v d="$duration" -v w="$warmup" 'BEGIN { print d + w + 1 }')
+  warm_steps=0
+else
+  warm_steps=1
+fi
+steps=$((${#conn_list[@]} * (warm_steps + reps * ${#servers[@]})))
+bench_progress_start "$steps" "$(awk -v c="${#conn_list[@]}" -v w="$warm_s" -v k="$warm_steps" -v r="$((reps * ${#servers[@]}))" \
+  -v s="$run_s" 'BEGIN { print c * (k * w + r * s) }')"
+printf '%-6s %-13s %28s %10s %9s %10s %18s %7s\n' N server "req/s median [min..max]" "cpu us/req" "user us" "p99 us" \
+  "segs/req [min..max]" errors
 for n in $conns; do
-  bench_step "$warm_s" "http warm-up of ${#servers[@]} servers, $n conns"
-  for server in "${servers[@]}"; do run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$warmup" >/dev/null; done
-  declare -A rps=() cpu=() user=() p99=() errs=()
+  if ((!fresh)); then
+    bench_step "$warm_s" "http warm-up of ${#servers[@]} servers, $n conns"
+    for server in "${servers[@]}"; do run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$warmup" >/dev/null; done
+  fi
+  declare -A rps=() cpu=() user=() p99=() segs=() errs=()
   for ((r = 1; r <= reps; r++)); do
     bench_order "$r" "${servers[@]}"
     for server in "${order[@]}"; do
       bench_step "$run_s" "http $server $n conns, run $r/$reps"
-      read -r a b c d e f _ < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration" "$tmp/wrk.out")
-      bench_row http.csv server,connections,round,duration_s,requests_per_s,requests,errors,cpu_us_per_request,user_us_per_request,p99_us \
-        "$server" "$n" "$r" "$duration" "$a" "$d" "$e" "$b" "$f" "$c"
+      if ((fresh)); then
+        stop_server "$server"
+        start_server "$server"
+        run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$warmup" >/dev/null
+      fi
+      read -r a b c d e f _ _ _ _ g < <(run_wrk "${pid_of[$server]}" "${port_of[$server]}" "$n" "$duration" "$tmp/wrk.out")
+      bench_row http.csv server,connections,round,duration_s,requests_per_s,requests,errors,cpu_us_per_request,user_us_per_request,p99_us,segments_per_request,fresh \
+        "$server" "$n" "$r" "$duration" "$a" "$d" "$e" "$b" "$f" "$c" "$g" "$fresh"
       awk '$1 == "cdf" { print $2, $3 }' "$tmp/wrk.out" |
         bench_rows http-latency.csv server,connections,round,percentile,latency_us "$server" "$n" "$r"
-      rps[$server]+="$a " cpu[$server]+="$b " user[$server]+="$f " p99[$server]+="$c "
+      rps[$server]+="$a " cpu[$server]+="$b " user[$server]+="$f " p99[$server]+="$c " segs[$server]+="$g "
       errs[$server]=$((${errs[$server]:-0} + e))
     done
   done
@@ -498,9 +551,11 @@ for n in $conns; do
     read -r pm _ _ < <(stats ${p99[$server]})
     # shellcheck disable=SC2086
     read -r um _ _ < <(stats ${user[$server]})
+    # shellcheck disable=SC2086
+    read -r sm slo shi < <(stats ${segs[$server]})
     med[$server]=$m medcpu[$server]=$cm
-    printf '%-6s %-13s %12.0f [%.0f..%.0f] %10.2f %9.2f %10.0f %7d\n' "$n" "$server" "$m" "$lo" "$hi" "$cm" "$um" "$pm" \
-      "${errs[$server]}"
+    printf '%-6s %-13s %12.0f [%.0f..%.0f] %10.2f %9.2f %10.0f %6.2f [%.2f..%.2f] %7d\n' "$n" "$server" "$m" "$lo" "$hi" \
+      "$cm" "$um" "$pm" "$sm" "$slo" "$shi" "${errs[$server]}"
   done
   for server in "${spindle_servers[@]}"; do
     printf '%-6s ratio %s/nginx: req/s %s, cpu/req %s\n' "$n" "$server" \
@@ -519,7 +574,7 @@ for n in $conns; do
     fi
     printf '\n'
   fi
-  unset rps cpu user p99 errs med medcpu
+  unset rps cpu user p99 segs errs med medcpu
 done
 bench_progress_end
 bench_out_finish
