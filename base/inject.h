@@ -42,6 +42,7 @@
 /// | kLogSync         | an app's durable-log fdatasync              | the errno it fails with  |
 /// | kLogExtend       | a log preallocation's zero write, then its fdatasync (two passes) | the errno |
 /// | kPipeCreate      | spindle-httpd creating a splice pipe        | the errno pipe2 fails with |
+/// | kSpliceAgain     | a non-blocking try of a splice or tee (spindle::splice/tee on either backend) | ignored: EAGAIN |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -99,6 +100,8 @@ enum class Point : uint8_t {
     kLogSync,          // apps: a durable log's fdatasync, in place of the call
     kLogExtend,        // apps: a durable log's preallocation: its write of zeros, then its fdatasync
     kPipeCreate,       // apps: spindle-httpd's pipe2 for splicing file bodies, in place of the call (EMFILE, ENFILE)
+    kSpliceAgain,      // core: a non-blocking try of a splice or tee answers EAGAIN without the call, as a TCP
+                       // stack out of memory answers it though both ends poll ready
     kCount,
 };
 

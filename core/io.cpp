@@ -13,6 +13,7 @@
 #include <new>
 #include <thread>
 
+#include "base/inject.h"
 #include "base/log.h"
 #include "core/fiber.h"
 #include "core/fiber_future.h"
@@ -359,7 +360,9 @@ int32_t spliceOrTee(op::Op o, Deadline deadline) noexcept {
     o.opFlags |= SPLICE_F_NONBLOCK;
     std::chrono::milliseconds backoff{1};
     for (int raced = 0;;) {
-        const int32_t r = detail::submitAndWait(o, deadline);
+        bool again = false;  // the fault point kSpliceAgain: EAGAIN without the call
+        SPINDLE_INJECT(inject::Point::kSpliceAgain, { again = true; });
+        const int32_t r = again ? -EAGAIN : detail::submitAndWait(o, deadline);
         if (r != -EAGAIN) { return r; }
         int32_t end = detail::spliceBlockedEnd(o);
         if (end == -EAGAIN) {
@@ -367,11 +370,16 @@ int32_t spliceOrTee(op::Op o, Deadline deadline) noexcept {
             // that lasts (TCP's global memory limit refuses the send while the socket's own room says
             // ready) is waited out with a growing sleep, so the fiber does not spin on the ring.
             if (++raced < 3) { continue; }
-            if (deadline.isSet() && deadline.expired()) { return -ETIMEDOUT; }
+            std::chrono::nanoseconds wait = backoff;
+            if (deadline.isSet()) {  // never past it
+                const uint64_t now = detail::nowNs();
+                if (deadline.ns() <= now) { return -ETIMEDOUT; }
+                wait = std::min(wait, std::chrono::nanoseconds(deadline.ns() - now));
+            }
             if (this_fiber::inFiber()) {
-                if (auto slept = this_fiber::sleep_for(backoff); !slept) { return -slept.errorCode(); }
+                if (auto slept = this_fiber::sleep_for(wait); !slept) { return -slept.errorCode(); }
             } else {
-                std::this_thread::sleep_for(backoff);
+                std::this_thread::sleep_for(wait);
             }
             backoff = std::min(backoff * 2, std::chrono::milliseconds{64});
             continue;

@@ -13,6 +13,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <memory>
@@ -34,6 +35,10 @@ constexpr uint32_t kInterest = EPOLLIN | EPOLLOUT | EPOLLRDHUP | EPOLLET;
 constexpr uint32_t kParked = 1;      // IoRequest::driverState: in an fd's waiter list
 constexpr uint32_t kConnecting = 2;  // ... and a connect that answered EINPROGRESS
 constexpr uint32_t kOnOutput = 4;    // ... a splice or tee in o.fd2's list, for room there (else o.fd's, for input)
+constexpr uint32_t kRetrying = 8;    // a splice or tee waiting out a lasting EAGAIN on the deadline heap, in no list
+constexpr uint32_t kBackoffShift = 8;        // driverState >> this: the waits out of a lasting EAGAIN so far
+constexpr uint32_t kMaxBackoff = 6;          // 1 ms << 6: the longest of them
+constexpr uint64_t kRetryBaseNs = 1'000'000;
 
 // ---- close generations -----------------------------------------------------------------------
 // One counter per descriptor number below the hard RLIMIT_NOFILE (capped), shared by all carriers.
@@ -186,6 +191,7 @@ int32_t attempt(const op::Op& o, bool nonblock) noexcept {
             return static_cast<uint16_t>(p.revents);
         }
         case Code::kSplice: {
+            if (nonblock) { SPINDLE_INJECT(inject::Point::kSpliceAgain, { return -EAGAIN; }); }
             auto offIn = static_cast<loff_t>(o.off);
             auto offOut = static_cast<loff_t>(o.off2);
             const unsigned flags = o.opFlags | (nonblock ? SPLICE_F_NONBLOCK : 0u);
@@ -195,6 +201,7 @@ int32_t attempt(const op::Op& o, bool nonblock) noexcept {
             });
         }
         case Code::kTee: {
+            if (nonblock) { SPINDLE_INJECT(inject::Point::kSpliceAgain, { return -EAGAIN; }); }
             const unsigned flags = o.opFlags | (nonblock ? SPLICE_F_NONBLOCK : 0u);
             return withoutSigpipe(o.len, [&] { return ::tee(o.fd, o.fd2, o.len, flags); });
         }
@@ -534,25 +541,39 @@ void EpollDriver::deliverRecvs(op::IoRequest* req, FdState& st) noexcept {
     }
 }
 
-int32_t EpollDriver::parkSplice(op::IoRequest* req) noexcept {
+int32_t EpollDriver::parkSplice(op::IoRequest* req, uint32_t backoff) noexcept {
     const op::Op& o = *req->op;
     for (int tries = 0;; ++tries) {
         int32_t end = spliceBlockedEnd(o);
         if (end == kSpliceOutput) { end = static_cast<int32_t>(kOnOutput); }
         if (end == -EAGAIN) {
-            // Both ends look ready: a reader or writer raced the call. A few more tries, then wait for
-            // room on the output (re-arming its registration reports readiness that is there already).
+            // Both ends look ready: a reader or writer raced the call. A few more tries; an EAGAIN that
+            // lasts is waited out on a timer (parking on an end that is ready would retry it at once).
             if (tries < 3) {
                 if (const int32_t r = attempt(o, true); r != -EAGAIN) { return r; }
                 continue;
             }
-            end = static_cast<int32_t>(kOnOutput);
+            return parkRetry(req, backoff);
         }
         if (end < 0) { return end; }
         FdState* st = stateFor(parkedFd(o, static_cast<uint32_t>(end)));
         if (st == nullptr) { return -ENOMEM; }  // fstat accepted the number: below the table's limit
         return park(req, *st, /*drained=*/false, static_cast<uint32_t>(end));
     }
+}
+
+int32_t EpollDriver::parkRetry(op::IoRequest* req, uint32_t backoff) noexcept {
+    backoff = std::min(backoff, kMaxBackoff);
+    uint64_t at = nowNs() + (kRetryBaseNs << backoff);
+    if (req->deadlineNs != 0) { at = std::min(at, req->deadlineNs); }
+    req->epoll.next = nullptr;
+    req->epoll.retryAtNs = at;
+    req->epoll.parker = runningFiberId();
+    req->driverState = kParked | kRetrying | (backoff << kBackoffShift);
+    ++waiting_;
+    req->epoll.heapIndex = 0;
+    heapPush(req);
+    return kPending;
 }
 
 int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained, uint32_t onOutput) noexcept {
@@ -579,6 +600,12 @@ int32_t EpollDriver::park(op::IoRequest* req, FdState& st, bool drained, uint32_
 }
 
 void EpollDriver::unlink(op::IoRequest* req) noexcept {
+    if ((req->driverState & kRetrying) != 0) {  // on the heap alone
+        req->driverState = 0;
+        --waiting_;
+        heapRemove(req);
+        return;
+    }
     FdState& st = fds_[static_cast<size_t>(parkedFd(*req->op, req->driverState))];
     if (req->epoll.prev != nullptr) {
         req->epoll.prev->epoll.next = req->epoll.next;
@@ -614,6 +641,11 @@ void EpollDriver::cancelAll() noexcept {
             unlink(req);
             finish(req, -ECANCELED, 0);
         }
+    }
+    while (!deadlines_.empty()) {  // what is left waits out a splice's EAGAIN (parkRetry)
+        op::IoRequest* req = deadlines_.front();
+        unlink(req);
+        finish(req, -ECANCELED, 0);
     }
 }
 
@@ -723,9 +755,18 @@ void EpollDriver::handleEvents(int count) noexcept {
 void EpollDriver::expireDeadlines() noexcept {
     if (deadlines_.empty()) { return; }
     const uint64_t now = nowNs();
-    while (!deadlines_.empty() && deadlines_.front()->deadlineNs <= now) {
+    while (!deadlines_.empty() && wakeAt(deadlines_.front()) <= now) {
         op::IoRequest* req = deadlines_.front();
+        const uint32_t state = req->driverState;
         unlink(req);  // takes it out of the heap too
+        if ((state & kRetrying) != 0 && (req->deadlineNs == 0 || req->deadlineNs > now)) {
+            // A splice's wait out of a lasting EAGAIN is over: try it again (a wait after this one,
+            // if any, is twice as long; its time is later than `now`, so this loop ends).
+            int32_t r = attempt(*req->op, true);
+            if (r == -EAGAIN) { r = parkSplice(req, (state >> kBackoffShift) + 1); }
+            if (r != kPending) { finish(req, r, 0); }
+            continue;
+        }
         finish(req, -ECANCELED, 0);
     }
 }
@@ -790,6 +831,13 @@ Driver::Counters EpollDriver::counters() const noexcept {
 
 // ---- the deadline heap ---------------------------------------------------------------------------
 
+// Its key: the deadline, or for a splice waiting out a lasting EAGAIN its next try (never later).
+uint64_t EpollDriver::wakeAt(const op::IoRequest* req) noexcept {
+    return (req->driverState & kRetrying) != 0 ? req->epoll.retryAtNs : req->deadlineNs;
+}
+
+uint64_t EpollDriver::nextDeadline() const noexcept { return deadlines_.empty() ? UINT64_MAX : wakeAt(deadlines_.front()); }
+
 void EpollDriver::heapPush(op::IoRequest* req) noexcept {
     try {
         deadlines_.push_back(req);
@@ -815,7 +863,7 @@ void EpollDriver::heapRemove(op::IoRequest* req) noexcept {
 void EpollDriver::heapSiftUp(size_t i) noexcept {
     while (i > 0) {
         const size_t parent = (i - 1) / 2;
-        if (deadlines_[parent]->deadlineNs <= deadlines_[i]->deadlineNs) { break; }
+        if (wakeAt(deadlines_[parent]) <= wakeAt(deadlines_[i])) { break; }
         std::swap(deadlines_[parent], deadlines_[i]);
         deadlines_[parent]->epoll.heapIndex = parent + 1;
         deadlines_[i]->epoll.heapIndex = i + 1;
@@ -829,8 +877,8 @@ void EpollDriver::heapSiftDown(size_t i) noexcept {
         size_t m = i;
         const size_t l = 2 * i + 1;
         const size_t r = l + 1;
-        if (l < n && deadlines_[l]->deadlineNs < deadlines_[m]->deadlineNs) { m = l; }
-        if (r < n && deadlines_[r]->deadlineNs < deadlines_[m]->deadlineNs) { m = r; }
+        if (l < n && wakeAt(deadlines_[l]) < wakeAt(deadlines_[m])) { m = l; }
+        if (r < n && wakeAt(deadlines_[r]) < wakeAt(deadlines_[m])) { m = r; }
         if (m == i) { return; }
         std::swap(deadlines_[m], deadlines_[i]);
         deadlines_[m]->epoll.heapIndex = m + 1;

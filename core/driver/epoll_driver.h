@@ -71,9 +71,7 @@ public:
     void wait(int64_t timeoutNs) noexcept override;
     void reap() noexcept override;
     [[nodiscard]] bool parkCollects() const noexcept override { return true; }
-    [[nodiscard]] uint64_t nextDeadline() const noexcept override {
-        return deadlines_.empty() ? UINT64_MAX : deadlines_.front()->deadlineNs;
-    }
+    [[nodiscard]] uint64_t nextDeadline() const noexcept override;
 
     void wakeFrom(Carrier* from) noexcept override;
     [[nodiscard]] uint32_t inflight() const noexcept override { return waiting_; }
@@ -127,8 +125,14 @@ private:
     // kOnOutput, a splice's or tee's output end). kPending, or -errno when it cannot wait there.
     int32_t park(op::IoRequest* req, FdState& st, bool drained, uint32_t onOutput = 0) noexcept;
     // A splice or tee between pipes or sockets that answered EAGAIN: parks it on the end it waits
-    // for, or returns its result when a retry answered at once.
-    int32_t parkSplice(op::IoRequest* req) noexcept;
+    // for, or returns its result when a retry answered at once. `backoff`: how many waits out of a
+    // lasting EAGAIN came just before (parkRetry's doubling).
+    int32_t parkSplice(op::IoRequest* req, uint32_t backoff = 0) noexcept;
+    // A splice or tee whose EAGAIN lasts though both ends poll ready (TCP's global memory limit):
+    // waits on the deadline heap alone for 1 ms << backoff (at most 64 ms; never past its deadline),
+    // in no descriptor's list, since readiness that is there already would retry it at once, without
+    // end. kPending.
+    int32_t parkRetry(op::IoRequest* req, uint32_t backoff) noexcept;
     // After a read of `got` bytes out of `asked` from a registered stream socket: a short one means
     // nothing more until the next event (unless the peer shut its side, when the next read answers end
     // of stream at once; that event may have been the same edge).
@@ -152,6 +156,8 @@ private:
     void prefetchAhead(int i, int count) const noexcept;
     void retryWaiters(int fd, uint32_t events) noexcept;
     void expireDeadlines() noexcept;
+    // A request's key in the deadline heap: its deadline, or a retry's time (parkRetry).
+    [[nodiscard]] static uint64_t wakeAt(const op::IoRequest* req) noexcept;
     void heapPush(op::IoRequest* req) noexcept;
     void heapRemove(op::IoRequest* req) noexcept;
     void heapSiftUp(size_t i) noexcept;

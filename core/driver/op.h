@@ -197,7 +197,10 @@ struct IoRequest {
     // for every operation in flight.
     struct EpollState {
         IoRequest* next;       // the fd's waiter list
-        IoRequest* prev;
+        union {
+            IoRequest* prev;
+            uint64_t retryAtNs;  // instead, for a splice waiting out a lasting EAGAIN in no list: its next try
+        };
         uint64_t heapIndex;    // position in the driver's deadline heap (+1; 0: not in it)
         uint64_t parker;       // the id of the fiber that parked it (0: none), see FdState::provenFor
     };

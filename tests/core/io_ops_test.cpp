@@ -33,6 +33,7 @@
 #include <utility>
 #include <vector>
 
+#include "base/inject.h"
 #include "core/fiber.h"
 #include "core/io.h"
 #include "tests/core/with_runtime.h"
@@ -878,6 +879,50 @@ TEST_F(IoOpsTest, ACallersSpliceNonblockAnswersEagainOnAnEmptyPipe) {
     EXPECT_EQ(err, EAGAIN);
     EXPECT_EQ(out.queued(), 0);
 }
+
+#if defined(SPINDLE_FAULT_INJECTION)
+// An EAGAIN that lasts though both ends are ready (TCP's global memory limit refuses a send while the
+// socket's own room says ready; here the fault point kSpliceAgain answers it in place of the call):
+// the splice waits it out with a sleep that doubles from 1 ms to 64 ms, never past its deadline,
+// instead of trying again without end. Before, the epoll backend parked the call on its output end,
+// whose readiness was there already, and tried again at once: thousands of tries in these 200 ms.
+TEST_F(IoOpsTest, ASpliceWhoseEagainLastsWaitsItOutUntilItsDeadline) {
+    Pipe in, out;
+    ASSERT_GE(in.r, 0);
+    ASSERT_GE(out.r, 0);
+    const auto data = pattern(100, 24);
+    ASSERT_EQ(::write(in.w, data.data(), data.size()), 100);
+    constexpr uint32_t kArmed = 1'000'000;
+    uint32_t tries = 0;
+    const int err = onFiber([&] {
+        inject::ArmedFault f(inject::Point::kSpliceAgain, EAGAIN, kArmed);
+        const int e = spindle::splice(in.r, -1, out.w, -1, data.size(), 0, 200ms).errorCode();
+        tries = kArmed - inject::remaining(inject::Point::kSpliceAgain);
+        return e;
+    });
+    EXPECT_EQ(err, ETIMEDOUT);
+    EXPECT_EQ(in.queued(), 100) << "nothing moved";
+    EXPECT_EQ(out.queued(), 0);
+    EXPECT_GE(tries, 4u) << "a first try and three quick ones before the first wait";
+    EXPECT_LE(tries, 100u) << "tries in 200 ms: the doubling wait allows a few dozen at most";
+}
+
+// ... and once the condition ends, the splice goes through with its bytes.
+TEST_F(IoOpsTest, ASpliceGoesThroughOnceALastingEagainEnds) {
+    Pipe in, out;
+    ASSERT_GE(in.r, 0);
+    ASSERT_GE(out.r, 0);
+    const auto data = pattern(100, 25);
+    ASSERT_EQ(::write(in.w, data.data(), data.size()), 100);
+    inject::ArmedFault f(inject::Point::kSpliceAgain, EAGAIN, 12);  // about 30 ms of waits, then the call
+    const auto moved = onFiber([&] { return spindle::splice(in.r, -1, out.w, -1, data.size(), 0, 10s).valueOr(0); });
+    EXPECT_EQ(moved, 100u);
+    EXPECT_EQ(inject::remaining(inject::Point::kSpliceAgain), 0u) << "every armed EAGAIN was answered first";
+    std::vector<char> got(100);
+    ASSERT_EQ(::read(out.r, got.data(), got.size()), 100);
+    EXPECT_EQ(got, data);
+}
+#endif
 
 // A splice waiting for room is cancelled: ECANCELED, and its bytes stay in the pipe.
 TEST_F(IoOpsTest, ASpliceWaitingForRoomIsCancelled) {
