@@ -205,10 +205,11 @@ Result<void> RuntimeImpl::start() noexcept {
         } catch (const std::bad_alloc&) {
             return Error{ENOMEM};
         }
-        if (std::find(sqThreadCpus.begin(), sqThreadCpus.end(), -1) != sqThreadCpus.end()) {
-            log::info("SQPOLL: every PU runs a carrier, so the SQ threads are left to the kernel and share CPUs "
-                      "with carriers (a spinning carrier then passes its CPU to its SQ thread only at the end of a "
-                      "time slice; leave PUs free for them: fewer carriers)");
+        if (const auto n = std::count(sqThreadCpus.begin(), sqThreadCpus.end(), -1); n > 0) {
+            log::info("SQPOLL: {} of {} SQ threads find no PU free of carriers and other SQ threads and are left to "
+                      "the kernel (a spinning carrier then passes its CPU to an SQ thread only at the end of a time "
+                      "slice; leave PUs free for them: fewer carriers)",
+                      n, sqThreadCpus.size());
         }
     }
     try {

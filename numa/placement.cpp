@@ -7,6 +7,7 @@
 #include <new>
 #include <set>
 #include <tuple>
+#include <utility>
 
 #include "base/log.h"
 
@@ -158,7 +159,7 @@ std::vector<int> placeSqThreads(const Topology& topology, const std::vector<unsi
     for (const Pu& p : pus) {
         if (std::find(carrierPus.begin(), carrierPus.end(), p.os) == carrierPus.end()) { spare.push_back(&p); }
     }
-    std::vector<unsigned> threadsOn(spare.size(), 0);
+    std::vector<bool> taken(spare.size(), false);
     std::vector<int> out;
     out.reserve(carrierPus.size());
     for (const unsigned self : carrierPus) {
@@ -166,15 +167,15 @@ std::vector<int> placeSqThreads(const Topology& topology, const std::vector<unsi
         const auto rank = [&](size_t i) {
             const unsigned os = spare[i]->os;
             const unsigned after = os > self ? os - self : os + (1u << 31) - self;  // cyclic OS order after self
-            return std::tuple(topology.distance(self, os), threadsOn[i], after);
+            return std::pair(topology.distance(self, os), after);
         };
         for (size_t i = 0; i < spare.size(); ++i) {
-            if (best == spare.size() || rank(i) < rank(best)) { best = i; }
+            if (!taken[i] && (best == spare.size() || rank(i) < rank(best))) { best = i; }
         }
         if (best == spare.size()) {
             out.push_back(-1);
         } else {
-            ++threadsOn[best];
+            taken[best] = true;
             out.push_back(static_cast<int>(spare[best]->os));
         }
     }

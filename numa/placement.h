@@ -51,12 +51,12 @@ struct PlacementSpec {
                                                           const std::vector<unsigned>& explicitPus = {});
 
 /// Where the SQPOLL kernel thread of each carrier's ring goes (IORING_SETUP_SQ_AFF), given the PU (OS
-/// index) each carrier stands for (placeCarriers' answer): the nearest PU that stands for no carrier
-/// (the SMT sibling first, then by Topology::distance), among equals the one with the fewest SQ threads
-/// already placed, then the first in OS order after the carrier's PU (cyclic). A spinning carrier and
-/// an SQ thread on one CPU take turns by the scheduler's time slice, milliseconds per hop; so where
-/// every PU of the topology stands for a carrier the answer is -1, which leaves the thread to the
-/// kernel. One entry per carrier. Never fails.
+/// index) each carrier stands for (placeCarriers' answer): in carrier order, the nearest PU that
+/// stands for no carrier and has no SQ thread yet (the SMT sibling first, then by Topology::distance,
+/// then the first in OS order after the carrier's PU, cyclic). A spinning carrier, or a busy SQ thread,
+/// and an SQ thread on one CPU take turns by the scheduler's time slice, milliseconds per hop; so where
+/// no such PU is left the answer is -1, which leaves the thread to the kernel. One entry per carrier.
+/// Throws std::bad_alloc.
 [[nodiscard]] std::vector<int> placeSqThreads(const Topology& topology, const std::vector<unsigned>& carrierPus);
 
 }  // namespace spindle::numa

@@ -169,13 +169,13 @@ private:
     Carrier* owner_ = nullptr;
     int epfd_ = -1;
     int wakeFd_ = -1;
-    uint32_t waiting_ = 0;             // requests parked in fd lists
+    uint32_t waiting_ = 0;             // requests parked: in fd lists, or on the heap alone (parkRetry)
     int pendingEvents_ = 0;            // events wait() collected for reap()
     uint64_t epoch_ = 1;               // one more each time the carrier looks for events (poll, wait)
     std::vector<FdState> fds_;
     std::atomic<uint32_t>* gens_ = nullptr;  // the process's close generations (see bumpCloseGeneration)
     size_t gensSize_ = 0;
-    std::vector<op::IoRequest*> deadlines_;  // a binary min-heap on deadlineNs; req->heapIndex = slot + 1
+    std::vector<op::IoRequest*> deadlines_;  // a binary min-heap on wakeAt(); req->heapIndex = slot + 1
     std::vector<std::pair<uint16_t, BufferGroup*>> groups_;  // registered buffer groups (a handful)
     // The multishot request deliverOne() is completing, and whether its handler ended it.
     op::IoRequest* delivering_ = nullptr;

@@ -214,7 +214,8 @@ struct IoRequest {
         UringState uring;
     };
     uint32_t driverState;          // io_uring: CQEs still due (op + linked timeout); epoll: parked or
-                                   // not, and kConnecting while a connect is in progress
+                                   // not, kConnecting while a connect is in progress, kRetrying (and
+                                   // its backoff) while a splice waits out a lasting EAGAIN
     uint32_t inlineFlags = 0;      // the completion flags (kBufferPicked, ...) of a result that
                                    // Driver::start() returned at once instead of completing
 };

@@ -154,17 +154,17 @@ TEST(Placement, SqThreadsAvoidEveryCarriersPuNotOnlyTheirOwn) {
     // One PU per core: before, the SQ thread of the carrier on PU 0 went to PU 1, the next carrier's.
     SPINDLE_SYNTHETIC(t, "pack:1 numa:1 core:4 pu:1");
     EXPECT_EQ(placeSqThreads(t, {0, 1}), (std::vector<int>{2, 3}));
-    EXPECT_EQ(placeSqThreads(t, {0, 1, 2}), (std::vector<int>{3, 3, 3})) << "one free PU takes all three";
+    EXPECT_EQ(placeSqThreads(t, {0, 1, 2}), (std::vector<int>{3, -1, -1})) << "one free PU, one SQ thread";
     EXPECT_EQ(placeSqThreads(t, {3}), (std::vector<int>{0})) << "after the carrier's PU, cyclically";
 }
 
 TEST(Placement, SqThreadsStayOnTheCarriersNodeWhileItHasAFreePu) {
     SPINDLE_SYNTHETIC(t, "pack:1 numa:2 core:2 pu:1");  // PUs 0,1 on node 0; 2,3 on node 1
     EXPECT_EQ(placeSqThreads(t, {0, 2}), (std::vector<int>{1, 3}));
-    EXPECT_EQ(placeSqThreads(t, {0, 1, 2}), (std::vector<int>{3, 3, 3})) << "node 0 is full: the nearest free PU";
+    EXPECT_EQ(placeSqThreads(t, {0, 1, 2}), (std::vector<int>{3, -1, -1})) << "node 0 is full: the nearest free PU";
 }
 
-TEST(Placement, SqThreadsSpreadOverFreePusOfOneDistance) {
+TEST(Placement, SqThreadsTakeOneFreePuEach) {
     SPINDLE_SYNTHETIC(t, "pack:1 numa:1 core:8 pu:1");
     EXPECT_EQ(placeSqThreads(t, {0, 1, 2, 3}), (std::vector<int>{4, 5, 6, 7}));
 }
