@@ -886,43 +886,49 @@ TEST_F(IoOpsTest, ACallersSpliceNonblockAnswersEagainOnAnEmptyPipe) {
 // the splice waits it out with a sleep that doubles from 1 ms to 64 ms, never past its deadline,
 // instead of trying again without end. Before, the epoll backend parked the call on its output end,
 // whose readiness was there already, and tried again at once: thousands of tries in these 200 ms.
-TEST_F(IoOpsTest, ASpliceWhoseEagainLastsWaitsItOutUntilItsDeadline) {
+/// 100 bytes in one pipe, to be spliced into another: both ends ready.
+struct PipeToPipe {
     Pipe in, out;
-    ASSERT_GE(in.r, 0);
-    ASSERT_GE(out.r, 0);
-    const auto data = pattern(100, 24);
-    ASSERT_EQ(::write(in.w, data.data(), data.size()), 100);
+    std::vector<char> data;
+    explicit PipeToPipe(unsigned seed) : data(pattern(100, seed)) {
+        EXPECT_GE(in.r, 0);
+        EXPECT_GE(out.r, 0);
+        EXPECT_EQ(::write(in.w, data.data(), data.size()), 100);
+    }
+    [[nodiscard]] Result<size_t> splice(Deadline deadline) const {
+        return spindle::splice(in.r, -1, out.w, -1, data.size(), 0, deadline);
+    }
+};
+
+TEST_F(IoOpsTest, ASpliceWhoseEagainLastsWaitsItOutUntilItsDeadline) {
+    PipeToPipe t(24);
     constexpr uint32_t kArmed = 1'000'000;
     uint32_t tries = 0;
     const int err = onFiber([&] {
         inject::ArmedFault f(inject::Point::kSpliceAgain, EAGAIN, kArmed);
-        const int e = spindle::splice(in.r, -1, out.w, -1, data.size(), 0, 200ms).errorCode();
+        const int e = t.splice(200ms).errorCode();
         tries = kArmed - inject::remaining(inject::Point::kSpliceAgain);
         return e;
     });
     EXPECT_EQ(err, ETIMEDOUT);
-    EXPECT_EQ(in.queued(), 100) << "nothing moved";
-    EXPECT_EQ(out.queued(), 0);
+    EXPECT_EQ(t.in.queued(), 100) << "nothing moved";
+    EXPECT_EQ(t.out.queued(), 0);
     EXPECT_GE(tries, 4u) << "a first try and three quick ones before the first wait";
     EXPECT_LE(tries, 100u) << "tries in 200 ms: the doubling wait allows a few dozen at most";
 }
 
 // ... and once the condition ends, the splice goes through with its bytes.
 TEST_F(IoOpsTest, ASpliceGoesThroughOnceALastingEagainEnds) {
-    Pipe in, out;
-    ASSERT_GE(in.r, 0);
-    ASSERT_GE(out.r, 0);
-    const auto data = pattern(100, 25);
-    ASSERT_EQ(::write(in.w, data.data(), data.size()), 100);
+    PipeToPipe t(25);
     // 12 EAGAINs, then the call: 3 waits on epoll (4 tries each: 1 + 2 + 4 ms), 9 on io_uring (one try
     // each after 3 quick ones: about a quarter of a second)
     inject::ArmedFault f(inject::Point::kSpliceAgain, EAGAIN, 12);
-    const auto moved = onFiber([&] { return spindle::splice(in.r, -1, out.w, -1, data.size(), 0, 10s).valueOr(0); });
+    const auto moved = onFiber([&] { return t.splice(10s).valueOr(0); });
     EXPECT_EQ(moved, 100u);
     EXPECT_EQ(inject::remaining(inject::Point::kSpliceAgain), 0u) << "every armed EAGAIN was answered first";
     std::vector<char> got(100);
-    ASSERT_EQ(::read(out.r, got.data(), got.size()), 100);
-    EXPECT_EQ(got, data);
+    ASSERT_EQ(::read(t.out.r, got.data(), got.size()), 100);
+    EXPECT_EQ(got, t.data);
 }
 #endif
 
