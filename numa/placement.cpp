@@ -159,7 +159,6 @@ std::vector<int> placeSqThreads(const Topology& topology, const std::vector<unsi
     for (const Pu& p : pus) {
         if (std::find(carrierPus.begin(), carrierPus.end(), p.os) == carrierPus.end()) { spare.push_back(&p); }
     }
-    std::vector<bool> taken(spare.size(), false);
     std::vector<int> out;
     out.reserve(carrierPus.size());
     for (const unsigned self : carrierPus) {
@@ -170,13 +169,13 @@ std::vector<int> placeSqThreads(const Topology& topology, const std::vector<unsi
             return std::pair(topology.distance(self, os), after);
         };
         for (size_t i = 0; i < spare.size(); ++i) {
-            if (!taken[i] && (best == spare.size() || rank(i) < rank(best))) { best = i; }
+            if (spare[i] != nullptr && (best == spare.size() || rank(i) < rank(best))) { best = i; }
         }
         if (best == spare.size()) {
             out.push_back(-1);
         } else {
-            taken[best] = true;
             out.push_back(static_cast<int>(spare[best]->os));
+            spare[best] = nullptr;  // one SQ thread per PU
         }
     }
     return out;

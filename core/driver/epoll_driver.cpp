@@ -547,9 +547,10 @@ int32_t EpollDriver::parkSplice(op::IoRequest* req, uint32_t backoff) noexcept {
         int32_t end = spliceBlockedEnd(o);
         if (end == kSpliceOutput) { end = static_cast<int32_t>(kOnOutput); }
         if (end == -EAGAIN) {
-            // Both ends look ready: a reader or writer raced the call. A few more tries; an EAGAIN that
-            // lasts is waited out on a timer (parking on an end that is ready would retry it at once).
-            if (tries < 3) {
+            // Both ends look ready: a reader or writer raced the call. A few more tries (not after a
+            // wait: an EAGAIN that outlasted one is no race); an EAGAIN that lasts is waited out on a
+            // timer (parking on an end that is ready would retry it at once).
+            if (tries < 3 && backoff == 0) {
                 if (const int32_t r = attempt(o, true); r != -EAGAIN) { return r; }
                 continue;
             }
@@ -560,6 +561,12 @@ int32_t EpollDriver::parkSplice(op::IoRequest* req, uint32_t backoff) noexcept {
         if (st == nullptr) { return -ENOMEM; }  // fstat accepted the number: below the table's limit
         return park(req, *st, /*drained=*/false, static_cast<uint32_t>(end));
     }
+}
+
+void EpollDriver::retrySplice(op::IoRequest* req, uint32_t backoff) noexcept {
+    int32_t r = attempt(*req->op, true);
+    if (r == -EAGAIN) { r = parkSplice(req, backoff); }
+    if (r != kPending) { finish(req, r, 0); }
 }
 
 int32_t EpollDriver::parkRetry(op::IoRequest* req, uint32_t backoff) noexcept {
@@ -672,11 +679,8 @@ void EpollDriver::retryWaiters(int fd, uint32_t events) noexcept {
         }
         const op::Op& o = *req->op;
         if (isSpliceOp(o.code)) {
-            // Tried again; still blocked, it waits again for whichever end is now the one missing.
-            int32_t r = attempt(o, true);
             unlink(req);
-            if (r == -EAGAIN) { r = parkSplice(req); }
-            if (r != kPending) { finish(req, r, 0); }
+            retrySplice(req, 0);
             st = &fds_[slot];
             req = next;
             continue;
@@ -760,11 +764,9 @@ void EpollDriver::expireDeadlines() noexcept {
         const uint32_t state = req->driverState;
         unlink(req);  // takes it out of the heap too
         if ((state & kRetrying) != 0 && (req->deadlineNs == 0 || req->deadlineNs > now)) {
-            // A splice's wait out of a lasting EAGAIN is over: try it again (a wait after this one,
-            // if any, is twice as long; its time is later than `now`, so this loop ends).
-            int32_t r = attempt(*req->op, true);
-            if (r == -EAGAIN) { r = parkSplice(req, (state >> kBackoffShift) + 1); }
-            if (r != kPending) { finish(req, r, 0); }
+            // A splice's wait out of a lasting EAGAIN is over (a wait after this one, if any, is twice
+            // as long; its time is later than `now`, so this loop ends).
+            retrySplice(req, (state >> kBackoffShift) + 1);
             continue;
         }
         finish(req, -ECANCELED, 0);

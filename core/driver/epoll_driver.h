@@ -133,6 +133,9 @@ private:
     // in no descriptor's list, since readiness that is there already would retry it at once, without
     // end. kPending.
     int32_t parkRetry(op::IoRequest* req, uint32_t backoff) noexcept;
+    // Tries a parked splice or tee again, out of its list and off the heap (unlink()): finishes it, or
+    // parks it again (parkSplice with `backoff`).
+    void retrySplice(op::IoRequest* req, uint32_t backoff) noexcept;
     // After a read of `got` bytes out of `asked` from a registered stream socket: a short one means
     // nothing more until the next event (unless the peer shut its side, when the next read answers end
     // of stream at once; that event may have been the same edge).

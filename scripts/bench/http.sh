@@ -299,7 +299,7 @@ start_server() {
     grep -q "backend $b" "$tmp/$name.log" || { echo "http.sh: $name does not run on $b: $(cat "$tmp/$name.log")" >&2; exit 1; }
   fi
 }
-# stop_server NAME: stops it (SIGINT, as a user would) and waits until its port is free.
+# stop_server NAME: stops it (SIGINT, as a user would) and waits for it to exit.
 stop_server() {
   local name=$1 pid=${pid_of[$1]} p kept=()
   kill -INT "$pid" 2>/dev/null || true

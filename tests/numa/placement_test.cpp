@@ -144,7 +144,7 @@ TEST(Placement, ParseRejectsWhatIsNotAPlacement) {
     }
 }
 
-// SQPOLL threads: never on a carrier's PU while a PU is free, nearest first, spread over equals.
+// SQPOLL threads: never on a carrier's PU or another SQ thread's while a PU is free, nearest first.
 TEST(Placement, SqThreadsGoToTheSiblingOfTheirCarrierWhenItIsFree) {
     SPINDLE_SYNTHETIC(t, kFourNodes);  // per-core carriers on the even PUs: each odd PU is a free sibling
     EXPECT_EQ(placeSqThreads(t, place(t, Placement::kPerCore, 3)), (std::vector<int>{1, 3, 5}));
