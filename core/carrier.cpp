@@ -8,6 +8,7 @@
 #include <system_error>
 #include <utility>
 
+#include "base/counter.h"
 #include "base/log.h"
 #include "base/relax.h"
 #include "core/driver/epoll_driver.h"
@@ -340,12 +341,12 @@ void Carrier::prepareToRun(Fiber* fiber) noexcept {
     current_ = fiber;
     runningNow_.store(fiber, std::memory_order_relaxed);
     inlineRun_ = 0;
-    if (fiber->carrier_ != this && fiber->hasRun_) { Stats::bump(stats_.fibersMigrated); }
+    if (fiber->carrier_ != this && fiber->hasRun_) { ownerAdd(stats_.fibersMigrated); }
     fiber->hasRun_ = true;
     fiber->carrier_ = this;
     fiber->waitKind_ = WaitKind::kNone;
     fiber->state_.store(FiberState::kRunning, std::memory_order_relaxed);
-    stats_.fibersRun.store(stats_.fibersRun.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    ownerAdd(stats_.fibersRun);
 }
 
 void Carrier::runPendingAction() noexcept {
@@ -569,7 +570,7 @@ void Carrier::cancelWaitHere(Fiber* fiber) noexcept {
             break;
         }
     }
-    stats_.cancelsSent.store(stats_.cancelsSent.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    ownerAdd(stats_.cancelsSent);
 }
 
 void Carrier::fireTimer(TimerEntry* entry, int32_t res) noexcept {
@@ -658,11 +659,11 @@ uint64_t Carrier::nextRandom() noexcept {
 
 Fiber* Carrier::stealFrom(const StealVictim& v) noexcept {
     const auto cls = static_cast<size_t>(v.distance);
-    Stats::bump(stats_.stealAttempts[cls]);
+    ownerAdd(stats_.stealAttempts[cls]);
     Fiber* f = v.carrier->stealOne();
     if (f != nullptr) {
-        Stats::bump(stats_.stealSuccesses[cls]);
-        Stats::bump(stats_.steals);
+        ownerAdd(stats_.stealSuccesses[cls]);
+        ownerAdd(stats_.steals);
     }
     return f;
 }
@@ -715,7 +716,7 @@ bool Carrier::otherwiseIdle() noexcept {
 void Carrier::addIdle(uint64_t since) noexcept {
     const uint64_t now = nowNs();
     if (now > since) {
-        stats_.idleNs.store(stats_.idleNs.load(std::memory_order_relaxed) + (now - since), std::memory_order_relaxed);
+        ownerAdd(stats_.idleNs, now - since);
     }
 }
 
@@ -735,7 +736,7 @@ void Carrier::idle() noexcept {
     if (!spinning_) {
         spinning_ = true;
         runtime_->spinningCount_.fetch_add(1, std::memory_order_relaxed);
-        stats_.idleSpins.store(stats_.idleSpins.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        ownerAdd(stats_.idleSpins);
         spinSince_ = nowNs();  // kHybrid's spin budget, and the idle time counted by endSpin()
     } else if (config_.pollMode != PollMode::kSpin && mayPark) {
         const uint64_t now = nowNs();
@@ -788,9 +789,9 @@ void Carrier::park() noexcept {
         timeout = next == UINT64_MAX ? -1 : next > now ? static_cast<int64_t>(next - now) : 0;
     }
     if (timeout != 0) {
-        stats_.parks.store(stats_.parks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        ownerAdd(stats_.parks);
         if (timeout > 0) {
-            stats_.timedParks.store(stats_.timedParks.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            ownerAdd(stats_.timedParks);
         }
         const uint64_t parkedAt = coarseNowNs_;
         driver_->wait(timeout);
@@ -819,7 +820,7 @@ void Carrier::wake() noexcept {
     if (!claimWake()) { return; }
     Carrier* self = current();
     driver_->wakeFrom(self);
-    if (self != nullptr && self != this) { Stats::bump(self->stats_.wakesSent); }
+    if (self != nullptr && self != this) { ownerAdd(self->stats_.wakesSent); }
 }
 
 bool Carrier::runPollers(bool* mayPark) noexcept {

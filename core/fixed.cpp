@@ -15,6 +15,7 @@
 #include <string>
 #include <utility>
 
+#include "base/counter.h"
 #include "base/log.h"
 #include "core/internal/carrier.h"
 #include "core/internal/fixed_pool.h"
@@ -325,8 +326,8 @@ op::Op fixedOp(const FixedRwArgs* a) noexcept {
     }
     if (c != nullptr) {
         Carrier::Stats& s = c->ownStats();
-        if (a->pool != nullptr) { Carrier::Stats::bump(fixedBuf ? s.fixedIo : s.fixedFallbackIo); }
-        if (a->table != nullptr) { Carrier::Stats::bump(fixedFile ? s.fixedFileIo : s.fixedFileFallbackIo); }
+        if (a->pool != nullptr) { ownerAdd(fixedBuf ? s.fixedIo : s.fixedFallbackIo); }
+        if (a->table != nullptr) { ownerAdd(fixedFile ? s.fixedFileIo : s.fixedFileFallbackIo); }
     }
     return o;
 }

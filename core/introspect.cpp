@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/counter.h"
 #include "base/log.h"
 #include "core/driver/op.h"
 #include "core/internal/carrier.h"
@@ -652,7 +653,7 @@ void StallMonitor::sleepWhileAllParked() noexcept {
 
 void StallMonitor::report(Carrier* c, uint64_t ranNs) noexcept {
     auto& stalls = const_cast<Carrier::Stats&>(c->stats()).stalls;
-    stalls.store(stalls.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);  // the monitor alone writes it
+    ownerAdd(stalls);  // the monitor alone writes it
     // Rate limit: at most kBurst reports per kWindowNs; the others are counted and said in the next.
     const uint64_t now = nowNs();
     if (now - windowStart_ >= kWindowNs) {

@@ -14,6 +14,7 @@
 #include <cstring>
 #include <new>
 
+#include "base/counter.h"
 #include "base/inject.h"
 #include "base/log.h"
 #include "numa/topology.h"
@@ -280,8 +281,8 @@ Result<StackPool::Slab*> StackPool::mapSlab(SizeClass& c, unsigned cls) noexcept
     if (c.partial != nullptr) { c.partial->prevPartial = slab; }
     c.partial = slab;
     slab->inPartial = true;
-    bump(slabs_);
-    bump(mapped_, c.perSlab);
+    ownerAdd(slabs_);
+    ownerAdd(mapped_, c.perSlab);
     return slab;
 }
 
@@ -294,7 +295,7 @@ void StackPool::unmapSlab(SizeClass& c, Slab* slab) noexcept {
     if (slab->nextAll != nullptr) { slab->nextAll->prevAll = slab->prevAll; }
     ::munmap(slab->base, slab->bytes);
     delete slab;
-    bump(slabs_, -1);
+    ownerSub(slabs_);
 }
 
 Result<Stack> StackPool::acquire(size_t usableSize) noexcept {
@@ -312,7 +313,7 @@ Result<Stack> StackPool::acquire(size_t usableSize) noexcept {
 Result<Stack> StackPool::acquireOwned(SizeClass& c, unsigned cls) noexcept {
     if (c.head == nullptr) { drainRemote(); }
     if (FreeNode* n = popWarm(c)) {
-        bump(inUse_);
+        ownerAdd(inUse_);
         return n->stack;
     }
     if (c.partial == nullptr) {
@@ -328,7 +329,7 @@ Result<Stack> StackPool::acquireOwned(SizeClass& c, unsigned cls) noexcept {
         slab->nextPartial = slab->prevPartial = nullptr;
         slab->inPartial = false;
     }
-    bump(inUse_);
+    ownerAdd(inUse_);
     Stack s;
     s.base = slab->base + i * c.stride;
     s.mapSize = c.stride;
@@ -398,7 +399,7 @@ StackPool::FreeNode* StackPool::popWarm(SizeClass& c) noexcept {
     if (c.head != nullptr) { c.head->prev = nullptr; } else { c.tail = nullptr; }
     --c.warm;
     c.lowWater = std::min(c.lowWater, c.warm);
-    bump(warm_, -1);
+    ownerSub(warm_);
     return n;
 }
 
@@ -408,13 +409,13 @@ void StackPool::pushWarm(SizeClass& c, Stack stack) noexcept {
     if (c.head != nullptr) { c.head->prev = n; } else { c.tail = n; }
     c.head = n;
     ++c.warm;
-    bump(warm_);
+    ownerAdd(warm_);
     if (c.warm > c.keepWarm) { scavengeWanted_ = true; }
 }
 
 void StackPool::makeCold(SizeClass& c, const Stack& stack) noexcept {
     ::madvise(stack.usableBottom(), stack.usableSize(), MADV_DONTNEED);
-    bump(trims_);
+    ownerAdd(trims_);
     auto* slab = static_cast<Slab*>(stack.slab);
     const auto i = static_cast<unsigned>(static_cast<size_t>(stack.base - slab->base) / c.stride);
     slab->cold |= uint64_t{1} << i;
@@ -432,7 +433,7 @@ void StackPool::makeCold(SizeClass& c, const Stack& stack) noexcept {
 }
 
 void StackPool::fileReleased(Stack stack) noexcept {
-    bump(inUse_, -1);
+    ownerSub(inUse_);
     pushWarm(classes_[stack.sizeClass], stack);
 }
 
@@ -490,7 +491,7 @@ void StackPool::trim(bool all) noexcept {
             c.tail = victim->prev;
             if (c.tail != nullptr) { c.tail->nextFree = nullptr; } else { c.head = nullptr; }
             --c.warm;
-            bump(warm_, -1);
+            ownerSub(warm_);
             const Stack s = victim->stack;
             makeCold(c, s);
         }

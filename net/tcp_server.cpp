@@ -13,6 +13,7 @@
 #include <new>
 #include <utility>
 
+#include "base/counter.h"
 #include "base/log.h"
 #include "core/io.h"
 #include "core/ring_ops.h"
@@ -24,8 +25,6 @@ namespace {
 using namespace std::chrono_literals;
 
 // One writer per counter (the carrier that owns it), readers anywhere: no read-modify-write needed.
-void bump(std::atomic<uint64_t>& c) noexcept { c.store(c.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
-void drop(std::atomic<uint64_t>& c) noexcept { c.store(c.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed); }
 
 /// CLOCK_MONOTONIC_COARSE in nanoseconds: a vDSO read of a few ns, precise to a tick (1-4 ms).
 uint64_t coarseNowNs() noexcept {
@@ -208,7 +207,7 @@ void TcpServer::acceptLoop(unsigned carrier) noexcept {
         if (!stream) {
             const int err = stream.errorCode();
             if (draining_.load(std::memory_order_acquire) || err == ECANCELED || err == EBADF) { break; }
-            bump(c.acceptErrors);
+            ownerAdd(c.acceptErrors);
             log::warn("{}: accept on carrier {}: {} (retrying in {} ms)", options_.name, carrier, std::strerror(err),
                       backoff.count());
             // A persistent error would otherwise spin; the sleep ends with ECANCELED at stop().
@@ -217,7 +216,7 @@ void TcpServer::acceptLoop(unsigned carrier) noexcept {
             continue;
         }
         backoff = options_.acceptBackoffMin;
-        bump(c.accepted);
+        ownerAdd(c.accepted);
         // With a listener per carrier the connection stays where the kernel delivered it; one shared
         // listener deals connections out to the carriers in turn.
         const unsigned target = options_.listenerPerCarrier
@@ -245,7 +244,7 @@ void TcpServer::sweepLoop(unsigned carrier) noexcept {
             if (!n->idleWait || n->timedOut) { continue; }
             if (timeout > 0ms && now - n->idleSinceNs >= timeoutNs) {
                 n->timedOut = true;
-                bump(c.idleTimeouts);          // counted before the client can see the end of stream
+                ownerAdd(c.idleTimeouts);          // counted before the client can see the end of stream
                 ::shutdown(n->fd, SHUT_RDWR);  // its receive (or its poll, when parked) ends
             } else if (release > 0ms && n->fiber != nullptr && !n->parkAsked && !n->parkRefused &&
                        now - n->idleSinceNs >= releaseNs) {
@@ -278,7 +277,7 @@ void TcpServer::drain(unsigned carrier) noexcept {
     auto shutDown = [&c](bool idleOnly) noexcept {
         for (detail::TcpConnectionNode* n = c.connections; n != nullptr; n = n->next) {
             if (!idleOnly || n->idle) {
-                if (!n->timedOut) { bump(c.drainClosed); }
+                if (!n->timedOut) { ownerAdd(c.drainClosed); }
                 n->idle = false;      // counted once; a second shutdown(2) is harmless
                 n->timedOut = true;   // a parked one is closed without a fiber when its poll ends
                 (void)::shutdown(n->fd, SHUT_RDWR);  // its pending receive returns 0, its poll ends
@@ -370,7 +369,7 @@ void TcpServer::runConnection(unsigned carrier, int fd, uint64_t id, bool resume
             if (auto closed = spindle::close(own); !closed && closed.errorCode() == ECANCELED) { (void)::close(own); }
         }
     }
-    bump(c.closed);
+    ownerAdd(c.closed);
     c.active.fetch_sub(1, std::memory_order_relaxed);
     connectionEnded();
 }
@@ -394,13 +393,13 @@ bool TcpServer::park(Carrier& c, TcpConnection& conn) noexcept {
     c.unlink(&conn.node_);
     c.link(&p->node);
     const int fd = conn.stream_.release();
-    bump(c.parks);
-    bump(c.parked);
+    ownerAdd(c.parks);
+    ownerAdd(c.parked);
     if (!armMultishot(op::poll(fd, POLLIN), p)) {
         // Refused (a driver that found the socket ready at once, the runtime shutting down): no
         // completion comes; the connection stays the handler's.
-        drop(c.parked);
-        drop(c.parks);
+        ownerSub(c.parked);
+        ownerSub(c.parks);
         conn.stream_ = TcpStream(fd);
         c.unlink(&p->node);
         c.link(&conn.node_);
@@ -422,7 +421,7 @@ void TcpServer::onParkedReady(MultishotCompletion* done, int32_t res, uint32_t /
     const bool close = p->node.timedOut || res < 0 || s.draining_.load(std::memory_order_acquire);
     c.unlink(&p->node);
     delete p;
-    drop(c.parked);
+    ownerSub(c.parked);
     if (close) {
         // Shut down by the sweep or the drain, or the runtime's shutdown ended the poll: nothing to
         // serve (a request that came with a drain is refused as the idle connections' are).
@@ -434,7 +433,7 @@ void TcpServer::onParkedReady(MultishotCompletion* done, int32_t res, uint32_t /
 
 void TcpServer::closeWithoutFiber(Carrier& c, int fd) noexcept {
     ::close(fd);  // on the carrier's thread, between fibers: not through the ring
-    bump(c.closed);
+    ownerAdd(c.closed);
     c.active.fetch_sub(1, std::memory_order_relaxed);
     connectionEnded();
 }

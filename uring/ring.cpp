@@ -10,6 +10,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/counter.h"
 #include "base/log.h"
 #include "uring/inject.h"
 
@@ -259,7 +260,7 @@ io_uring_sqe* Ring::acquireSqe() noexcept {
 }
 
 void Ring::onSqFull() noexcept {
-    RingStats::bump(stats_.sqFull);
+    ownerAdd(stats_.sqFull);
     int ret = submit(false);
     if (ret < 0 && ret != -EBUSY && ret != -EAGAIN) {
         // The SQ cannot drain: the ring is unusable (EBADR would mean lost CQEs).
@@ -271,7 +272,7 @@ void Ring::onSqFull() noexcept {
 void Ring::reserveSqes(unsigned n) noexcept {
     SPINDLE_ASSERT(n <= features_.sqEntries);
     while (io_uring_sq_space_left(&ring_) < n) {
-        RingStats::bump(stats_.sqFull);
+        ownerAdd(stats_.sqFull);
         int ret = submit(false);
         if (ret < 0 && ret != -EBUSY && ret != -EAGAIN) {
             log::error("io_uring submit failed with the SQ full: {}", std::strerror(-ret));
@@ -286,7 +287,7 @@ void Ring::reapIntoHandler() noexcept {
 }
 
 int Ring::enter(bool wait, const __kernel_timespec* timeout) noexcept {
-    RingStats::bump(stats_.enters);
+    ownerAdd(stats_.enters);
 #if defined(SPINDLE_FAULT_INJECTION)
     // Disarmed: one relaxed load of a global and one member test per submission.
     const uint32_t armed = inject::armedMask();
@@ -315,14 +316,14 @@ int Ring::submit(bool getEvents) noexcept {
     for (;;) {
         int ret = enter(false, nullptr);
         if (ret >= 0) {
-            RingStats::bump(stats_.sqesSubmitted, static_cast<unsigned>(ret));
+            ownerAdd(stats_.sqesSubmitted, static_cast<unsigned>(ret));
             return ret;
         }
         if (ret == -EINTR) { continue; }
         if (ret == -EBUSY || ret == -EAGAIN) {
             // The kernel holds completions we have not reaped (NODROP backlog) or
             // is short of memory for requests: make room, then try again.
-            RingStats::bump(stats_.busyRetries);
+            ownerAdd(stats_.busyRetries);
             reapIntoHandler();
             continue;
         }
@@ -344,11 +345,11 @@ int Ring::submitAndWait(const __kernel_timespec* timeout) noexcept {
         unsigned queued = pending();
         int ret = enter(true, timeout);
         if (ret >= 0) {
-            RingStats::bump(stats_.sqesSubmitted, queued);
+            ownerAdd(stats_.sqesSubmitted, queued);
             return 0;
         }
         if (ret == -EBUSY || ret == -EAGAIN) {
-            RingStats::bump(stats_.busyRetries);
+            ownerAdd(stats_.busyRetries);
             reapIntoHandler();
             return 0;  // reaping produced work; the caller looks again
         }

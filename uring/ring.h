@@ -30,6 +30,7 @@
 #include <cstdint>
 #include <string>
 
+#include "base/counter.h"
 #include "base/result.h"
 #include "uring/inject.h"
 
@@ -79,10 +80,6 @@ struct RingStats {
     std::atomic<uint64_t> cqesReaped{0};
     std::atomic<uint64_t> sqFull{0};         // times acquireSqe() found the SQ full
     std::atomic<uint64_t> busyRetries{0};    // -EBUSY/-EAGAIN from the kernel, reaped and retried
-
-    static void bump(std::atomic<uint64_t>& counter, uint64_t n = 1) noexcept {
-        counter.store(counter.load(std::memory_order_relaxed) + n, std::memory_order_relaxed);
-    }
 };
 
 class Ring {
@@ -151,7 +148,7 @@ public:
             fn(static_cast<const io_uring_cqe*>(&copy));
             ++n;
         }
-        if (n != 0) { RingStats::bump(stats_.cqesReaped, n); }
+        if (n != 0) { ownerAdd(stats_.cqesReaped, n); }
         return n;
     }
 
@@ -242,7 +239,7 @@ private:
             if (filterCqe(&in, &out)) { fn(static_cast<const io_uring_cqe*>(&out)); }
             ++n;
         }
-        if (n != 0) { RingStats::bump(stats_.cqesReaped, n); }
+        if (n != 0) { ownerAdd(stats_.cqesReaped, n); }
         // Taken out one at a time, so that a reap nested in fn (SQ full, -EBUSY) cannot deliver one twice.
         while (takeDueCqe(&out)) { fn(static_cast<const io_uring_cqe*>(&out)); }
         return n;

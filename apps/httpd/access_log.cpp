@@ -9,6 +9,7 @@
 #include <cstring>
 #include <ctime>
 
+#include "base/counter.h"
 #include "base/log.h"
 #include "core/io.h"
 
@@ -134,12 +135,12 @@ void AccessLog::append(unsigned carrier, const AccessEntry& e) noexcept {
     Buffer& b = *buffers_[carrier];
     if (b.data.size() - b.length < kMaxAccessLine) {
         if (b.writing) {  // a write is in flight and the rest is full: this line is lost
-            b.dropped.store(b.dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            ownerAdd(b.dropped);
             return;
         }
         flush(carrier);
         if (b.data.size() - b.length < kMaxAccessLine) {
-            b.dropped.store(b.dropped.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            ownerAdd(b.dropped);
             return;
         }
     }
@@ -167,10 +168,10 @@ void AccessLog::flush(unsigned carrier) noexcept {
     if (err != 0) {
         if (!b.failing) { log::warn("spindle-httpd: access log: {}; its lines are dropped", std::strerror(err)); }
         b.failing = true;
-        b.dropped.store(b.dropped.load(std::memory_order_relaxed) + lines, std::memory_order_relaxed);
+        ownerAdd(b.dropped, lines);
     } else {
         b.failing = false;
-        b.written.store(b.written.load(std::memory_order_relaxed) + lines, std::memory_order_relaxed);
+        ownerAdd(b.written, lines);
     }
     std::memmove(b.data.data(), b.data.data() + length, b.length - length);
     b.length -= length;

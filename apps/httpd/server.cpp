@@ -26,6 +26,7 @@
 #include "apps/httpd/mime_types.h"
 #include "apps/httpd/static_path.h"
 #include "base/check.h"
+#include "base/counter.h"
 #include "base/inject.h"
 #include "base/log.h"
 #include "core/deadline.h"
@@ -56,9 +57,6 @@ constexpr int kPipeBytes = 1 << 20;              // a splice pipe grows to this 
 // eight carriers with full pools stay about within it, and one carrier seldom has more than eight
 // bodies waiting for socket room at once that a pooled pipe would spare five system calls each.
 constexpr size_t kPipePoolCap = 8;
-
-// One writer per counter (the carrier that owns it), readers anywhere: no read-modify-write needed.
-void bump(std::atomic<uint64_t>& c, uint64_t by = 1) noexcept { c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed); }
 
 /// The Date header's value, formatted once per second per carrier thread (connection fibers are
 /// pinned, so the thread-local cache is the carrier's).
@@ -179,13 +177,13 @@ public:
         } else if (!make(p)) {
             return false;
         }
-        bump(lent, 1);
+        ownerAdd(lent, 1);
         return true;
     }
     /// Takes back a pipe whose body went out whole (it is empty); beyond kPipePoolCap it is closed.
     void giveBack(const Pipe& p) noexcept {
         SPINDLE_ASSERT(queued(p) == 0);
-        drop(lent);
+        ownerSub(lent);
         if (count_ < kPipePoolCap) {
             free_[count_++] = p;
         } else {
@@ -194,7 +192,7 @@ public:
     }
     /// Closes a lent pipe that may hold bytes of a body that did not go out whole.
     void discard(const Pipe& p) noexcept {
-        drop(lent);
+        ownerSub(lent);
         close(p);
     }
     /// Closes the kept pipes (the server stops).
@@ -207,8 +205,7 @@ public:
     std::atomic<uint64_t> lent{0};
 
 private:
-    static void drop(std::atomic<uint64_t>& c) noexcept { c.store(c.load(std::memory_order_relaxed) - 1, std::memory_order_relaxed); }
-    static int queued(const Pipe& p) noexcept {
+        static int queued(const Pipe& p) noexcept {
         int n = -1;
         return ::ioctl(p.read, FIONREAD, &n) == 0 ? n : -1;
     }
@@ -222,13 +219,13 @@ private:
         int size = ::fcntl(fds[1], F_SETPIPE_SZ, kPipeBytes);
         if (size <= 0) { size = ::fcntl(fds[1], F_GETPIPE_SZ); }
         p = Pipe{.read = fds[0], .write = fds[1], .size = size > 0 ? static_cast<uint32_t>(size) : 4096};
-        bump(open, 1);
+        ownerAdd(open, 1);
         return true;
     }
     void close(const Pipe& p) noexcept {
         ::close(p.read);
         ::close(p.write);
-        drop(open);
+        ownerSub(open);
     }
 
     std::array<Pipe, kPipePoolCap> free_{};
@@ -400,12 +397,12 @@ private:
                     break;
                 }
                 if (r.status == ParseStatus::kError) {
-                    bump(worker_.errors);
+                    ownerAdd(worker_.errors);
                     if (!appendError(r.httpStatus)) { return; }
                     close = true;
                     break;
                 }
-                bump(worker_.requests);
+                ownerAdd(worker_.requests);
                 const bool keepAlive = req.keepAlive && !conn_.draining();
                 const uint64_t bodyLeft = req.bodyRemaining();
                 const bool chunkedBody = req.chunked;
@@ -433,11 +430,11 @@ private:
             conn_.setIdle(false);
             if (n && *n > 0) { continue; }
             if (!n && n.errorCode() == ETIMEDOUT) {
-                bump(worker_.headerTimeouts);
-                bump(worker_.errors);
+                ownerAdd(worker_.headerTimeouts);
+                ownerAdd(worker_.errors);
                 sendErrorAndClose(408);
             } else if (!n && n.errorCode() == ENOBUFS) {  // the head fills the whole buffer
-                bump(worker_.errors);
+                ownerAdd(worker_.errors);
                 sendErrorAndClose(reader_.view().find('\n') == std::string_view::npos ? 414 : 431);
             }
             return;  // end of stream, or an error: nothing to answer
@@ -518,7 +515,7 @@ private:
             reader_.consume(used);
             if (s == ChunkedBodySkipper::Status::kDone) { return true; }
             if (s == ChunkedBodySkipper::Status::kError) {
-                bump(worker_.errors);
+                ownerAdd(worker_.errors);
                 (void)flush();
                 return false;
             }

@@ -28,6 +28,7 @@
 #include "apps/kv/rewrite.h"
 #include "apps/kv/shard.h"
 #include "base/check.h"
+#include "base/counter.h"
 #include "base/log.h"
 #include "core/fiber_event.h"
 #include "core/fiber_mutex.h"
@@ -185,8 +186,7 @@ struct Server::Impl {
         const int c = this_fiber::carrierIndex();
         if (c >= 0 && static_cast<unsigned>(c) + 1 < commandSlots) {
             // One writer per slot (that carrier's thread): no read-modify-write needed.
-            std::atomic<uint64_t>& n = commandsOn[c].n;
-            n.store(n.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+            ownerAdd(commandsOn[c].n);
         } else {
             commandsOn[commandSlots - 1].n.fetch_add(1, std::memory_order_relaxed);
         }

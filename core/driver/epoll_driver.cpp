@@ -19,6 +19,7 @@
 #include <memory>
 
 #include "base/check.h"
+#include "base/counter.h"
 #include "base/inject.h"
 #include "base/log.h"
 #include "core/driver/buffer_group.h"
@@ -371,9 +372,9 @@ uint64_t EpollDriver::runningFiberId() const noexcept {
 }
 
 int32_t EpollDriver::start(op::IoRequest* req) noexcept {
-    started_.store(started_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    ownerAdd(started_);
     const int32_t r = startOp(req);
-    if (r != kPending) { completed_.store(completed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed); }
+    if (r != kPending) { ownerAdd(completed_); }
     return r;
 }
 
@@ -632,7 +633,7 @@ void EpollDriver::unlink(op::IoRequest* req) noexcept {
 }
 
 void EpollDriver::finish(op::IoRequest* req, int32_t res, uint32_t flags) noexcept {
-    completed_.store(completed_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    ownerAdd(completed_);
     req->complete(req, res, flags);
 }
 
@@ -776,7 +777,7 @@ void EpollDriver::expireDeadlines() noexcept {
 void EpollDriver::poll(bool) noexcept {
     ++epoch_;  // the fibers that the last batch woke have run: its proofs end here
     if (waiting_ != 0) {
-        enters_.store(enters_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+        ownerAdd(enters_);
         const int n = ::epoll_wait(epfd_, events_, kMaxEvents, 0);
         if (n > 0) { handleEvents(n); }
     }
@@ -791,7 +792,7 @@ void EpollDriver::wait(int64_t timeoutNs) noexcept {
         ms = m > INT32_MAX ? INT32_MAX : static_cast<int>(m);
     }
     ++epoch_;
-    enters_.store(enters_.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+    ownerAdd(enters_);
     const int n = ::epoll_wait(epfd_, events_, kMaxEvents, ms);
     if (n < 0 && errno != EINTR) {
         log::warn("carrier {}: epoll_wait failed: {}", owner_->index(), std::strerror(errno));

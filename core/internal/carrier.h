@@ -24,6 +24,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/counter.h"
 #include "base/result.h"
 #include "core/driver/driver.h"
 #include "core/driver/uring_driver.h"
@@ -246,11 +247,6 @@ public:
         std::atomic<uint64_t> fibersMigrated{0};
         std::atomic<uint64_t> idleNs{0};
         std::atomic<uint64_t> stalls{0};     // fibers reported for running too long without yielding
-
-        /// One more, from the owner (a relaxed load and store, no locked instruction).
-        static void bump(std::atomic<uint64_t>& counter) noexcept {
-            counter.store(counter.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
-        }
     };
     [[nodiscard]] const Stats& stats() const noexcept { return stats_; }
     /// The counters, for the owner to bump. Precondition: on this carrier's thread.

@@ -40,6 +40,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "base/counter.h"
 #include "base/result.h"
 #include "core/internal/fiber.h"
 #include "core/internal/mpsc_queue.h"
@@ -151,9 +152,6 @@ private:
     void armScavenge() noexcept;
     // Binds a freshly mapped area to node_; on refusal logs once and stops binding. Any thread.
     void bindMemory(char* p, size_t bytes) noexcept;
-    static void bump(std::atomic<uint64_t>& counter, int64_t by = 1) noexcept {
-        counter.store(counter.load(std::memory_order_relaxed) + static_cast<uint64_t>(by), std::memory_order_relaxed);
-    }
 
     std::array<SizeClass, kClassCount> classes_{};
     const void* ownerToken_ = nullptr;

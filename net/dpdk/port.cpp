@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/counter.h"
 #include "base/log.h"
 #include "core/fiber.h"
 #include "core/poller.h"
@@ -25,11 +26,6 @@ namespace spindle::dpdk {
 namespace {
 
 std::atomic<unsigned> gPoolSerial{0};
-
-void bump(std::atomic<uint64_t>& c, uint64_t by) noexcept {
-    // One writer per queue (its polling carrier): no read-modify-write needed.
-    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);
-}
 
 int dpdkErrno(int r) noexcept {
     // ethdev calls return -errno; some older paths return -1 and set rte_errno.
@@ -89,7 +85,7 @@ struct Port::Impl {
         const uint16_t n = ::rte_eth_rx_burst(q->port->portId, q->index, burst, kBurst);
         if (n == 0) { return false; }
         for (uint16_t i = 0; i < n; ++i) { detail::takeOver(burst[i]); }
-        bump(q->counters.rxPackets, n);
+        ownerAdd(q->counters.rxPackets, n);
         q->handler(q->arg, q->index, burst, n);
         return true;
     }
@@ -450,7 +446,7 @@ uint16_t Port::receive(unsigned queue, rte_mbuf** packets, uint16_t n) noexcept 
     Impl::Queue& q = *impl_->queues[queue];
     const uint16_t got = ::rte_eth_rx_burst(impl_->portId, q.index, packets, n);
     for (uint16_t i = 0; i < got; ++i) { detail::takeOver(packets[i]); }
-    if (got != 0) { bump(q.counters.rxPackets, got); }
+    if (got != 0) { ownerAdd(q.counters.rxPackets, got); }
     return got;
 }
 
@@ -459,7 +455,7 @@ uint16_t Port::transmit(unsigned queue, rte_mbuf** packets, uint16_t n) noexcept
     // Handed over before the device sees them; those it refuses stay the caller's all the same.
     for (uint16_t i = 0; i < n; ++i) { detail::handOver(packets[i]); }
     const uint16_t sent = ::rte_eth_tx_burst(impl_->portId, q.index, packets, n);
-    if (sent != 0) { bump(q.counters.txPackets, sent); }
+    if (sent != 0) { ownerAdd(q.counters.txPackets, sent); }
     return sent;
 }
 
@@ -478,7 +474,7 @@ uint16_t Port::transmitAll(unsigned queue, rte_mbuf** packets, uint16_t n, unsig
     }
     if (done < n) {
         freePackets(packets + done, static_cast<unsigned>(n - done));
-        bump(impl_->queues[queue]->counters.dropped, static_cast<uint64_t>(n - done));
+        ownerAdd(impl_->queues[queue]->counters.dropped, static_cast<uint64_t>(n - done));
     }
     return done;
 }
@@ -498,10 +494,10 @@ QueueStats Port::stats(unsigned queue) const noexcept {
 
 void Port::count(unsigned queue, const QueueStats& d) noexcept {
     Impl::Counters& c = impl_->queues[queue]->counters;
-    if (d.dropped != 0) { bump(c.dropped, d.dropped); }
-    if (d.noMbuf != 0) { bump(c.noMbuf, d.noMbuf); }
-    if (d.badChecksum != 0) { bump(c.badChecksum, d.badChecksum); }
-    if (d.notForUs != 0) { bump(c.notForUs, d.notForUs); }
+    if (d.dropped != 0) { ownerAdd(c.dropped, d.dropped); }
+    if (d.noMbuf != 0) { ownerAdd(c.noMbuf, d.noMbuf); }
+    if (d.badChecksum != 0) { ownerAdd(c.badChecksum, d.badChecksum); }
+    if (d.notForUs != 0) { ownerAdd(c.notForUs, d.notForUs); }
 }
 
 Result<void> Port::close() noexcept {

@@ -13,6 +13,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "base/counter.h"
 #include "core/fiber.h"
 #include "core/fiber_future.h"
 #include "core/internal/sync_support.h"
@@ -41,10 +42,6 @@ uint64_t monoNowNs() noexcept {
 
 // The bytes an mbuf's one segment can hold from its data start.
 size_t room(const rte_mbuf* m) noexcept { return static_cast<size_t>(m->buf_len) - m->data_off; }
-
-void bump(std::atomic<uint64_t>& c, uint64_t by = 1) noexcept {
-    c.store(c.load(std::memory_order_relaxed) + by, std::memory_order_relaxed);  // one writer
-}
 
 uint32_t maskOf(unsigned prefix) noexcept {
     const uint32_t host = prefix == 0 ? 0 : ~uint32_t{0} << (32 - prefix);
@@ -212,7 +209,7 @@ struct Interface::Impl {
         for (uint16_t i = 0; i < n; ++i) {
             rte_mbuf* m = pkts[i];
             if (m->nb_segs != 1) {
-                bump(c.multiSegment);
+                ownerAdd(c.multiSegment);
                 ++delta.dropped;
                 freePackets(&m, 1);
                 continue;
@@ -232,7 +229,7 @@ struct Interface::Impl {
                     // An ARP request for another address still updates a peer we know (RFC 826's
                     // merge; a gratuitous announcement after a fail-over is one).
                     if (p.arpSender) { learn(l, p.srcIp, p.srcMac, /*create=*/false, /*reply=*/false); }
-                    bump(c.drops[static_cast<size_t>(p.reason)]);
+                    ownerAdd(c.drops[static_cast<size_t>(p.reason)]);
                     if (p.reason == DropReason::kBadChecksum) {
                         ++delta.badChecksum;
                     } else if (p.reason == DropReason::kNotForUs || p.reason == DropReason::kUnsupported) {
@@ -248,7 +245,7 @@ struct Interface::Impl {
                     const size_t len = buildArpReply({frameOf(m), room(m)}, self, p);
                     setLength(m, len);
                     replies[nReplies++] = m;
-                    bump(c.arpRequestsAnswered);
+                    ownerAdd(c.arpRequestsAnswered);
                     break;
                 }
                 case FrameKind::kArpReply:
@@ -260,7 +257,7 @@ struct Interface::Impl {
                     const size_t len = buildEchoReply({f, room(m)}, {f, frame.size()}, p, self);
                     setLength(m, len);
                     replies[nReplies++] = m;
-                    bump(c.echoReplies);
+                    ownerAdd(c.echoReplies);
                     break;
                 }
                 case FrameKind::kUdp:
@@ -282,7 +279,7 @@ struct Interface::Impl {
     void deliver(Lane& l, rte_mbuf* m, const ParsedFrame& p, QueueStats& delta) noexcept {
         const auto it = l.sockets.find(p.dstPort);
         if (it == l.sockets.end()) {
-            bump(l.counters.udpNoSocket);
+            ownerAdd(l.counters.udpNoSocket);
             ++delta.notForUs;
             freePackets(&m, 1);
             return;
@@ -290,7 +287,7 @@ struct Interface::Impl {
         UdpSocket::State& s = *it->second;
         std::lock_guard<SpinLock> g(s.lock);
         if (s.count == s.ring.size()) {
-            bump(l.counters.udpQueueFull);
+            ownerAdd(l.counters.udpQueueFull);
             ++delta.dropped;
             freePackets(&m, 1);
             return;
@@ -298,7 +295,7 @@ struct Interface::Impl {
         s.ring[(s.head + s.count) % s.ring.size()] =
             UdpSocket::State::Datagram{m, p.payloadOffset, p.payloadLength, Endpoint{p.srcIp, p.srcPort}};
         ++s.count;
-        bump(l.counters.udpReceived);
+        ownerAdd(l.counters.udpReceived);
         if (FiberFuture* w = std::exchange(s.waiter, nullptr)) { w->set(0); }
     }
 
@@ -329,7 +326,7 @@ struct Interface::Impl {
     void dropPending(Lane& l, rte_mbuf** mbufs, size_t n) noexcept {
         if (n == 0) { return; }
         freePackets(mbufs, static_cast<unsigned>(n));
-        bump(l.counters.arpQueueDropped, n);
+        ownerAdd(l.counters.arpQueueDropped, n);
         QueueStats d;
         d.dropped = n;
         port->count(l.queue, d);
@@ -366,7 +363,7 @@ struct Interface::Impl {
         if (it != l.arp.end()) {
             ArpEntry& e = it->second;
             news = news || e.state != ArpEntry::State::kReachable || e.mac != mac;
-            if (e.state != ArpEntry::State::kReachable) { bump(l.counters.arpResolved); }
+            if (e.state != ArpEntry::State::kReachable) { ownerAdd(l.counters.arpResolved); }
             const bool wasResolving = e.state == ArpEntry::State::kResolving;
             e.mac = mac;
             e.state = ArpEntry::State::kReachable;
@@ -390,7 +387,7 @@ struct Interface::Impl {
             sent += k;
             if (k < chunk) { break; }
         }
-        bump(l.counters.udpSent, sent);
+        ownerAdd(l.counters.udpSent, sent);
         dropPending(l, e.pending.data() + sent, n - sent);
         e.pending.clear();
         e.pending.shrink_to_fit();
@@ -468,7 +465,7 @@ struct Interface::Impl {
     void giveUp(Lane& l, ArpEntry& e, uint64_t now) noexcept {
         l.pendingTotal -= e.pending.size();
         dropPending(l, e.pending.data(), e.pending.size());
-        bump(l.counters.arpFailed);  // counted once its datagrams are
+        ownerAdd(l.counters.arpFailed);  // counted once its datagrams are
         e.pending.clear();
         e.pending.shrink_to_fit();
         e.state = ArpEntry::State::kFailed;
@@ -491,7 +488,7 @@ struct Interface::Impl {
             freePackets(&m, 1);
             return false;
         }
-        bump(l.counters.arpRequestsSent);
+        ownerAdd(l.counters.arpRequestsSent);
         return true;
     }
 
@@ -549,7 +546,7 @@ struct Interface::Impl {
             return false;
         }
         ++l.pendingTotal;
-        bump(l.counters.arpQueued);
+        ownerAdd(l.counters.arpQueued);
         return true;
     }
 
@@ -612,7 +609,7 @@ struct Interface::Impl {
             sent += port->transmitAll(l.queue, mbufs + done, chunk, 1024);
             done += chunk;
         }
-        bump(l.counters.udpSent, sent);
+        ownerAdd(l.counters.udpSent, sent);
         if (sent + queued == 0 && error != 0) { return Error{error}; }
         if (sent + queued == 0 && ready > 0) { return Error{ENOBUFS}; }
         return sent + queued;
