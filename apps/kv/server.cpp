@@ -2438,23 +2438,25 @@ void cmdShutdown(Ctx& x) {
     x.s.tcp->stop();
 }
 
-// The shard a command runs on when it is a single-key command that will run (known, arity right,
-// authenticated), else -1.
-int singleShard(Server::Impl& s, const Client& client, const std::vector<std::string_view>& args, std::string& lower) {
+// The command a request names (any case), or null when none is known. `lower` is scratch space.
+const Command* lookupCommand(std::string_view name, std::string& lower) {
+    toLower(name, lower);
+    return findCommand(lower);
+}
+
+// The shard a command (`cmd`, looked up from args[0]; null if unknown) runs on when it is a single-key
+// command that will run (known, arity right, authenticated), else -1.
+int singleShard(Server::Impl& s, const Client& client, const std::vector<std::string_view>& args, const Command* cmd) {
     if (args.size() < 2 || (!client.authenticated && !s.options.requirePass.empty())) { return -1; }
-    toLower(args[0], lower);
-    const Command* cmd = findCommand(lower);
     if (cmd == nullptr || cmd->firstKey != 1 || cmd->lastKey != 1) { return -1; }
     const auto argc = static_cast<int>(args.size());
     if ((cmd->arity > 0 && argc != cmd->arity) || (cmd->arity < 0 && argc < -cmd->arity)) { return -1; }
     return static_cast<int>(s.shardOf(args[1]));
 }
 
-// Runs one parsed command, its reply appended through `w`.
-void execute(Server::Impl& s, Client& client, const std::vector<std::string_view>& args, int64_t now, ReplyWriter& w,
-             std::vector<Mark>& marks, std::string& lower, bool& broken) {
-    toLower(args[0], lower);
-    const Command* cmd = findCommand(lower);
+// Runs one parsed command (`cmd`, looked up from args[0]; null if unknown), its reply appended through `w`.
+void execute(Server::Impl& s, Client& client, const std::vector<std::string_view>& args, const Command* cmd, int64_t now,
+             ReplyWriter& w, std::vector<Mark>& marks, bool& broken) {
     const bool authRequired = !s.options.requirePass.empty() && !client.authenticated;
     if (cmd == nullptr) {
         if (authRequired) {
@@ -2571,6 +2573,7 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
     std::vector<Request> reqs;  // the complete requests of one batch (reused)
     std::vector<Mark> marks;
     std::string lower;
+    std::vector<const Command*> cmds;  // reqs[i]'s command, looked up once per batch
     KeyPrefetch ahead(conn.carrier() < shards.size() ? shards[conn.carrier()].get() : nullptr,
                       static_cast<unsigned>(shards.size()), conn.carrier());
     for (;;) {
@@ -2596,16 +2599,19 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
             if (!reqs[n].args.empty()) { ++n; }
             if (!client.authenticated) { break; }
         }
+        // Each command looked up once, for the shard it goes to and for running it.
+        if (cmds.size() < n) { cmds.resize(n); }
+        for (size_t k = 0; k < n; ++k) { cmds[k] = lookupCommand(reqs[k].args[0], lower); }
         // Run them in order. Consecutive commands on one key of the same other shard go there in one
         // message, so a pipeline does not pay a round trip between carriers per command.
         ahead.begin(n);
         const int64_t batchNow = n > 0 ? nowMs() : 0;
         for (size_t i = 0; i < n && !client.closeAfterReply;) {
             ahead.upTo(i, reqs);
-            const int shard = singleShard(*this, client, reqs[i].args, lower);
+            const int shard = singleShard(*this, client, reqs[i].args, cmds[i]);
             size_t j = i + 1;
             if (shard >= 0 && static_cast<unsigned>(shard) != conn.carrier()) {
-                while (j < n && j - i < kMaxShardRun && singleShard(*this, client, reqs[j].args, lower) == shard) { ++j; }
+                while (j < n && j - i < kMaxShardRun && singleShard(*this, client, reqs[j].args, cmds[j]) == shard) { ++j; }
             }
             bool broken = false;
             if (j - i > 1) {
@@ -2615,14 +2621,14 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
                     // nothing here may wait, so the run stops where a multi-key command holds keys
                     // (key_locks.h), and the rest goes one by one below.
                     for (; ran < j && !broken && locks[static_cast<unsigned>(shard)]->idle(); ++ran) {
-                        execute(*this, client, reqs[ran].args, batchNow, w, marks, lower, broken);
+                        execute(*this, client, reqs[ran].args, cmds[ran], batchNow, w, marks, broken);
                     }
                 });
                 if (!r) { return; }
                 if (ran < j && !broken) { j = ran > i ? ran : i + 1; }
-                if (ran == i && !broken) { execute(*this, client, reqs[i].args, batchNow, w, marks, lower, broken); }
+                if (ran == i && !broken) { execute(*this, client, reqs[i].args, cmds[i], batchNow, w, marks, broken); }
             } else {
-                execute(*this, client, reqs[i].args, batchNow, w, marks, lower, broken);
+                execute(*this, client, reqs[i].args, cmds[i], batchNow, w, marks, broken);
             }
             if (broken) { return; }
             i = j;
