@@ -171,6 +171,15 @@ TEST_F(KvServer, ConnectionCommandsAndExactErrors) {
     EXPECT_EQ(c.call({"ZADD", "z", "1", "m"}), "-ERR unknown command 'ZADD', with args beginning with: 'z' '1' 'm' \r\n");
     EXPECT_EQ(c.call({"GET"}), "-ERR wrong number of arguments for 'get' command\r\n");
     EXPECT_EQ(c.call({"get", "a", "b"}), "-ERR wrong number of arguments for 'get' command\r\n");
+    // Names in any case, and nothing that only looks like one once its case is folded: bytes that are
+    // no letters (0x40 '@' and 0x60 '`', 0x5b '[' and 0x7b '{' differ in the case bit alone), a NUL,
+    // a longer or a shorter name, one past the longest (16 bytes).
+    EXPECT_EQ(c.call({"pInG"}), "+PONG\r\n");
+    EXPECT_EQ(c.call({"IncrByFloat", "f", "1.5"}), bulk("1.5"));  // a name of more than 8 bytes
+    for (const std::string& name : std::vector<std::string>{"G@T", "`et", "ge[", "ping{", std::string("PING\0", 5), "PIN", "PINGS",
+                                   "incrbyfloatincrby", "PING PONG"}) {
+        EXPECT_EQ(c.call({name}).rfind("-ERR unknown command '", 0), 0u) << name;
+    }
     EXPECT_EQ(c.call({"CLIENT", "ID"}).front(), ':');
     EXPECT_EQ(c.call({"CLIENT", "GETNAME"}), kNil);
     EXPECT_EQ(c.call({"CLIENT", "SETNAME", "tester"}), kOk);
