@@ -38,6 +38,8 @@
 #include <string_view>
 #include <utility>
 
+#include "base/prefetch.h"
+
 namespace spindle::kv {
 
 /// The hash KeyTable is meant to be used with: a key's bytes read 8 at a time (overlapping reads for
@@ -160,7 +162,7 @@ public:
 
     /// Starts loading the slot where a lookup of `hash` begins (a hint; it changes nothing).
     void prefetch(uint64_t hash) const noexcept {
-        if (slots_ != nullptr) { __builtin_prefetch(&slots_[home(hash)]); }
+        if (slots_ != nullptr) { prefetchRead(&slots_[home(hash)]); }
     }
     /// Starts loading the node of the key in the home slot of `hash`, if that slot is cached already
     /// (after prefetch()); a hint for batches: prefetch() them all, then this, then look them up.
@@ -170,7 +172,7 @@ public:
             const Slot& s = slots_[at];
             if (s.node == nullptr) { return; }
             if (s.hash == hash) {
-                __builtin_prefetch(s.node);
+                prefetchRead(s.node);  // not __builtin_prefetch, which let GCC delete this loop (base/prefetch.h)
                 return;
             }
             if (((at + 1) & 3) == 0) { return; }  // the end of the slot's cache line: not worth a miss
