@@ -43,6 +43,7 @@
 /// | kLogExtend       | a log preallocation's zero write, then its fdatasync (two passes) | the errno |
 /// | kPipeCreate      | spindle-httpd creating a splice pipe        | the errno pipe2 fails with |
 /// | kSpliceAgain     | a non-blocking try of a splice or tee (spindle::splice/tee on either backend) | ignored: EAGAIN |
+/// | kRewriteEnd      | the end of a spindle-kv log rewrite         | ms the thread sleeps there |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -102,6 +103,8 @@ enum class Point : uint8_t {
     kPipeCreate,       // apps: spindle-httpd's pipe2 for splicing file bodies, in place of the call (EMFILE, ENFILE)
     kSpliceAgain,      // core: a non-blocking try of a splice or tee answers EAGAIN without the call, as a TCP
                        // stack out of memory answers it though both ends poll ready
+    kRewriteEnd,       // apps: spindle-kv, a log rewrite's end, between "not active" and "idle": the carrier's
+                       // thread sleeps param ms there, as a preempted one would
     kCount,
 };
 

@@ -19,6 +19,7 @@
 #include <random>
 #include <span>
 #include <string_view>
+#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -29,6 +30,7 @@
 #include "apps/kv/shard.h"
 #include "base/check.h"
 #include "base/counter.h"
+#include "base/inject.h"
 #include "base/log.h"
 #include "core/fiber_event.h"
 #include "core/fiber_mutex.h"
@@ -294,14 +296,16 @@ int Server::Impl::startRewrite(unsigned i) noexcept {
         st.active.store(false);
         return ECANCELED;
     }
+    // The last one has ended, or is about to: after it cleared `active` it only sets `idle`. Joined
+    // before the reset, so that its set cannot mark this new rewrite idle.
+    if (st.fiber.joinable()) { st.fiber.join(); }
     st.idle.reset();
-    if (st.fiber.joinable()) { st.fiber.join(); }  // the last one has ended, or is about to
     st.startedMs.store(nowMs());
     auto f = rt->spawn([this, i]() noexcept { runRewrite(i); },
                        SpawnOptions{.name = "kv-rewrite", .carrier = static_cast<int>(i), .pinned = true});
     if (!f) {
-        st.idle.set();
         st.active.store(false);
+        st.idle.set();
         return f.errorCode();
     }
     st.fiber = std::move(*f);
@@ -327,8 +331,11 @@ void Server::Impl::runRewrite(unsigned i) noexcept {
     }
     if (err != ECANCELED) { lastRewriteMs.store(took); }
     st.lastError.store(err);
-    st.idle.set();
+    // Not in progress any more before anyone waiting learns it is over: a SAVE that returns once
+    // `idle` is set may be followed at once by a BGREWRITEAOF, which must not find it still active.
     st.active.store(false);
+    SPINDLE_INJECT(inject::Point::kRewriteEnd, { std::this_thread::sleep_for(std::chrono::milliseconds(injectedErrno)); });
+    st.idle.set();
 }
 
 void Server::Impl::maybeAutoRewrite(unsigned i) noexcept {
