@@ -24,7 +24,7 @@ namespace {
 
 using namespace std::chrono_literals;
 
-// One writer per counter (the carrier that owns it), readers anywhere: no read-modify-write needed.
+// The counters have one writer each (the carrier that owns them), readers anywhere: ownerAdd/ownerSub.
 
 /// CLOCK_MONOTONIC_COARSE in nanoseconds: a vDSO read of a few ns, precise to a tick (1-4 ms).
 uint64_t coarseNowNs() noexcept {

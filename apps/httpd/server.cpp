@@ -205,7 +205,7 @@ public:
     std::atomic<uint64_t> lent{0};
 
 private:
-        static int queued(const Pipe& p) noexcept {
+    static int queued(const Pipe& p) noexcept {
         int n = -1;
         return ::ioctl(p.read, FIONREAD, &n) == 0 ? n : -1;
     }

@@ -2215,7 +2215,8 @@ void cmdFlush(Ctx& x) {
     if (mk.finish([](ShardPart&, Shard& s) { s.flush(); })) { x.w.ok(); }
 }
 
-// The command table, sorted by name (binary search). Arity and key positions as Redis declares them.
+// The command table, sorted by name (COMMAND lists it in this order; findCommand looks names up through
+// kCommandIndex below). Arity and key positions as Redis declares them.
 constexpr Command kCommands[] = {
     {"append", 3, kWrite | kDenyOom, 1, 1, 1, cmdAppend},
     {"auth", -2, kNoAuth, 0, 0, 0, cmdAuth},

@@ -91,8 +91,10 @@ evict() { local f; for f in $(logs); do dd if="$f" iflag=nocache count=0 status=
 read_all() { local f; for f in $(logs); do dd if="$f" of=/dev/null bs=1M status=none; done; }
 read_parallel() {
   local f pids=()
+  local p rc=0
   for f in $(logs); do dd if="$f" of=/dev/null bs=1M status=none & pids+=($!); done
-  wait "${pids[@]}"
+  for p in "${pids[@]}"; do wait "$p" || rc=1; done  # every reader's status, not only the last's
+  return "$rc"
 }
 mbps_since() { awk -v b="$bytes" -v a="$1" -v z="$(date +%s.%N)" 'BEGIN { printf "%.1f", b / 1e6 / (z - a) }'; }
 replay_mbps() {  # the MB/s that the server logged for its replay

@@ -19,7 +19,7 @@ TEST(OwnerCounter, AddsAndSubtracts) {
     ownerSub(c);
     ownerSub(c, 40);
     EXPECT_EQ(c.load(), 1u);
-    ownerSub(c, 2);  // unsigned: a gauge moved below zero wraps, as the fetch_sub it replaces would
+    ownerSub(c, 2);  // unsigned: a gauge moved below zero wraps, as std::atomic<uint64_t>::fetch_sub would
     EXPECT_EQ(c.load(), UINT64_MAX);
 }
 
