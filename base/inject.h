@@ -9,7 +9,7 @@
 ///
 /// Two kinds of point:
 /// - Call-site points (kRingSetup, kStackMap, kRegisterBuffers, kRegisterFiles, kHwlocLoad, kMembind,
-///   kRegisterBufRing, kMultishotRecv)
+///   kRegisterBufRing, kMultishotRecv, kRegisterIowqAff)
 ///   sit at one system call on a cold path; SPINDLE_INJECT there costs one relaxed load when disarmed.
 /// - I/O fault classes (kSubmitFail, kShortIo, kSqFull, kDelayCompletion) are
 ///   applied by uring::Ring to the operations a caller waits on (user_data
@@ -105,6 +105,7 @@ enum class Point : uint8_t {
                        // stack out of memory answers it though both ends poll ready
     kRewriteEnd,       // apps: spindle-kv, a log rewrite's end, between "not active" and "idle": the carrier's
                        // thread sleeps param ms there, as a preempted one would
+    kRegisterIowqAff,  // uring::Ring::setWorkerAffinity, before io_uring_register_iowq_aff
     kCount,
 };
 

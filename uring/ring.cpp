@@ -87,6 +87,15 @@ Result<void> Ring::unregisterBufRing(uint16_t bgid) noexcept {
     return {};
 }
 
+Result<void> Ring::setWorkerAffinity(const cpu_set_t& cpus) noexcept {
+    SPINDLE_INJECT(inject::Point::kRegisterIowqAff, { return Error{injectedErrno}; });
+    // liburing 2.3 declares the mask non-const; the kernel only reads it.
+    cpu_set_t copy = cpus;
+    const int r = io_uring_register_iowq_aff(&ring_, sizeof copy, &copy);
+    if (r < 0) { return errorFromRes(r); }
+    return {};
+}
+
 Result<void> Ring::registerFilesSparse(unsigned slots) noexcept {
     SPINDLE_INJECT(inject::Point::kRegisterFiles, { return Error{injectedErrno}; });
     const int r = io_uring_register_files_sparse(&ring_, slots);

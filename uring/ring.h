@@ -24,6 +24,7 @@
 /// `-errno` like liburing.
 
 #include <liburing.h>
+#include <sched.h>
 #include <sys/uio.h>
 
 #include <atomic>
@@ -165,6 +166,13 @@ public:
     [[nodiscard]] Result<void> registerBuffers(const iovec* iov, unsigned count) noexcept;
     /// Drops the registered buffers (io_uring_unregister_buffers). Errors: ENXIO when none are registered.
     [[nodiscard]] Result<void> unregisterBuffers() noexcept;
+    /// Confines the kernel's io-wq workers, the threads that run what the ring cannot finish inline
+    /// (buffered file writes, fsync, ...), to the CPUs in `cpus` (IORING_REGISTER_IOWQ_AFF, 5.14). The
+    /// setting belongs to the calling thread's io-wq, which the thread's first submission creates, so
+    /// call it after one; with SQPOLL it applies to the SQ thread's io-wq. Workers that exist move at once.
+    /// Errors: the kernel's errno: EINVAL when a CPU is outside the process's cpuset or the thread has no
+    /// io-wq yet; EFAULT; the injected errno at kRegisterIowqAff.
+    [[nodiscard]] Result<void> setWorkerAffinity(const cpu_set_t& cpus) noexcept;
     /// Registers an empty table of `slots` direct descriptors (io_uring_register_files_sparse, 5.19).
     /// Errors: the kernel's errno, not logged here: EMFILE past RLIMIT_NOFILE, EINVAL for 0 or more than
     /// the kernel's maximum, EBUSY when a table exists, ENOMEM; the injected errno at kRegisterFiles.
