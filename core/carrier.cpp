@@ -189,6 +189,15 @@ Result<void> Carrier::setUp() noexcept {
         driver_ = std::move(d);
     }
     if (auto r = driver_->init(this); !r) { return r; }
+    // After init, whose first submission gave this thread its io-wq. The epoll backend has no io-wq: its
+    // file work goes to the offload pool, which the runtime confines to the same CPUs.
+    if (config_.hasWorkerCpus && uring_ != nullptr) {
+        if (auto r = uring_->ring()->setWorkerAffinity(config_.workerCpus); !r) {
+            log::error("carrier {}: io_uring refused the worker CPUs (IORING_REGISTER_IOWQ_AFF): {}", config_.index,
+                       r.error().message());
+            return r;
+        }
+    }
     log::info("carrier {}: PU {} {}", config_.index, boundPu_, driver_->describe());
 
     // Registered resources last: their set-up only logs when the kernel refuses a registration.

@@ -4,6 +4,7 @@
 #include <pthread.h>
 
 #include <cerrno>
+#include <cstring>
 #include <system_error>
 
 #include "base/log.h"
@@ -89,9 +90,22 @@ size_t OffloadPool::queued() const noexcept {
     return queued_;
 }
 
+void OffloadPool::setCpus(const cpu_set_t& cpus) noexcept {
+    std::lock_guard lock(mu_);
+    cpus_ = cpus;
+    hasCpus_ = true;
+}
+
 void OffloadPool::threadMain() noexcept {
     ::pthread_setname_np(::pthread_self(), "spindle-off");
     std::unique_lock lock(mu_);
+    if (hasCpus_) {
+        // The runtime checked these CPUs at start; one taken away since (a cpuset change) leaves the
+        // thread where it was born, which still works.
+        if (const int err = ::pthread_setaffinity_np(::pthread_self(), sizeof cpus_, &cpus_); err != 0) {
+            log::warn("offload pool: a thread could not be placed on its CPUs: {}", std::strerror(err));
+        }
+    }
     for (;;) {
         cv_.wait(lock, [this] { return head_ != nullptr || closed_; });
         if (head_ == nullptr) { return; }  // closed and drained

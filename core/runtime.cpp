@@ -108,6 +108,38 @@ Result<void> RuntimeImpl::loadTopology() noexcept {
     return {};
 }
 
+Result<void> RuntimeImpl::placeWorkers(cpu_set_t& workers) noexcept {
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    if (::sched_getaffinity(0, sizeof mine, &mine) != 0) {
+        const int err = errno;
+        if (options_.workerCpus.empty()) { return {}; }  // the pool's threads then stay where they are born
+        log::error("workerCpus: this thread's CPUs are unknown (sched_getaffinity: {})", std::strerror(err));
+        return Error{err};
+    }
+    auto list = [](const cpu_set_t& set) {
+        std::string out;
+        for (unsigned i = 0; i < CPU_SETSIZE; ++i) {
+            if (CPU_ISSET(i, &set)) { out += (out.empty() ? "" : ",") + std::to_string(i); }
+        }
+        return out;
+    };
+    for (const unsigned cpu : options_.workerCpus) {
+        if (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &mine)) {
+            log::error("invalid runtime options: workerCpus holds CPU {}, which the thread calling start() may "
+                       "not run on (it may run on {})",
+                       cpu, list(mine));
+            return Error{EINVAL};
+        }
+        CPU_SET(cpu, &workers);
+    }
+    if (!options_.workerCpus.empty()) {
+        log::info("helper threads (io_uring's io-wq workers, the offload pool) on CPUs {}", list(workers));
+    }
+    offload_.setCpus(options_.workerCpus.empty() ? mine : workers);
+    return {};
+}
+
 Result<void> RuntimeImpl::start() noexcept {
     if (options_.carriers > kMaxCarriers) {
         log::error("invalid runtime options: carriers {} (0..{}; 0: the placement's natural count)", options_.carriers,
@@ -158,6 +190,9 @@ Result<void> RuntimeImpl::start() noexcept {
                    stallThresholdMs_, kMaxStallMs, options_.shutdownReportMs);
         return Error{EINVAL};
     }
+    cpu_set_t workerCpus;
+    CPU_ZERO(&workerCpus);
+    if (auto r = placeWorkers(workerCpus); !r) { return r; }
     if (auto r = loadTopology(); !r) { return r; }
     {
         uring::RingOptions probeRing;
@@ -234,6 +269,8 @@ Result<void> RuntimeImpl::start() noexcept {
             cfg.node = cfg.logicalPu >= 0 ? topology_->nodeOf(static_cast<unsigned>(cfg.logicalPu)) : 0;
             cfg.stealPolicy = options_.stealPolicy;
             cfg.crossNodeThreshold = options_.crossNodeStealThreshold;
+            cfg.hasWorkerCpus = !options_.workerCpus.empty();
+            cfg.workerCpus = workerCpus;
             carriers_.push_back(std::make_unique<Carrier>(this, cfg));
         }
     } catch (const std::bad_alloc&) {

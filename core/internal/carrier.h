@@ -18,6 +18,8 @@
 /// Thread-safety: everything is owner-only except post() (any thread), the
 /// deque's steal side, parked_, and the stats (read racily).
 
+#include <sched.h>
+
 #include <array>
 #include <atomic>
 #include <cstdint>
@@ -68,6 +70,8 @@ struct CarrierConfig {
     unsigned node = 0;            // logical NUMA node of logicalPu (0 without a topology)
     StealPolicy stealPolicy = StealPolicy::kNuma;
     unsigned crossNodeThreshold = 2;  // RuntimeOptions::crossNodeStealThreshold
+    bool hasWorkerCpus = false;   // RuntimeOptions::workerCpus was given: confine the ring's io-wq workers
+    cpu_set_t workerCpus{};       // ... to these CPUs
 };
 
 class alignas(64) Carrier {

@@ -10,6 +10,11 @@
 /// a pool thread.
 /// Shutdown: close() completes every queued item with -ECANCELED and refuses
 /// new ones; the threads finish the item they run, then exit; join() waits.
+/// Placement: each thread pins itself to the CPUs given to setCpus() as it
+/// starts, not to those of the thread whose submit() started it (a carrier,
+/// bound to one CPU: the pool would then compete with that carrier alone).
+
+#include <sched.h>
 
 #include <condition_variable>
 #include <cstddef>
@@ -35,6 +40,8 @@ public:
     /// Waits for the threads to exit. Precondition: close() was called.
     void join() noexcept;
     [[nodiscard]] size_t queued() const noexcept;
+    /// Where the threads run: set before the first submit() (threads already started keep theirs).
+    void setCpus(const cpu_set_t& cpus) noexcept;
 
 private:
     void startThreadsLocked() noexcept;
@@ -49,6 +56,8 @@ private:
     size_t queued_ = 0;
     bool closed_ = false;
     std::vector<std::thread> threads_;  // empty until the first submit()
+    bool hasCpus_ = false;              // setCpus() was called; guarded by mu_
+    cpu_set_t cpus_{};
 };
 
 }  // namespace spindle::detail

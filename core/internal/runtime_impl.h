@@ -5,6 +5,7 @@
 ///
 /// Thread-safety: the carrier list is fixed after start(); the counters are atomics.
 
+#include <sched.h>
 #include <time.h>  // clockid_t
 
 #include <atomic>
@@ -137,6 +138,9 @@ public:
 
 private:
     Result<void> loadTopology() noexcept;
+    // Checks RuntimeOptions::workerCpus against the calling thread's CPUs, fills `workers` with them and
+    // places the offload pool (there, or on the calling thread's CPUs when none are given). EINVAL.
+    Result<void> placeWorkers(cpu_set_t& workers) noexcept;
     // join()'s checked preconditions: not on one of its carriers, and after shutdown().
     void checkJoinable(const char* what) const noexcept;
     [[nodiscard]] bool carriersExited() const noexcept;
