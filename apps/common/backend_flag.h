@@ -1,14 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 #pragma once
 /// The `--backend auto|io_uring|epoll` flag of every spindle app that starts a runtime
-/// (RuntimeOptions::backend).
+/// (RuntimeOptions::backend), and the other runtime flags the daemons share (--poll-mode's values,
+/// --worker-cpus).
 ///
 /// The flag keeps the spelling toString(Backend) and parseBackend() use; "auto" (the default) leaves
 /// the choice to Runtime::start, where SPINDLE_BACKEND still applies, and an explicit backend wins
 /// over SPINDLE_BACKEND. The runtime's choice is Runtime::backend(), which the apps print.
 
 #include <CLI/CLI.hpp>
+#include <sched.h>
+
+#include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
 
 #include "core/runtime.h"
 
@@ -34,6 +42,65 @@ inline CLI::Option* addBackendFlag(CLI::App& app, std::string& name) {
 /// kBlock for any other text.
 [[nodiscard]] inline PollMode pollModeFromFlag(const std::string& name) noexcept {
     return name == "spin" ? PollMode::kSpin : name == "hybrid" ? PollMode::kHybrid : PollMode::kBlock;
+}
+
+/// The CPUs a list spells as taskset -c and /proc's Cpus_allowed_list write them ("0-3,8,10-11"), in
+/// ascending order without repeats; std::nullopt for anything else: an empty list or item, a range
+/// that runs backwards, a CPU at or past CPU_SETSIZE, a sign or a space.
+[[nodiscard]] inline std::optional<std::vector<unsigned>> parseCpuList(std::string_view text) {
+    std::vector<bool> in(CPU_SETSIZE, false);
+    auto number = [](std::string_view& rest, unsigned& out) {
+        size_t n = 0;
+        uint64_t v = 0;
+        while (n < rest.size() && rest[n] >= '0' && rest[n] <= '9' && v < CPU_SETSIZE) {
+            v = v * 10 + static_cast<unsigned>(rest[n] - '0');
+            ++n;
+        }
+        if (n == 0 || v >= CPU_SETSIZE) { return false; }
+        rest.remove_prefix(n);
+        out = static_cast<unsigned>(v);
+        return true;
+    };
+    std::string_view rest = text;
+    for (;;) {
+        unsigned first = 0, last = 0;
+        if (!number(rest, first)) { return std::nullopt; }
+        last = first;
+        if (!rest.empty() && rest.front() == '-') {
+            rest.remove_prefix(1);
+            if (!number(rest, last) || last < first) { return std::nullopt; }
+        }
+        for (unsigned c = first; c <= last; ++c) { in[c] = true; }
+        if (rest.empty()) { break; }
+        if (rest.front() != ',') { return std::nullopt; }
+        rest.remove_prefix(1);
+    }
+    std::vector<unsigned> cpus;
+    for (unsigned c = 0; c < CPU_SETSIZE; ++c) {
+        if (in[c]) { cpus.push_back(c); }
+    }
+    return cpus;
+}
+
+/// Adds `--worker-cpus LIST` (RuntimeOptions::workerCpus: where the kernel's io_uring workers and the
+/// offload pool run) to `app`, storing the text in `list`; a list parseCpuList refuses is refused.
+inline CLI::Option* addWorkerCpusFlag(CLI::App& app, std::string& list) {
+    return app
+        .add_option("--worker-cpus", list,
+                    "CPUs (e.g. 2,3 or 2-3) for the helper threads: the kernel's io_uring workers, which run "
+                    "buffered file writes and fsync, and the offload pool; default: each carrier's workers "
+                    "share its CPU")
+        ->check([](const std::string& v) -> std::string {
+            return parseCpuList(v) ? "" : "a CPU list such as 2,3 or 2-3 (each CPU below " +
+                                              std::to_string(CPU_SETSIZE) + ")";
+        });
+}
+
+/// The CPUs a --worker-cpus value spells, as RuntimeOptions::workerCpus wants them; none for "".
+[[nodiscard]] inline std::vector<unsigned> workerCpusFromFlag(const std::string& list) {
+    if (list.empty()) { return {}; }
+    auto cpus = parseCpuList(list);
+    return cpus ? std::move(*cpus) : std::vector<unsigned>{};
 }
 
 /// What an app adds to "the runtime did not start: <error>": with `--backend io_uring`, that no

@@ -91,6 +91,8 @@ int main(int argc, char** argv) {
     app.add_option("--ring-entries", ringEntries, "io_uring SQ entries per carrier (the CQ has twice as many)")
         ->check(CLI::Range(64u, 32768u))->capture_default_str();
     spindle::apps::addBackendFlag(app, backend);
+    std::string workerCpus;
+    spindle::apps::addWorkerCpusFlag(app, workerCpus);
     app.add_option("--poll-mode", pollMode, "idle carriers: block, spin, or hybrid (spin --spin-us, then block)")
         ->check(CLI::IsMember({"block", "spin", "hybrid"}))->capture_default_str();
     app.add_option("--spin-us", spinMicros, "hybrid: microseconds an idle carrier spins before it blocks")
@@ -147,6 +149,7 @@ int main(int argc, char** argv) {
     ro.pollMode = spindle::apps::pollModeFromFlag(pollMode);
     ro.spinMicros = spinMicros;
     ro.backend = spindle::apps::backendFromFlag(backend);
+    ro.workerCpus = spindle::apps::workerCpusFromFlag(workerCpus);
     auto rt = spindle::Runtime::start(ro);
     if (!rt) {
         std::fprintf(stderr, "spindle-httpd: the runtime did not start: %s%s\n", rt.error().message().c_str(),

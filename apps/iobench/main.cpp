@@ -73,6 +73,7 @@ struct Options {
     bool noBind = false;
     std::string pollMode = "block";
     std::string backend = "auto";
+    std::string workerCpus;  // --worker-cpus, as given
     bool noDeferTaskrun = false;
     uint64_t seed = 0x5eed;
 
@@ -365,6 +366,7 @@ int main(int argc, char** argv) {
     app.add_option("--poll-mode", o.pollMode, "idle carriers: block (default), spin, or hybrid (spin 50 us, then block)")
         ->check(CLI::IsMember({"block", "spin", "hybrid"}));
     spindle::apps::addBackendFlag(app, o.backend);
+    spindle::apps::addWorkerCpusFlag(app, o.workerCpus);
     app.add_flag("--no-defer-taskrun", o.noDeferTaskrun,
                  "rings without IORING_SETUP_DEFER_TASKRUN (completions posted as they come, COOP_TASKRUN)");
     app.add_flag("--no-bind", o.noBind,
@@ -428,6 +430,7 @@ int main(int argc, char** argv) {
     ro.bindCarriers = !o.noBind;
     ro.deferTaskrun = !o.noDeferTaskrun;
     ro.backend = spindle::apps::backendFromFlag(o.backend);
+    ro.workerCpus = spindle::apps::workerCpusFromFlag(o.workerCpus);
     ro.pollMode = spindle::apps::pollModeFromFlag(o.pollMode);
     ro.ringEntries = std::max(256u, std::bit_ceil(o.depth + 16));  // a whole depth fits in one batch
     if (o.fixedBuffers) {

@@ -103,6 +103,8 @@ TEST(AppFlags, HttpdRefusesBadNumbers) {
     expectRefused(SPINDLE_HTTPD_BIN, {}, "--provided-buffers", "3");
     expectRefused(SPINDLE_HTTPD_BIN, {}, "--stack-kib", "big");
     expectRefused(SPINDLE_HTTPD_BIN, {}, "--symlinks", "sometimes");
+    expectRefused(SPINDLE_HTTPD_BIN, {}, "--worker-cpus", "0-");
+    expectRefused(SPINDLE_HTTPD_BIN, {}, "--worker-cpus", "1 2");
 }
 
 TEST(AppFlags, EchoRefusesBadNumbers) {
@@ -138,6 +140,10 @@ TEST(AppFlags, KvRefusesBadNumbers) {
     expectRefused(SPINDLE_KV_BIN, {}, "--maxmemory", "-1");
     expectRefused(SPINDLE_KV_BIN, {}, "--proto-max-bulk-len", "1000");
     expectRefused(SPINDLE_KV_BIN, {}, "--ring-entries", "32");
+    expectRefused(SPINDLE_KV_BIN, {}, "--worker-cpus", "3-1");
+    expectRefused(SPINDLE_KV_BIN, {}, "--worker-cpus", "1,,2");
+    expectRefused(SPINDLE_KV_BIN, {}, "--worker-cpus", "99999");
+    expectRefused(SPINDLE_KV_BIN, {}, "--worker-cpus", "-1");
 #else
     GTEST_SKIP() << "spindle-kv is not built";
 #endif

@@ -5,6 +5,7 @@
 // found with its last acknowledged value (or the one that was in flight), round after round.
 #include <gtest/gtest.h>
 #include <netinet/in.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -144,6 +145,46 @@ TEST_F(KvApp, RedisCliWorksAgainstIt) {
     EXPECT_EQ(run("printf 'SET p 1\\nINCR p\\nGET p\\n' | " + cli), "OK\n2\n2\n");  // commands from stdin
     const std::string info = run(cli + "INFO keyspace").value_or("");
     EXPECT_NE(info.find("db0:keys=6"), std::string::npos) << info;
+    ::kill(kv->pid, SIGTERM);
+    ASSERT_TRUE(kv->finish(10s));
+    EXPECT_EQ(spindle::testing_support::describeStatus(*kv->status), "exit 0") << kv->stderrText;
+}
+
+// The CPUs thread `tid` of process `pid` may run on, as /proc lists them ("0-1,3"), or "" when gone.
+std::string cpusOfTask(pid_t pid, const std::string& tid) {
+    std::ifstream status("/proc/" + std::to_string(pid) + "/task/" + tid + "/status");
+    std::string line;
+    while (std::getline(status, line)) {
+        if (line.starts_with("Cpus_allowed_list:")) { return line.substr(line.find_first_not_of(" \t", 18)); }
+    }
+    return "";
+}
+
+// --worker-cpus in the real binary: with --appendfsync always, a SET's write and fdatasync run on the
+// helper threads (io_uring's io-wq workers; the offload pool on the epoll backend), and each of those
+// threads may run on the given CPU alone, read from /proc right after the SET was acknowledged.
+TEST_F(KvApp, WorkerCpusPlaceTheLogsHelperThreads) {
+    cpu_set_t mine;
+    CPU_ZERO(&mine);
+    ASSERT_EQ(::sched_getaffinity(0, sizeof mine, &mine), 0);
+    unsigned last = 0;
+    for (unsigned i = 0; i < CPU_SETSIZE; ++i) {
+        if (CPU_ISSET(i, &mine)) { last = i; }
+    }
+    auto kv = startKv({"--appendfsync", "always", "--worker-cpus", std::to_string(last)});
+    ASSERT_TRUE(kv);
+    RespClient c(port_, 5000ms);
+    ASSERT_TRUE(c.connected());
+    for (int i = 0; i < 8; ++i) { ASSERT_EQ(c.call({"SET", "k" + std::to_string(i), "v"}), "+OK\r\n"); }
+    std::vector<std::string> helpers;  // "<name> <cpus>"
+    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(kv->pid) + "/task")) {
+        std::ifstream comm(task.path() / "comm");
+        std::string name;
+        if (!std::getline(comm, name) || !(name.starts_with("iou-wrk-") || name == "spindle-off")) { continue; }
+        helpers.push_back(name + " " + cpusOfTask(kv->pid, task.path().filename().string()));
+    }
+    ASSERT_FALSE(helpers.empty()) << "no io-wq worker or offload thread after eight acknowledged SETs";
+    for (const std::string& h : helpers) { EXPECT_TRUE(h.ends_with(" " + std::to_string(last))) << h; }
     ::kill(kv->pid, SIGTERM);
     ASSERT_TRUE(kv->finish(10s));
     EXPECT_EQ(spindle::testing_support::describeStatus(*kv->status), "exit 0") << kv->stderrText;
