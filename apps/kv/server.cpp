@@ -99,6 +99,8 @@ private:
     size_t cap_ = 0, begin_ = 0, end_ = 0;
 };
 
+struct Command;
+
 struct Client {
     uint64_t id = 0;
     int protocol = 2;
@@ -110,7 +112,9 @@ struct Client {
     int fd = -1;
     int64_t createdMs = 0;
     int64_t lastMs = 0;
-    std::string lastCommand = "NULL";
+    // The last batch's last command, as CLIENT LIST's cmd shows it: its table entry, so that naming it
+    // costs the batch nothing; null before the first and after an unknown one (Redis prints NULL).
+    const Command* lastCommand = nullptr;
 };
 
 // A write of this batch whose reply waits for its record to be durable.
@@ -622,7 +626,9 @@ void cmdClientList(Ctx& x) {
                                        "ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 "
                                        "oll=0 omem=0 tot-mem=0 events=r cmd={} user=default redir=-1 resp={}\n",
                                        c->id, c->addr, c->laddr, c->fd, c->name, (now - c->createdMs) / 1000,
-                                       (now - c->lastMs) / 1000, c == &x.client ? "client|list" : c->lastCommand,
+                                       (now - c->lastMs) / 1000, c == &x.client                ? "client|list"
+                                       : c->lastCommand != nullptr ? c->lastCommand->name
+                                                                   : "NULL",
                                        c->protocol));
             }
         })) {
@@ -2431,9 +2437,7 @@ void cmdCommand(Ctx& x) {
     } else if (sub == "info") {
         x.w.arrayHeader(x.argc() - 2);
         for (size_t i = 2; i < x.argc(); ++i) {
-            std::string name;
-            toLower(x.arg(i), name);
-            if (const Command* c = findCommand(name)) {
+            if (const Command* c = findCommand(x.arg(i))) {  // folds case itself
                 writeCommandInfo(x.w, *c);
             } else {
                 x.w.nullArray();
@@ -2446,9 +2450,7 @@ void cmdCommand(Ctx& x) {
             for (const Command& c : kCommands) { list.push_back(&c); }
         } else {
             for (size_t i = 2; i < x.argc(); ++i) {
-                std::string name;
-                toLower(x.arg(i), name);
-                if (const Command* c = findCommand(name)) { list.push_back(c); }
+                if (const Command* c = findCommand(x.arg(i))) { list.push_back(c); }
             }
         }
         x.w.mapHeader(list.size());
@@ -2700,7 +2702,7 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
         }
         if (n > 0) {  // CLIENT LIST's cmd and idle, set here on the connection's own carrier
             client.lastMs = batchNow;
-            toLower(reqs[n - 1].args[0], client.lastCommand);
+            client.lastCommand = cmds[n - 1];
         }
         in.consume(consumed);  // after the commands: their arguments point into the buffer
         if (!protocolError.empty() && !client.closeAfterReply) {

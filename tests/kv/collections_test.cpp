@@ -415,6 +415,11 @@ TEST_F(KvCollections, RandomkeyClientListAndSave) {
     EXPECT_NE(text.find(" cmd=get "), std::string::npos) << text;
     EXPECT_EQ(std::count(text.begin(), text.end(), '\n'), 3) << text;  // 2 lines, then the bulk's CRLF
     EXPECT_EQ(text.rfind("id=", 0), 0u) << text;
+    // An unknown command leaves NULL, as Redis 7.0 shows it, not the name it was sent by.
+    EXPECT_EQ(d.call({"NOSUCH", "x"}), "-ERR unknown command 'NOSUCH', with args beginning with: 'x' \r\n");
+    const std::string after = c.call({"CLIENT", "LIST"});
+    EXPECT_NE(after.find(" cmd=NULL "), std::string::npos) << after;
+    EXPECT_EQ(after.find("nosuch"), std::string::npos) << after;
     EXPECT_EQ(c.call({"CLIENT", "LIST", "ID", "999999"}), "$0\r\n\r\n");
     EXPECT_EQ(c.call({"CLIENT", "LIST", "ID", "x"}), "-ERR Invalid client ID\r\n");
     EXPECT_EQ(c.call({"CLIENT", "LIST", "FOO"}), "-ERR syntax error\r\n");

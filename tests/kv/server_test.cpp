@@ -191,6 +191,9 @@ TEST_F(KvServer, ConnectionCommandsAndExactErrors) {
     EXPECT_EQ(count.front(), ':');
     EXPECT_GT(std::atoi(count.c_str() + 1), 40);
     EXPECT_EQ(c.call({"COMMAND", "INFO", "get"}).substr(0, 4), "*1\r\n");
+    // Names in any case, as redis-cli sends them; an unknown one answers a null entry.
+    EXPECT_EQ(c.call({"COMMAND", "INFO", "GeT", "nosuch"}), "*2\r\n" + c.call({"COMMAND", "INFO", "get"}).substr(4) + "*-1\r\n");
+    EXPECT_EQ(c.call({"COMMAND", "DOCS", "sEt", "nosuch"}), c.call({"COMMAND", "DOCS", "set"}));
     const std::string info = c.call({"INFO"});
     for (const char* section : {"# Server", "# Clients", "# Memory", "# Persistence", "# Stats", "# Keyspace"}) {
         EXPECT_NE(info.find(section), std::string::npos) << section;
