@@ -44,6 +44,7 @@
 /// | kPipeCreate      | spindle-httpd creating a splice pipe        | the errno pipe2 fails with |
 /// | kSpliceAgain     | a non-blocking try of a splice or tee (spindle::splice/tee on either backend) | ignored: EAGAIN |
 /// | kRewriteEnd      | the end of a spindle-kv log rewrite         | ms the thread sleeps there |
+/// | kRegisterIowqAff | Ring::setWorkerAffinity                     | the errno it fails with  |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.

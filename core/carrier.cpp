@@ -189,8 +189,9 @@ Result<void> Carrier::setUp() noexcept {
         driver_ = std::move(d);
     }
     if (auto r = driver_->init(this); !r) { return r; }
-    // After init, whose first submission gave this thread its io-wq. The epoll backend has no io-wq: its
-    // file work goes to the offload pool, which the runtime confines to the same CPUs.
+    // On the thread that set the ring up (its io-wq is this thread's), before anything goes to a worker.
+    // The epoll backend has no io-wq: its file work goes to the offload pool, which the runtime places
+    // on the same CPUs.
     if (config_.hasWorkerCpus && uring_ != nullptr) {
         if (auto r = uring_->ring()->setWorkerAffinity(config_.workerCpus); !r) {
             log::error("carrier {}: io_uring refused the worker CPUs (IORING_REGISTER_IOWQ_AFF): {}", config_.index,

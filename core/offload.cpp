@@ -99,13 +99,17 @@ void OffloadPool::setCpus(const cpu_set_t& cpus) noexcept {
 void OffloadPool::threadMain() noexcept {
     ::pthread_setname_np(::pthread_self(), "spindle-off");
     std::unique_lock lock(mu_);
-    if (hasCpus_) {
+    const bool place = hasCpus_;
+    const cpu_set_t cpus = cpus_;
+    lock.unlock();  // a submit() need not wait while this thread moves
+    if (place) {
         // The runtime checked these CPUs at start; one taken away since (a cpuset change) leaves the
         // thread where it was born, which still works.
-        if (const int err = ::pthread_setaffinity_np(::pthread_self(), sizeof cpus_, &cpus_); err != 0) {
+        if (const int err = ::pthread_setaffinity_np(::pthread_self(), sizeof cpus, &cpus); err != 0) {
             log::warn("offload pool: a thread could not be placed on its CPUs: {}", std::strerror(err));
         }
     }
+    lock.lock();
     for (;;) {
         cv_.wait(lock, [this] { return head_ != nullptr || closed_; });
         if (head_ == nullptr) { return; }  // closed and drained

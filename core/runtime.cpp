@@ -108,6 +108,23 @@ Result<void> RuntimeImpl::loadTopology() noexcept {
     return {};
 }
 
+namespace {
+
+// A CPU set as /proc's Cpus_allowed_list writes it: "0-3,8".
+std::string cpuList(const cpu_set_t& set) {
+    std::string out;
+    for (unsigned i = 0; i < CPU_SETSIZE; ++i) {
+        if (!CPU_ISSET(i, &set)) { continue; }
+        unsigned j = i;
+        while (j + 1 < CPU_SETSIZE && CPU_ISSET(j + 1, &set)) { ++j; }
+        out += (out.empty() ? "" : ",") + std::to_string(i) + (j > i ? "-" + std::to_string(j) : "");
+        i = j;
+    }
+    return out;
+}
+
+}  // namespace
+
 Result<void> RuntimeImpl::placeWorkers(cpu_set_t& workers) noexcept {
     cpu_set_t mine;
     CPU_ZERO(&mine);
@@ -117,24 +134,14 @@ Result<void> RuntimeImpl::placeWorkers(cpu_set_t& workers) noexcept {
         log::error("workerCpus: this thread's CPUs are unknown (sched_getaffinity: {})", std::strerror(err));
         return Error{err};
     }
-    auto list = [](const cpu_set_t& set) {
-        std::string out;
-        for (unsigned i = 0; i < CPU_SETSIZE; ++i) {
-            if (CPU_ISSET(i, &set)) { out += (out.empty() ? "" : ",") + std::to_string(i); }
-        }
-        return out;
-    };
     for (const unsigned cpu : options_.workerCpus) {
         if (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &mine)) {
             log::error("invalid runtime options: workerCpus holds CPU {}, which the thread calling start() may "
                        "not run on (it may run on {})",
-                       cpu, list(mine));
+                       cpu, cpuList(mine));
             return Error{EINVAL};
         }
         CPU_SET(cpu, &workers);
-    }
-    if (!options_.workerCpus.empty()) {
-        log::info("helper threads (io_uring's io-wq workers, the offload pool) on CPUs {}", list(workers));
     }
     offload_.setCpus(options_.workerCpus.empty() ? mine : workers);
     return {};
@@ -233,6 +240,22 @@ Result<void> RuntimeImpl::start() noexcept {
         return Error{EINVAL};
     }
     const bool canBind = options_.bindCarriers && topology_ && !topology_->isSynthetic();
+    if (canBind && !options_.workerCpus.empty()) {
+        // The kernel narrows a new io-wq worker to the CPUs its carrier was bound to whenever the worker
+        // set holds one of them: such a carrier's workers would stay on its CPU, unlike the others'.
+        for (unsigned i = 0; i < count; ++i) {
+            if (placed[i] < CPU_SETSIZE && CPU_ISSET(placed[i], &workerCpus)) {
+                log::error("invalid runtime options: workerCpus holds CPU {}, where carrier {} is bound; the kernel "
+                           "keeps a bound carrier's io_uring workers on its own CPU whenever the set holds it: leave "
+                           "the carriers' CPUs out (fewer carriers, or placement list:...)",
+                           placed[i], i);
+                return Error{EINVAL};
+            }
+        }
+    }
+    if (!options_.workerCpus.empty()) {
+        log::info("helper threads (io_uring's io-wq workers, the offload pool) on CPUs {}", cpuList(workerCpus));
+    }
     std::vector<int> sqThreadCpus;  // with SQPOLL on bound carriers: where each ring's SQ thread goes
     if (options_.sqpoll && canBind) {
         try {

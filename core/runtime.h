@@ -112,12 +112,13 @@ struct RuntimeOptions {
     unsigned offloadThreads = 2;    // threads of the offload() pool (1..1024), started on first use
     // Where the runtime's helper threads run: the kernel's io_uring workers (io-wq), which carry out what
     // a ring cannot finish inline (buffered writes to ext4, fsync, fdatasync: every write-ahead log's
-    // work), and the offload() pool (OS CPU indexes; each must be one the thread calling start() may run
-    // on, else start() fails with EINVAL; the kernel's refusal of IORING_REGISTER_IOWQ_AFF, 5.14, fails
-    // it with its errno).
-    // Empty: the io-wq workers of a bound carrier share its one CPU, as the kernel has them inherit the
-    // carrier's pinning; on a busy carrier a woken worker waits for the CPU, and so does the fiber it
-    // works for. The offload pool runs on the CPUs of the thread that called start().
+    // work), and the offload() pool. OS CPU indexes; start() fails with EINVAL, logging why, for a CPU the
+    // thread calling start() may not run on, and for a CPU a carrier is bound to (the kernel narrows a
+    // new worker to its bound creator's CPUs whenever the set holds them); the kernel's refusal of
+    // IORING_REGISTER_IOWQ_AFF (5.14) fails it with its errno.
+    // Empty: the io-wq workers of a bound carrier share its one CPU (that narrowing again); on a busy
+    // carrier a woken worker waits for the CPU, and so does the fiber it works for. The offload pool
+    // runs on the CPUs of the thread that called start().
     std::vector<unsigned> workerCpus;
     // Registered resources per carrier (core/fixed.h). The buffers are pinned memory: count * size
     // bytes per carrier, counted against RLIMIT_MEMLOCK unless the process has CAP_IPC_LOCK.

@@ -89,9 +89,7 @@ Result<void> Ring::unregisterBufRing(uint16_t bgid) noexcept {
 
 Result<void> Ring::setWorkerAffinity(const cpu_set_t& cpus) noexcept {
     SPINDLE_INJECT(inject::Point::kRegisterIowqAff, { return Error{injectedErrno}; });
-    // liburing 2.3 declares the mask non-const; the kernel only reads it.
-    cpu_set_t copy = cpus;
-    const int r = io_uring_register_iowq_aff(&ring_, sizeof copy, &copy);
+    const int r = io_uring_register_iowq_aff(&ring_, sizeof cpus, &cpus);
     if (r < 0) { return errorFromRes(r); }
     return {};
 }

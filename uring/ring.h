@@ -168,10 +168,13 @@ public:
     [[nodiscard]] Result<void> unregisterBuffers() noexcept;
     /// Confines the kernel's io-wq workers, the threads that run what the ring cannot finish inline
     /// (buffered file writes, fsync, ...), to the CPUs in `cpus` (IORING_REGISTER_IOWQ_AFF, 5.14). The
-    /// setting belongs to the calling thread's io-wq, which the thread's first submission creates, so
-    /// call it after one; with SQPOLL it applies to the SQ thread's io-wq. Workers that exist move at once.
+    /// setting belongs to the calling thread's io-wq (the thread that set this ring up has one from then
+    /// on); with SQPOLL, to the SQ thread's. It applies to workers created afterwards: call it before
+    /// the ring hands anything to a worker. The kernel narrows a new worker to the CPUs its creator
+    /// asked for with sched_setaffinity, when those and `cpus` share any: a thread bound to a CPU in
+    /// `cpus` keeps its workers on its own CPU.
     /// Errors: the kernel's errno: EINVAL when a CPU is outside the process's cpuset or the thread has no
-    /// io-wq yet; EFAULT; the injected errno at kRegisterIowqAff.
+    /// io-wq; ENOMEM; EFAULT; the injected errno at kRegisterIowqAff.
     [[nodiscard]] Result<void> setWorkerAffinity(const cpu_set_t& cpus) noexcept;
     /// Registers an empty table of `slots` direct descriptors (io_uring_register_files_sparse, 5.19).
     /// Errors: the kernel's errno, not logged here: EMFILE past RLIMIT_NOFILE, EINVAL for 0 or more than

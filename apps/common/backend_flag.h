@@ -44,9 +44,9 @@ inline CLI::Option* addBackendFlag(CLI::App& app, std::string& name) {
     return name == "spin" ? PollMode::kSpin : name == "hybrid" ? PollMode::kHybrid : PollMode::kBlock;
 }
 
-/// The CPUs a list spells as taskset -c and /proc's Cpus_allowed_list write them ("0-3,8,10-11"), in
-/// ascending order without repeats; std::nullopt for anything else: an empty list or item, a range
-/// that runs backwards, a CPU at or past CPU_SETSIZE, a sign or a space.
+/// The CPUs a list spells as /proc's Cpus_allowed_list writes them ("0-3,8,10-11"), in ascending order
+/// without repeats; std::nullopt for anything else: an empty list or item, a range that runs backwards,
+/// a CPU at or past CPU_SETSIZE, a sign or a space, and taskset's stride form ("0-10:2").
 [[nodiscard]] inline std::optional<std::vector<unsigned>> parseCpuList(std::string_view text) {
     std::vector<bool> in(CPU_SETSIZE, false);
     auto number = [](std::string_view& rest, unsigned& out) {
@@ -88,8 +88,8 @@ inline CLI::Option* addWorkerCpusFlag(CLI::App& app, std::string& list) {
     return app
         .add_option("--worker-cpus", list,
                     "CPUs (e.g. 2,3 or 2-3) for the helper threads: the kernel's io_uring workers, which run "
-                    "buffered file writes and fsync, and the offload pool; default: each carrier's workers "
-                    "share its CPU")
+                    "buffered file writes and fsync, and the offload pool; none a carrier is bound to; "
+                    "default: each carrier's workers share its CPU")
         ->check([](const std::string& v) -> std::string {
             return parseCpuList(v) ? "" : "a CPU list such as 2,3 or 2-3 (each CPU below " +
                                               std::to_string(CPU_SETSIZE) + ")";

@@ -13,10 +13,12 @@
 #include <sys/wait.h>
 
 #include <chrono>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
 
+#include "apps/common/backend_flag.h"
 #include "core/runtime.h"
 #include "tests/apps/child_process.h"
 
@@ -130,6 +132,26 @@ TEST(AppFlags, EchoRefusesJsonForTheUdpClient) {
     EXPECT_TRUE(child.exitedWith(kExitUsage)) << describeStatus(*child.status) << "; stderr:\n" << child.stderrText;
     EXPECT_TRUE(child.stderrText.starts_with("spindle-echo: --json: ")) << child.stderrText;
     EXPECT_EQ(child.stdoutText, "");
+}
+
+// --worker-cpus's lists, parsed in process: what is accepted and what it means (the binaries' refusals
+// are below).
+TEST(AppFlags, CpuListsParseAsProcWritesThem) {
+    using spindle::apps::parseCpuList;
+    using V = std::vector<unsigned>;
+    EXPECT_EQ(parseCpuList("0"), V{0});
+    EXPECT_EQ(parseCpuList("0-0"), V{0});
+    EXPECT_EQ(parseCpuList("3,1-2"), (V{1, 2, 3}));
+    EXPECT_EQ(parseCpuList("2-3,3,2"), (V{2, 3}));
+    EXPECT_EQ(parseCpuList("007"), V{7});
+    EXPECT_EQ(parseCpuList(std::to_string(CPU_SETSIZE - 1)), V{CPU_SETSIZE - 1});
+    for (const char* bad : {"", ",", "1,", ",1", "1,,2", "-1", "3-1", "1-", " 1", "1 ", "0-10:2", "x", "1.5"}) {
+        EXPECT_EQ(parseCpuList(bad), std::nullopt) << "'" << bad << "'";
+    }
+    EXPECT_EQ(parseCpuList(std::to_string(CPU_SETSIZE)), std::nullopt);
+    EXPECT_EQ(parseCpuList("99999999999999999999999"), std::nullopt);  // no overflow into a small number
+    EXPECT_EQ(spindle::apps::workerCpusFromFlag(""), V{});
+    EXPECT_EQ(spindle::apps::workerCpusFromFlag("4-5"), (V{4, 5}));
 }
 
 TEST(AppFlags, KvRefusesBadNumbers) {

@@ -6,7 +6,8 @@
 // message.
 //
 // Every verdict is read from the kernel (sched_getaffinity of the thread itself, or of the io-wq worker's
-// task), never from what the runtime believes. No verdict depends on timing.
+// task), never from what the runtime believes. No verdict depends on timing. The placement tests need
+// two CPUs (one for the carrier, one for the helpers) and skip on one, where they could not fail.
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -26,6 +27,7 @@
 #include "core/io.h"
 #include "core/offload.h"
 #include "core/runtime.h"
+#include "numa/placement.h"
 #include "testing/scratch_dir.h"
 #include "tests/core/with_runtime.h"
 
@@ -106,10 +108,18 @@ TEST(WorkerCpus, OffloadPoolRunsOnTheStartingThreadsCpusNotOnTheCarriers) {
     EXPECT_EQ(offloadThreadCpus(*rt, 1), mine);
 }
 
+// One carrier on the first of this thread's CPUs (bound where the machine lets hwloc bind).
+RuntimeOptions oneCarrierOn(unsigned cpu) {
+    RuntimeOptions o = withCarriers(1);
+    o.placement = numa::Placement::kExplicit;
+    o.explicitPus = {cpu};
+    return o;
+}
+
 TEST(WorkerCpus, OffloadPoolRunsOnTheGivenCpus) {
     const std::vector<unsigned> mine = cpusOf(0);
-    ASSERT_FALSE(mine.empty());
-    RuntimeOptions o = withCarriers(2);
+    if (mine.size() < 2) { GTEST_SKIP() << "one CPU: the given CPU would be the carrier's too"; }
+    RuntimeOptions o = oneCarrierOn(mine.front());
     o.workerCpus = {mine.back()};
     auto rt = Runtime::start(o);
     ASSERT_TRUE(rt) << rt.error().message();
@@ -119,11 +129,11 @@ TEST(WorkerCpus, OffloadPoolRunsOnTheGivenCpus) {
 TEST(WorkerCpus, IoUringWorkersRunOnTheGivenCpus) {
     SPINDLE_REQUIRE_URING("io-wq workers are io_uring's threads");
     const std::vector<unsigned> mine = cpusOf(0);
-    ASSERT_FALSE(mine.empty());
+    if (mine.size() < 2) { GTEST_SKIP() << "one CPU: the given CPU would be the carrier's too"; }
     ScratchDir scratch;
     ASSERT_TRUE(scratch.ok());
-    // The last CPU: carrier 0 is bound to the first, so on two CPUs or more the workers leave its CPU.
-    RuntimeOptions o = withCarriers(1);
+    // Without workerCpus a bound carrier's workers share its CPU (the first); with it, the last alone.
+    RuntimeOptions o = oneCarrierOn(mine.front());
     o.workerCpus = {mine.back()};
     auto rt = Runtime::start(o);
     ASSERT_TRUE(rt) << rt.error().message();
@@ -151,7 +161,7 @@ TEST(WorkerCpus, ACpuTheStartingThreadMayNotUseIsRefused) {
         CPU_ZERO(&one);
         CPU_SET(mine.front(), &one);
         if (::sched_setaffinity(0, sizeof one, &one) != 0) {
-            err = -1;
+            err = -errno;  // refused here (a sandbox): skipped below
             return;
         }
         RuntimeOptions p = withCarriers(1);
@@ -161,17 +171,40 @@ TEST(WorkerCpus, ACpuTheStartingThreadMayNotUseIsRefused) {
         logged = testing::internal::GetCapturedStderr();
         err = r ? 0 : r.errorCode();
     }).join();
+    if (err < 0) { GTEST_SKIP() << "sched_setaffinity refused here: " << std::strerror(-err); }
     EXPECT_EQ(err, EINVAL);
     EXPECT_NE(logged.find("workerCpus holds CPU " + std::to_string(mine.back())), std::string::npos) << logged;
     EXPECT_NE(logged.find("it may run on " + std::to_string(mine.front()) + ")"), std::string::npos) << logged;
 }
 
+// The kernel narrows a new io-wq worker to its bound carrier's CPU whenever the worker set holds it, so
+// a set that holds a carrier's CPU would leave that carrier's workers where they were: refused.
+TEST(WorkerCpus, ASetHoldingABoundCarriersCpuIsRefused) {
+    const std::vector<unsigned> mine = cpusOf(0);
+    ASSERT_FALSE(mine.empty());
+    {
+        auto probe = Runtime::start(oneCarrierOn(mine.front()));
+        ASSERT_TRUE(probe) << probe.error().message();
+        if (probe->stats()[0].pu < 0) { GTEST_SKIP() << "carriers run unbound here: no CPU of theirs to leave out"; }
+    }
+    RuntimeOptions o = oneCarrierOn(mine.front());
+    o.workerCpus = mine;  // every CPU, the carrier's among them
+    testing::internal::CaptureStderr();
+    auto rt = Runtime::start(o);
+    const std::string logged = testing::internal::GetCapturedStderr();
+    ASSERT_FALSE(rt);
+    EXPECT_EQ(rt.errorCode(), EINVAL);
+    EXPECT_NE(logged.find("workerCpus holds CPU " + std::to_string(mine.front()) + ", where carrier 0 is bound"),
+              std::string::npos)
+        << logged;
+}
+
 TEST(WorkerCpus, TheKernelsRefusalFailsStartWithItsError) {
     SPINDLE_REQUIRE_URING("IORING_REGISTER_IOWQ_AFF is io_uring's");
     const std::vector<unsigned> mine = cpusOf(0);
-    ASSERT_FALSE(mine.empty());
-    RuntimeOptions o = withCarriers(1);
-    o.workerCpus = {mine.front()};
+    if (mine.size() < 2) { GTEST_SKIP() << "one CPU: no CPU to give the workers beside the carrier's"; }
+    RuntimeOptions o = oneCarrierOn(mine.front());
+    o.workerCpus = {mine.back()};
     std::string logged;
     {
         inject::ArmedFault f(inject::Point::kRegisterIowqAff, EINVAL);
