@@ -192,7 +192,7 @@ Result<void> Carrier::setUp() noexcept {
     // On the thread that set the ring up (its io-wq is this thread's), before anything goes to a worker.
     // The epoll backend has no io-wq: its file work goes to the offload pool, which the runtime places
     // on the same CPUs.
-    if (config_.hasWorkerCpus && uring_ != nullptr) {
+    if (CPU_COUNT(&config_.workerCpus) > 0 && uring_ != nullptr) {
         if (auto r = uring_->ring()->setWorkerAffinity(config_.workerCpus); !r) {
             log::error("carrier {}: io_uring refused the worker CPUs (IORING_REGISTER_IOWQ_AFF): {}", config_.index,
                        r.error().message());

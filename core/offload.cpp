@@ -93,16 +93,14 @@ size_t OffloadPool::queued() const noexcept {
 void OffloadPool::setCpus(const cpu_set_t& cpus) noexcept {
     std::lock_guard lock(mu_);
     cpus_ = cpus;
-    hasCpus_ = true;
 }
 
 void OffloadPool::threadMain() noexcept {
     ::pthread_setname_np(::pthread_self(), "spindle-off");
     std::unique_lock lock(mu_);
-    const bool place = hasCpus_;
     const cpu_set_t cpus = cpus_;
     lock.unlock();  // a submit() need not wait while this thread moves
-    if (place) {
+    if (CPU_COUNT(&cpus) > 0) {
         // The runtime checked these CPUs at start; one taken away since (a cpuset change) leaves the
         // thread where it was born, which still works.
         if (const int err = ::pthread_setaffinity_np(::pthread_self(), sizeof cpus, &cpus); err != 0) {

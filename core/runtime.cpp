@@ -10,6 +10,7 @@
 #include <cstring>
 #include <thread>
 
+#include "base/cpu_list.h"
 #include "base/log.h"
 #include "core/internal/carrier.h"
 #include "core/driver/backend.h"
@@ -108,23 +109,6 @@ Result<void> RuntimeImpl::loadTopology() noexcept {
     return {};
 }
 
-namespace {
-
-// A CPU set as /proc's Cpus_allowed_list writes it: "0-3,8".
-std::string cpuList(const cpu_set_t& set) {
-    std::string out;
-    for (unsigned i = 0; i < CPU_SETSIZE; ++i) {
-        if (!CPU_ISSET(i, &set)) { continue; }
-        unsigned j = i;
-        while (j + 1 < CPU_SETSIZE && CPU_ISSET(j + 1, &set)) { ++j; }
-        out += (out.empty() ? "" : ",") + std::to_string(i) + (j > i ? "-" + std::to_string(j) : "");
-        i = j;
-    }
-    return out;
-}
-
-}  // namespace
-
 Result<void> RuntimeImpl::placeWorkers(cpu_set_t& workers) noexcept {
     cpu_set_t mine;
     CPU_ZERO(&mine);
@@ -138,7 +122,7 @@ Result<void> RuntimeImpl::placeWorkers(cpu_set_t& workers) noexcept {
         if (cpu >= CPU_SETSIZE || !CPU_ISSET(cpu, &mine)) {
             log::error("invalid runtime options: workerCpus holds CPU {}, which the thread calling start() may "
                        "not run on (it may run on {})",
-                       cpu, cpuList(mine));
+                       cpu, formatCpuList(cpusIn(mine)));
             return Error{EINVAL};
         }
         CPU_SET(cpu, &workers);
@@ -254,7 +238,7 @@ Result<void> RuntimeImpl::start() noexcept {
         }
     }
     if (!options_.workerCpus.empty()) {
-        log::info("helper threads (io_uring's io-wq workers, the offload pool) on CPUs {}", cpuList(workerCpus));
+        log::info("helper threads (io_uring's io-wq workers, the offload pool) on CPUs {}", formatCpuList(options_.workerCpus));
     }
     std::vector<int> sqThreadCpus;  // with SQPOLL on bound carriers: where each ring's SQ thread goes
     if (options_.sqpoll && canBind) {
@@ -292,7 +276,6 @@ Result<void> RuntimeImpl::start() noexcept {
             cfg.node = cfg.logicalPu >= 0 ? topology_->nodeOf(static_cast<unsigned>(cfg.logicalPu)) : 0;
             cfg.stealPolicy = options_.stealPolicy;
             cfg.crossNodeThreshold = options_.crossNodeStealThreshold;
-            cfg.hasWorkerCpus = !options_.workerCpus.empty();
             cfg.workerCpus = workerCpus;
             carriers_.push_back(std::make_unique<Carrier>(this, cfg));
         }

@@ -11,13 +11,11 @@
 #include <CLI/CLI.hpp>
 #include <sched.h>
 
-#include <cstdint>
-#include <optional>
 #include <string>
-#include <string_view>
 #include <utility>
 #include <vector>
 
+#include "base/cpu_list.h"
 #include "core/runtime.h"
 
 namespace spindle::apps {
@@ -44,46 +42,8 @@ inline CLI::Option* addBackendFlag(CLI::App& app, std::string& name) {
     return name == "spin" ? PollMode::kSpin : name == "hybrid" ? PollMode::kHybrid : PollMode::kBlock;
 }
 
-/// The CPUs a list spells as /proc's Cpus_allowed_list writes them ("0-3,8,10-11"), in ascending order
-/// without repeats; std::nullopt for anything else: an empty list or item, a range that runs backwards,
-/// a CPU at or past CPU_SETSIZE, a sign or a space, and taskset's stride form ("0-10:2").
-[[nodiscard]] inline std::optional<std::vector<unsigned>> parseCpuList(std::string_view text) {
-    std::vector<bool> in(CPU_SETSIZE, false);
-    auto number = [](std::string_view& rest, unsigned& out) {
-        size_t n = 0;
-        uint64_t v = 0;
-        while (n < rest.size() && rest[n] >= '0' && rest[n] <= '9' && v < CPU_SETSIZE) {
-            v = v * 10 + static_cast<unsigned>(rest[n] - '0');
-            ++n;
-        }
-        if (n == 0 || v >= CPU_SETSIZE) { return false; }
-        rest.remove_prefix(n);
-        out = static_cast<unsigned>(v);
-        return true;
-    };
-    std::string_view rest = text;
-    for (;;) {
-        unsigned first = 0, last = 0;
-        if (!number(rest, first)) { return std::nullopt; }
-        last = first;
-        if (!rest.empty() && rest.front() == '-') {
-            rest.remove_prefix(1);
-            if (!number(rest, last) || last < first) { return std::nullopt; }
-        }
-        for (unsigned c = first; c <= last; ++c) { in[c] = true; }
-        if (rest.empty()) { break; }
-        if (rest.front() != ',') { return std::nullopt; }
-        rest.remove_prefix(1);
-    }
-    std::vector<unsigned> cpus;
-    for (unsigned c = 0; c < CPU_SETSIZE; ++c) {
-        if (in[c]) { cpus.push_back(c); }
-    }
-    return cpus;
-}
-
 /// Adds `--worker-cpus LIST` (RuntimeOptions::workerCpus: where the kernel's io_uring workers and the
-/// offload pool run) to `app`, storing the text in `list`; a list parseCpuList refuses is refused.
+/// offload pool run) to `app`, storing the text in `list`; a list parseCpuList (base/cpu_list.h) refuses is refused.
 inline CLI::Option* addWorkerCpusFlag(CLI::App& app, std::string& list) {
     return app
         .add_option("--worker-cpus", list,

@@ -33,6 +33,7 @@
 #include "apps/common/backend_flag.h"
 #include "apps/common/cli.h"
 #include "apps/common/json.h"
+#include "base/cpu_list.h"
 #include "core/fiber.h"
 #include "core/runtime.h"
 #include "numa/placement.h"
@@ -82,18 +83,6 @@ RuntimeOptions runtimeOptions(const Common& c, StealPolicy policy) {
     return o;
 }
 
-std::string cpuList(std::vector<unsigned> os) {
-    std::sort(os.begin(), os.end());
-    std::string out;
-    for (size_t i = 0; i < os.size();) {
-        size_t j = i;
-        while (j + 1 < os.size() && os[j + 1] == os[j] + 1) { ++j; }
-        out += fmt::format("{}{}", out.empty() ? "" : ",", j == i ? fmt::format("{}", os[i]) : fmt::format("{}-{}", os[i], os[j]));
-        i = j + 1;
-    }
-    return out;
-}
-
 int showTopology(const Common& c) {
     auto rt = Runtime::start(runtimeOptions(c, StealPolicy::kNuma));
     if (!rt) {
@@ -109,7 +98,7 @@ int showTopology(const Common& c) {
         fmt::print("NUMA nodes: {} (counting nodes without allowed PUs)\n", t->nodeCount());
         std::vector<unsigned> allowed;
         for (const numa::Pu& p : t->pus()) { allowed.push_back(p.os); }
-        fmt::print("allowed cpuset: {}\n", cpuList(allowed));
+        fmt::print("allowed cpuset: {}\n", spindle::formatCpuList(allowed));
         fmt::print("PUs (os index: package/node/core):\n");
         for (const numa::Pu& p : t->pus()) {
             fmt::print("  P#{:<4} package {} node {} core {}\n", p.os, p.package, p.node, p.core);

@@ -70,8 +70,7 @@ struct CarrierConfig {
     unsigned node = 0;            // logical NUMA node of logicalPu (0 without a topology)
     StealPolicy stealPolicy = StealPolicy::kNuma;
     unsigned crossNodeThreshold = 2;  // RuntimeOptions::crossNodeStealThreshold
-    bool hasWorkerCpus = false;   // RuntimeOptions::workerCpus was given: confine the ring's io-wq workers
-    cpu_set_t workerCpus{};       // ... to these CPUs
+    cpu_set_t workerCpus{};       // RuntimeOptions::workerCpus: where the ring's io-wq workers go (empty: left be)
 };
 
 class alignas(64) Carrier {

@@ -56,8 +56,7 @@ private:
     size_t queued_ = 0;
     bool closed_ = false;
     std::vector<std::thread> threads_;  // empty until the first submit()
-    bool hasCpus_ = false;              // setCpus() was called; guarded by mu_
-    cpu_set_t cpus_{};
+    cpu_set_t cpus_{};                  // setCpus()'s; empty: threads stay where they are born (guarded by mu_)
 };
 
 }  // namespace spindle::detail
