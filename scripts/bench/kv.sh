@@ -13,8 +13,9 @@
 #
 # usage: scripts/bench/kv.sh [--requests N] [--clients N] [--pipelines "1 16"] [--tests "set get"]
 #                            [--persistence "none everysec always"] [--keyspace N] [--repetitions R]
-#                            [--server-cpu C] [--client-cpu C] [--port-base P] [--memory [--memory-keys N]]
-#                            [--both-cpus] [--floor] [--dir DIR] [--no-build] [--out DIR]
+#                            [--server-cpu C] [--client-cpu C] [--client-threads N] [--worker-cpus L]
+#                            [--port-base P] [--memory [--memory-keys N]] [--both-cpus] [--floor]
+#                            [--dir DIR] [--no-build] [--out DIR]
 #   --requests N      requests per test run (redis-benchmark -n; default 1000000)
 #   --clients N       connections (redis-benchmark -c; default 50)
 #   --pipelines L     pipeline depths to sweep (redis-benchmark -P; default "1 16")
@@ -23,7 +24,17 @@
 #   --keyspace N      random keys per test (redis-benchmark -r; default 100000)
 #   --repetitions R   rounds, each running every server once per mode and depth (default 3)
 #   --server-cpu C    CPU the servers are pinned to (default 0)
-#   --client-cpu C    CPU redis-benchmark is pinned to (default 1)
+#   --client-cpu C    CPU redis-benchmark is pinned to (default 1; a list such as 1,3 for
+#                     --client-threads)
+#   --client-threads N  redis-benchmark --threads N (default: none, its single-threaded mode);
+#                     where one client thread is slower than the server (a machine with slower
+#                     cores and CPUs to spare), more threads on more client CPUs
+#   --worker-cpus L   CPUs for the servers' helper threads, a list such as 2 or 2-3 that leaves out
+#                     the server and client CPUs: spindle-kv runs with --worker-cpus L (its io-wq
+#                     workers, which do the log's writes and fdatasyncs, and its offload pool), and
+#                     both servers are started on the server CPU plus L (redis-server's main thread
+#                     may then run on any of them; its own CPU per request counts all its threads).
+#                     Default: none; the helper threads share the server CPU
 #   --port-base P     spindle-kv listens on P, redis-server on P+1, raw-resp on P+2 (default 16380)
 #   --memory          also measure RSS per key: --memory-keys keys of 16-byte values, loaded with
 #                     redis-cli --pipe, VmRSS before and after (default 1000000 keys)
@@ -62,6 +73,8 @@ reps=3
 server_cpu=0
 client_cpu=1
 port_base=16380
+worker_cpus=""
+client_threads=""
 memory=0
 memory_keys=1000000
 both_cpus=0
@@ -81,6 +94,8 @@ while (($# > 0)); do
     --server-cpu) server_cpu="$2"; shift ;;
     --client-cpu) client_cpu="$2"; shift ;;
     --port-base) port_base="$2"; shift ;;
+    --worker-cpus) worker_cpus="$2"; shift ;;
+    --client-threads) client_threads="$2"; shift ;;
     --memory) memory=1 ;;
     --memory-keys) memory_keys="$2"; shift ;;
     --both-cpus) both_cpus=1 ;;
@@ -96,6 +111,14 @@ done
 for v in requests clients keyspace reps memory_keys port_base; do
   [[ "${!v}" =~ ^[1-9][0-9]*$ ]] || { echo "kv.sh: --${v//_/-} needs a positive integer" >&2; exit 2; }
 done
+[[ -z "$client_threads" || "$client_threads" =~ ^[1-9][0-9]*$ ]] ||
+  { echo "kv.sh: --client-threads needs a positive integer" >&2; exit 2; }
+[[ "$client_cpu" =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] ||
+  { echo "kv.sh: --client-cpu takes a CPU or a CPU list, not '$client_cpu'" >&2; exit 2; }
+[[ -z "$worker_cpus" || "$worker_cpus" =~ ^[0-9]+(-[0-9]+)?(,[0-9]+(-[0-9]+)?)*$ ]] ||
+  { echo "kv.sh: --worker-cpus takes a CPU list such as 2 or 2-3, not '$worker_cpus'" >&2; exit 2; }
+# The pinned runs' servers: the server CPU, plus the helper threads' CPUs when given.
+server_cpus="$server_cpu${worker_cpus:+,$worker_cpus}"
 ((port_base < 65534)) || { echo "kv.sh: --port-base must leave room for P+2 below 65536" >&2; exit 2; }
 read -r -a pipeline_list <<<"$pipelines"
 read -r -a test_list <<<"$tests"
@@ -163,7 +186,7 @@ bench_out_init "$out_dir" "${files[@]}"
 echo "machine: $(bench_machine_line)"
 echo "redis-benchmark $(redis-benchmark --version | awk '{print $2}'), redis-server $(redis-server --version | awk '{print $3}' | cut -d= -f2)"
 echo "runs: $reps rounds x 2 servers${floor_modes:+ (3 with raw-resp in mode $floor_modes)}; -n $requests -c $clients -r $keyspace; depths: ${pipeline_list[*]}; tests: ${test_list[*]}; persistence: ${mode_list[*]}"
-echo "servers on CPU $server_cpu (spindle-kv --carriers 1), redis-benchmark on CPU $client_cpu; logs in $data_root"
+echo "servers on CPU $server_cpu (spindle-kv --carriers 1)${worker_cpus:+, helper threads on CPU $worker_cpus (spindle-kv --worker-cpus $worker_cpus)}, redis-benchmark on CPU $client_cpu${client_threads:+ (--threads $client_threads)}; logs in $data_root"
 echo "load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 # cpu_ticks PID: utime + stime of every thread of PID, in clock ticks.
@@ -191,6 +214,8 @@ start_server() {
   if [[ "$server" == spindle-kv ]]; then
     server_port=$kv_port
     local -a args=(--port "$kv_port" --carriers "${kv_carriers:-1}")
+    # (not in the --both-cpus runs, whose two carriers are bound to the CPUs a set would name)
+    [[ -z "$worker_cpus" || -n "${kv_carriers:-}" ]] || args+=(--worker-cpus "$worker_cpus")
     [[ "$mode" == none ]] || args+=(--dir "$dir" --appendfsync "$mode")
     taskset -c "$cpus" "$bin" "${args[@]}" "$@" >"$data_root/server.log" 2>&1 &
   elif [[ "$server" == raw-resp ]]; then
@@ -219,7 +244,7 @@ bench_one() {
   local t=$1 depth=$2 cpus=$3 before after line rps p50 p99
   before=$(cpu_ticks "$server_pid")
   line=$(taskset -c "$cpus" redis-benchmark -p "$server_port" -t "$t" -n "$requests" -c "$clients" -P "$depth" \
-    -r "$keyspace" --csv 2>/dev/null | tail -n 1)
+    -r "$keyspace" ${client_threads:+--threads "$client_threads"} --csv 2>/dev/null | tail -n 1)
   after=$(cpu_ticks "$server_pid")
   # "SET","169491.53","3.908","0.240","1.631","9.831","16.271","16.415"
   IFS=, read -r _ rps _ _ p50 _ p99 _ <<<"${line//\"/}"
@@ -254,7 +279,7 @@ for mode in "${mode_list[@]}"; do
       bench_order "$r" "${in_mode[@]}"
       for server in "${order[@]}"; do
         bench_step "$per_step" "kv $server $mode -P $depth, round $r/$reps"
-        start_server "$server" "$mode" "$server_cpu"
+        start_server "$server" "$mode" "$server_cpus"
         for t in "${test_list[@]}"; do
           one=$(bench_one "$t" "$depth" "$client_cpu")
           read -r rps p50 p99 ticks cpu <<<"$one"
@@ -357,7 +382,7 @@ for i in range(n):
     out.write(b"*3\r\n$3\r\nSET\r\n$%d\r\n%s\r\n$16\r\n%s\r\n" % (len(k), k, val))
 PY
   for server in spindle-kv redis-server; do
-    start_server "$server" none "$server_cpu"
+    start_server "$server" none "$server_cpus"
     rss0=$(awk '/^VmRSS:/ { print $2 }' "/proc/$server_pid/status")
     taskset -c "$client_cpu" redis-cli -p "$server_port" --pipe <"$gen" >/dev/null
     keys=$(redis-cli -p "$server_port" dbsize)
