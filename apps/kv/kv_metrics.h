@@ -45,6 +45,15 @@ inline void writeServerMetrics(metrics::Writer& w, const ServerStats& s) {
              "Shard log rewrites (BGREWRITEAOF, SAVE, automatic) that switched to the new log, or failed.");
     w.sample({{"result", "ok"}}, s.rewrites);
     w.sample({{"result", "failed"}}, s.rewritesFailed);
+    w.family("spindle_kv_receives_total", Type::kCounter,
+             "Receives that brought a connection bytes: into a buffer of the provided-buffer ring, into a heap "
+             "buffer instead (the ring had run dry), or into the connection's own buffer (no provided buffers).");
+    w.sample({{"buffer", "provided"}}, s.providedReceives);
+    w.sample({{"buffer", "heap"}}, s.heapReceives);
+    w.sample({{"buffer", "own"}}, s.ownBufferReceives);
+    w.family("spindle_kv_receive_ring_exhausted_total", Type::kCounter,
+             "Receives a carrier's provided-buffer ring ran dry under (ENOBUFS).");
+    w.sample({}, s.receiveRingExhausted);
 }
 
 }  // namespace spindle::kv

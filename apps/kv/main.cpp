@@ -52,6 +52,9 @@ int main(int argc, char** argv) {
     std::string pollMode = "block";
     unsigned spinMicros = 50;
     std::string backend = "auto";
+    unsigned providedBuffers = 512;
+    size_t providedBufferSize = 8192;
+    bool noProvidedBuffers = false;
 
     CLI::App app{"spindle-kv: a Redis-protocol key-value store on spindle fibers, a shard per carrier"};
     app.add_option("--address", address,
@@ -97,6 +100,13 @@ int main(int argc, char** argv) {
     app.add_flag("--share-port", sharePort, "SO_REUSEPORT: let other processes bind the same port and split the clients");
     app.add_option("--ring-entries", ringEntries, "io_uring SQ entries per carrier (the CQ has twice as many)")
         ->check(CLI::Range(64u, 32768u))->capture_default_str();
+    app.add_option("--provided-buffers", providedBuffers, "provided receive buffers per carrier (a power of two)")
+        ->check(CLI::Range(1u, 32768u))->check(spindle::apps::powerOfTwo())->capture_default_str();
+    app.add_option("--provided-buffer-size", providedBufferSize, "bytes of each provided receive buffer")
+        ->check(CLI::Range(size_t{256}, size_t{1} << 20))->capture_default_str();
+    app.add_flag("--no-provided-buffers", noProvidedBuffers,
+                 "one receive at a time into each connection's own buffer, instead of one multishot receive per "
+                 "connection into provided buffers");
     spindle::apps::addBackendFlag(app, backend);
     std::string workerCpus;
     spindle::apps::addWorkerCpusFlag(app, workerCpus);
@@ -154,6 +164,9 @@ int main(int argc, char** argv) {
     (void)spindle::kv::parseMemorySize(autoRewriteMin, so.autoRewriteMinSize);
     (void)spindle::kv::parseMemorySize(preallocate, so.logPreallocate);
     so.shareAddress = sharePort;
+    so.providedBuffers = !noProvidedBuffers;
+    so.providedBufferCount = providedBuffers;
+    so.providedBufferSize = providedBufferSize;
     auto server = spindle::kv::Server::start(*rt, so);
     if (!server) {
         std::fprintf(stderr, "spindle-kv: cannot start: %s\n", server.error().message().c_str());
@@ -221,6 +234,10 @@ int main(int argc, char** argv) {
                                                             : spindle::apps::Json()}}},
         {"replayed_records", st.replayedRecords},
         {"dropped_tail_bytes", st.droppedTailBytes},
+        {"receives", spindle::apps::Json{{"provided", st.providedReceives},
+                                         {"heap", st.heapReceives},
+                                         {"own", st.ownBufferReceives},
+                                         {"ring_exhausted", st.receiveRingExhausted}}},
     };
     const bool written = spindle::apps::writeStatsJson(statsJson, json, "spindle-kv");
     return logError != 0 || !written ? spindle::apps::kExitFailure : spindle::apps::kExitOk;

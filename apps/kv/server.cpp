@@ -35,6 +35,7 @@
 #include "core/fiber_event.h"
 #include "core/fiber_mutex.h"
 #include "core/io.h"
+#include "net/provided_buffers.h"
 #include "net/tcp_server.h"
 
 namespace spindle::kv {
@@ -171,6 +172,7 @@ struct Server::Impl {
     std::vector<std::unique_ptr<KeyLocks>> locks;  // per shard, touched on its carrier only
     std::vector<std::vector<Client*>> clientsOn;  // per carrier: its connections' clients (that carrier only)
     std::vector<std::unique_ptr<ShardLog>> logs;
+    std::unique_ptr<net::ProvidedBufferPool> pool;  // receive buffers, or null; outlives tcp's connections
     std::unique_ptr<net::TcpServer> tcp;
     std::vector<FiberHandle<void>> expirers;
     std::atomic<bool> stopping{false};
@@ -182,9 +184,11 @@ struct Server::Impl {
     /// run of commands sent there), each count on its own cache line: one counter that every carrier
     /// bumps moves its line between them on each command (1.7 % of spindle-kv's CPU on 2 carriers,
     /// its locked add the hottest instruction of execute()). The last slot counts commands run off
-    /// the carriers. commandCount() sums them.
+    /// the carriers. commandCount() sums them. Receives into a connection's own buffer are counted on
+    /// the same line by the connection's carrier (its fiber is pinned there); the pool counts its own.
     struct alignas(64) CommandCount {
         std::atomic<uint64_t> n{0};
+        std::atomic<uint64_t> ownRecvs{0};  // receives into a connection's own buffer
     };
     std::unique_ptr<CommandCount[]> commandsOn;
     unsigned commandSlots = 0;
@@ -197,11 +201,21 @@ struct Server::Impl {
             commandsOn[commandSlots - 1].n.fetch_add(1, std::memory_order_relaxed);
         }
     }
-    [[nodiscard]] uint64_t commandCount() const noexcept {
+    /// A connection fiber's receive into its own buffer, on its carrier `carrier`.
+    void countOwnReceive(unsigned carrier) noexcept {
+        if (carrier + 1 < commandSlots) {
+            ownerAdd(commandsOn[carrier].ownRecvs);
+        } else {
+            commandsOn[commandSlots - 1].ownRecvs.fetch_add(1, std::memory_order_relaxed);
+        }
+    }
+    template <class Field>
+    [[nodiscard]] uint64_t sumCounts(Field field) const noexcept {
         uint64_t total = 0;
-        for (unsigned i = 0; i < commandSlots; ++i) { total += commandsOn[i].n.load(std::memory_order_relaxed); }
+        for (unsigned i = 0; i < commandSlots; ++i) { total += (commandsOn[i].*field).load(std::memory_order_relaxed); }
         return total;
     }
+    [[nodiscard]] uint64_t commandCount() const noexcept { return sumCounts(&CommandCount::n); }
     std::atomic<uint64_t> rejected{0};
     uint64_t replayed = 0;
     uint64_t droppedTail = 0;
@@ -2637,6 +2651,10 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
         ~Unregister() { r.erase(std::find(r.begin(), r.end(), c)); }
     } unregister{registry, &client};
     InBuffer in;
+    // One receive armed for the connection's life, where the pool has a ring on this carrier (this
+    // fiber is pinned there); destroyed before the stream closes (it cancels and waits for its CQE).
+    std::optional<net::MultishotReceiver> receiver;
+    if (pool && pool->ringAvailable()) { receiver.emplace(*pool, stream.fd()); }
     std::string out;
     std::vector<Request> reqs;  // the complete requests of one batch (reused)
     std::vector<Mark> marks;
@@ -2738,10 +2756,22 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
             return;
         }
         conn.setIdle(in.size() == 0);
+        if (receiver) {
+            // The kernel picked a buffer of the pool; its bytes are copied behind what is buffered
+            // (a request is seldom more than one receive), and it goes back to the ring at once.
+            auto got = receiver->next();
+            conn.setIdle(false);
+            if (!got || got->empty()) { return; }
+            in.reserve(got->size());
+            std::memcpy(in.tail(), got->data(), got->size());
+            in.commit(got->size());
+            continue;
+        }
         in.reserve(kRecvChunk);
         auto got = stream.recv(in.tail(), in.room());
         conn.setIdle(false);
         if (!got || *got == 0) { return; }
+        countOwnReceive(conn.carrier());
         in.commit(*got);
     }
 }
@@ -2948,6 +2978,16 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
         if (!f) { return Error{f.errorCode()}; }  // ~Impl cancels and joins the ones started
         impl->expirers.push_back(std::move(*f));
     }
+    if (options.providedBuffers) {
+        auto pool = net::ProvidedBufferPool::create(
+            net::ProvidedBufferOptions{.count = options.providedBufferCount, .size = options.providedBufferSize});
+        if (!pool) {
+            log::error("spindle-kv: provided receive buffers ({} of {} bytes): {}", options.providedBufferCount,
+                       options.providedBufferSize, pool.error().message());
+            return Error{pool.errorCode()};
+        }
+        impl->pool = std::move(*pool);
+    }
     net::TcpServerOptions tcp;
     tcp.address = options.address;
     tcp.shareAddress = options.shareAddress;
@@ -3001,6 +3041,14 @@ ServerStats Server::stats() const noexcept {
     st.droppedRecords = impl_->droppedRecords;
     st.rewrites = impl_->rewritesDone.load();
     st.rewritesFailed = impl_->rewritesFailed.load();
+    st.ownBufferReceives = impl_->sumCounts(&Impl::CommandCount::ownRecvs);
+    if (impl_->pool) {
+        const net::ProvidedBufferStats p = impl_->pool->stats();
+        st.providedReceives = p.providedRecvs;
+        st.heapReceives = p.fallbackRecvs;
+        st.receiveRingExhausted = p.exhausted;
+        st.receiveRingCarriers = p.carriersRegistered;
+    }
     return st;
 }
 

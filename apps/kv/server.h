@@ -80,6 +80,13 @@ struct ServerOptions {
     uint64_t autoRewriteMinSize = 64ull << 20;      // auto-aof-rewrite-min-size, bytes per shard log
     uint64_t logPreallocate = kDefaultPreallocate;  // appendfsync always: zeros written ahead of each log
                                                     // (ShardLog::start); 0: none
+    // Receives: one multishot receive per connection into a net::ProvidedBufferPool of this many
+    // buffers per carrier (a power of two) of this size, where the kernel allows; a connection that
+    // waits then holds no receive buffer. Off (or refused): one receive per batch into the
+    // connection's own buffer.
+    bool providedBuffers = true;
+    unsigned providedBufferCount = 512;
+    size_t providedBufferSize = 8192;
 };
 
 /// Parses a size as Redis's configuration does: digits, optionally followed by k, kb, m, mb, g or gb
@@ -99,6 +106,15 @@ struct ServerStats {
     uint64_t droppedRecords = 0;   // valid records after a corruption that truncation dropped
     uint64_t rewrites = 0;         // log rewrites completed (one per shard rewritten)
     uint64_t rewritesFailed = 0;
+    // Receives that brought a connection bytes: into a buffer of the provided-buffer ring; into a
+    // heap buffer the pool took because its ring had run dry; into a connection's own buffer (provided
+    // buffers turned off, or no ring here). Then how often a ring ran dry (ENOBUFS), and on how many
+    // carriers the pool's ring is registered.
+    uint64_t providedReceives = 0;
+    uint64_t ownBufferReceives = 0;
+    uint64_t heapReceives = 0;
+    uint64_t receiveRingExhausted = 0;
+    unsigned receiveRingCarriers = 0;
 };
 
 class Server {

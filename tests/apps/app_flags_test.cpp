@@ -152,6 +152,10 @@ TEST(AppFlags, KvRefusesBadNumbers) {
     expectRefused(SPINDLE_KV_BIN, {}, "--worker-cpus", "1,,2");
     expectRefused(SPINDLE_KV_BIN, {}, "--worker-cpus", "99999");
     expectRefused(SPINDLE_KV_BIN, {}, "--worker-cpus", "-1");
+    expectRefused(SPINDLE_KV_BIN, {}, "--provided-buffers", "3");
+    expectRefused(SPINDLE_KV_BIN, {}, "--provided-buffers", "65536");
+    expectRefused(SPINDLE_KV_BIN, {}, "--provided-buffer-size", "255");
+    expectRefused(SPINDLE_KV_BIN, {}, "--provided-buffer-size", "2mb");
 #else
     GTEST_SKIP() << "spindle-kv is not built";
 #endif

@@ -252,6 +252,12 @@ TEST(AppMetrics, KvServesMetricsThatCurlScrapes) {
     EXPECT_EQ(samplesOf(page, "spindle_kv_keys").at(""), 1) << page;
     EXPECT_GT(samplesOf(page, "spindle_kv_used_memory_bytes").at(""), 0) << page;
     EXPECT_EQ(samplesOf(page, "spindle_kv_log_rewrites_total").size(), 2u) << page;
+    // The two commands came in one write: at least one receive, into the provided-buffer ring.
+    const auto receives = samplesOf(page, "spindle_kv_receives_total");
+    ASSERT_EQ(receives.size(), 3u) << page;
+    EXPECT_GE(receives.at("{buffer=\"provided\"}"), 1) << page;
+    EXPECT_EQ(receives.at("{buffer=\"own\"}"), 0) << page;
+    EXPECT_EQ(samplesOf(page, "spindle_kv_receive_ring_exhausted_total").at(""), 0) << page;
     EXPECT_EQ(samplesOf(page, "spindle_carrier_fibers_run_total").size(), 2u) << page;
     stopDaemon(kv);
 }

@@ -282,6 +282,67 @@ TEST_F(KvServer, LargeAndBinaryValues) {
     EXPECT_EQ(c.call({"STRLEN", key}), ":1048576\r\n");
 }
 
+// Receives: by default each connection's multishot receive fills the pool's buffers, and the server's
+// counters say so; a ring of one small buffer, which 10,000 pipelined commands and a 1 MiB value run
+// dry again and again, loses and reorders nothing (the receive falls back to heap buffers and arms
+// again); with provided buffers off, each connection receives into its own buffer.
+TEST_F(KvServer, ReceivesThroughProvidedBuffersOrTheConnectionsOwn) {
+    auto exercise = [this] {
+        RespClient c(port_);
+        std::string batch;
+        for (int i = 0; i < 10000; ++i) { batch += RespClient::encode({"INCR", "n"}); }
+        ASSERT_TRUE(c.sendRaw(batch));
+        for (int i = 1; i <= 10000; ++i) { ASSERT_EQ(c.reply().value_or(""), ":" + std::to_string(i) + "\r\n") << i; }
+        std::string big(1 << 20, '\0');
+        for (size_t i = 0; i < big.size(); ++i) { big[i] = static_cast<char>(i * 131 + 7); }
+        EXPECT_EQ(c.call({"SET", "big", big}), kOk);
+        EXPECT_EQ(c.call({"GET", "big"}), bulk(big));
+    };
+    startServer(defaults());
+    exercise();
+    ServerStats st = server_->stats();
+    EXPECT_GT(st.providedReceives, 0u);
+    EXPECT_EQ(st.ownBufferReceives, 0u);
+    EXPECT_GE(st.receiveRingCarriers, 1u);
+
+    ServerOptions tiny = defaults();
+    tiny.providedBufferCount = 1;
+    tiny.providedBufferSize = 256;
+    startServer(tiny);
+    exercise();
+    st = server_->stats();
+    EXPECT_GT(st.providedReceives + st.heapReceives, 0u);
+    EXPECT_GT(st.receiveRingExhausted, 0u) << "one buffer of 256 bytes for 1.4 MB of requests";
+    EXPECT_EQ(st.ownBufferReceives, 0u);
+
+    ServerOptions own = defaults();
+    own.providedBuffers = false;
+    startServer(own);
+    exercise();
+    st = server_->stats();
+    EXPECT_GT(st.ownBufferReceives, 0u);
+    EXPECT_EQ(st.providedReceives + st.heapReceives, 0u);
+    EXPECT_EQ(st.receiveRingCarriers, 0u);
+}
+
+// A pool the options cannot make (a count that is not a power of two, buffers of no bytes) fails
+// start() with EINVAL, before anything listens.
+TEST_F(KvServer, BadProvidedBufferOptionsFailStart) {
+    ServerOptions o = defaults();
+    o.providedBufferCount = 3;
+    auto s = Server::start(rt(), o);
+    ASSERT_FALSE(s);
+    EXPECT_EQ(s.errorCode(), EINVAL);
+    o.providedBufferCount = 4;
+    o.providedBufferSize = 0;
+    s = Server::start(rt(), o);
+    ASSERT_FALSE(s);
+    EXPECT_EQ(s.errorCode(), EINVAL);
+    startServer(defaults());  // and a good one starts after them
+    RespClient c(port_);
+    EXPECT_EQ(c.call({"PING"}), "+PONG\r\n");
+}
+
 TEST_F(KvServer, AuthIsRequiredWithAPassword) {
     ServerOptions o = defaults();
     o.requirePass = "secret";
