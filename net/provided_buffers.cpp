@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/counter.h"
 #include "base/inject.h"
 #include "base/log.h"
 #include "core/driver/buffer_group.h"
@@ -46,6 +47,9 @@ struct PbufRing {
     uint16_t bgid = 0;
     unsigned carrier = 0;
     bool incremental = false;  // registered with IOU_PBUF_RING_INC
+    // Buffers that multishot receives' CQEs delivered, counted as the owner's thread reaps them: a
+    // count of the ring's own, so that no receive on any carrier bumps a line the others share.
+    std::atomic<uint64_t> multishotDelivered{0};
     // Per buffer id, with `incremental` (owner's thread only).
     struct Slices {
         uint32_t filled = 0;   // bytes the kernel put in the buffer: the next CQE's slice starts here
@@ -150,7 +154,7 @@ struct ProvidedBufferPool::Impl {
     uint16_t bgid = 0;
     std::unique_ptr<Slot[]> slots{new Slot[kMaxCarriers]};  // by carrier index
     std::atomic<spindle::detail::RuntimeImpl*> runtime{nullptr};  // whose carriers hold the registrations
-    std::atomic<uint64_t> provided{0};
+    std::atomic<uint64_t> provided{0};  // recv()s served from a ring (multishot deliveries: per ring)
     std::atomic<uint64_t> fallback{0};
     std::atomic<uint64_t> exhausted{0};
     std::atomic<int> registerError{0};
@@ -421,14 +425,16 @@ Result<ProvidedBuffer> ProvidedBufferPool::recv(int fd, Deadline deadline) noexc
 
 ProvidedBufferStats ProvidedBufferPool::stats() const noexcept {
     ProvidedBufferStats s;
-    s.providedRecvs = impl_->provided.load(std::memory_order_relaxed);
+    s.providedRecvs = impl_->provided.load(std::memory_order_relaxed);  // recv()'s; multishot ones per ring
     s.fallbackRecvs = impl_->fallback.load(std::memory_order_relaxed);
     s.exhausted = impl_->exhausted.load(std::memory_order_relaxed);
     s.registerError = impl_->registerError.load(std::memory_order_relaxed);
     for (unsigned i = 0; i < kMaxCarriers; ++i) {
         const detail::PbufRing* r = impl_->slots[i].ring.load(std::memory_order_acquire);
-        s.carriersRegistered += r != nullptr ? 1 : 0;
-        s.carriersIncremental += r != nullptr && r->incremental ? 1 : 0;
+        if (r == nullptr) { continue; }
+        ++s.carriersRegistered;
+        s.carriersIncremental += r->incremental ? 1 : 0;
+        s.providedRecvs += r->multishotDelivered.load(std::memory_order_relaxed);
     }
     return s;
 }
@@ -548,8 +554,8 @@ bool MultishotReceiver::handleCqe(int32_t res, uint32_t flags) noexcept {
         if (res > 0 && broken_ == 0 &&
             pushEntry(Entry::make(armedRing_, bid, offset, static_cast<uint32_t>(res)))) {
             delivered_ = true;
-            stats_.buffers.fetch_add(1, std::memory_order_relaxed);
-            pool_.impl_->provided.fetch_add(1, std::memory_order_relaxed);
+            ownerAdd(stats_.buffers);  // the holder's thread, the only writer while the operation is armed
+            ownerAdd(armedRing_->multishotDelivered);
         } else if (res > 0) {
             armedRing_->giveBack(bid);
             broken_ = ENOMEM;  // bytes the queue could not hold: the stream is broken
