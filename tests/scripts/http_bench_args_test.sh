@@ -7,15 +7,9 @@
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 
-repo=$1
-tmp=$(mktemp -d)
-trap 'rm -rf -- "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-mkdir -p "$tmp/repo/scripts/bench" "$tmp/repo/scripts/lib" "$tmp/bin"
-cp "$repo/scripts/bench/http.sh" "$repo/scripts/bench/lib.sh" "$tmp/repo/scripts/bench/"
-cp "$repo/scripts/lib/deps.sh" "$tmp/repo/scripts/lib/"
-for tool in wrk nginx; do printf '#!/bin/sh\nexit 1\n' >"$tmp/bin/$tool" && chmod 755 "$tmp/bin/$tool"; done
+# shellcheck source-path=SCRIPTDIR source=bench_copy.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench_copy.sh"
+bench_copy "$1" http.sh wrk nginx
 
 # expect_usage_error MESSAGE ARG...: http.sh ARG... --no-build exits 2 and prints MESSAGE on stderr.
 expect_usage_error() {

@@ -8,17 +8,9 @@
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 
-repo=$1
-tmp=$(mktemp -d)
-trap 'rm -rf -- "$tmp"' EXIT
-fail() { echo "FAIL: $*" >&2; exit 1; }
-
-mkdir -p "$tmp/repo/scripts/bench" "$tmp/repo/scripts/lib" "$tmp/bin"
-cp "$repo/scripts/bench/kv.sh" "$repo/scripts/bench/lib.sh" "$tmp/repo/scripts/bench/"
-cp "$repo/scripts/lib/deps.sh" "$tmp/repo/scripts/lib/"
-for tool in redis-benchmark redis-cli redis-server; do
-  printf '#!/bin/sh\nexit 1\n' >"$tmp/bin/$tool" && chmod 755 "$tmp/bin/$tool"
-done
+# shellcheck source-path=SCRIPTDIR source=bench_copy.sh
+source "$(dirname "${BASH_SOURCE[0]}")/bench_copy.sh"
+bench_copy "$1" kv.sh redis-benchmark redis-cli redis-server
 
 # run_kv ARG...: kv.sh ARG... --no-build; sets rc, output in $tmp/stderr.
 run_kv() {
@@ -35,7 +27,7 @@ expect_usage_error() {
   grep -qF -- "$want" "$tmp/stderr" || fail "kv.sh $* did not say '$want': $(cat "$tmp/stderr")"
 }
 
-for bad in 2:3 x "2 3" -1 2, ,2 2-; do
+for bad in 2:3 x "2 3" -1 "2," ",2" 2-; do
   expect_usage_error "--worker-cpus takes a CPU list such as 2 or 2-3, not '$bad'" --worker-cpus "$bad"
 done
 for bad in 0 -2 x 1.5; do
