@@ -115,7 +115,10 @@ struct Client {
     int64_t lastMs = 0;
     // The last batch's last command, as CLIENT LIST's cmd shows it: its table entry, so that naming it
     // costs the batch nothing; null before the first and after an unknown one (Redis prints NULL).
+    // For CLIENT, CONFIG and COMMAND, the subcommand too (Redis 7's "client|setname"), from a static
+    // table; an unknown subcommand leaves lastCommand null, as Redis's lookup does.
     const Command* lastCommand = nullptr;
+    std::string_view lastSubcommand;
 };
 
 // A write of this batch whose reply waits for its record to be durable.
@@ -599,6 +602,13 @@ void cmdHello(Ctx& x) {
 
 // CLIENT LIST [TYPE normal] [ID id ...]: one line per client in Redis's field order (the fields it
 // has no counterpart for hold Redis's idle values).
+// CLIENT LIST's cmd for `c`: the command, with its subcommand where it has one; NULL for none.
+std::string lastCommandName(const Client& c) {
+    if (c.lastCommand == nullptr) { return "NULL"; }
+    if (c.lastSubcommand.empty()) { return c.lastCommand->name; }
+    return fmt::format("{}|{}", c.lastCommand->name, c.lastSubcommand);
+}
+
 void cmdClientList(Ctx& x) {
     std::vector<uint64_t> ids;
     for (size_t i = 2; i < x.argc(); ++i) {
@@ -640,9 +650,7 @@ void cmdClientList(Ctx& x) {
                                        "ssub=0 multi=-1 qbuf=0 qbuf-free=0 argv-mem=0 multi-mem=0 rbs=0 rbp=0 obl=0 "
                                        "oll=0 omem=0 tot-mem=0 events=r cmd={} user=default redir=-1 resp={}\n",
                                        c->id, c->addr, c->laddr, c->fd, c->name, (now - c->createdMs) / 1000,
-                                       (now - c->lastMs) / 1000, c == &x.client                ? "client|list"
-                                       : c->lastCommand != nullptr ? c->lastCommand->name
-                                                                   : "NULL",
+                                       (now - c->lastMs) / 1000, c == &x.client ? std::string("client|list") : lastCommandName(*c),
                                        c->protocol));
             }
         })) {
@@ -2399,6 +2407,34 @@ const Command* findCommand(std::string_view name) noexcept {
     }
 }
 
+// The subcommands a container command's handler knows (lower case), or none for another command.
+std::span<const std::string_view> subcommandsOf(const Command& c) noexcept {
+    static constexpr std::string_view kClient[] = {"getname", "id", "list", "setname"};
+    static constexpr std::string_view kConfig[] = {"get", "set"};
+    static constexpr std::string_view kCommand[] = {"count", "docs", "help", "info"};
+    if (c.fn == cmdClient) { return kClient; }
+    if (c.fn == cmdConfig) { return kConfig; }
+    if (c.fn == cmdCommand) { return kCommand; }
+    return {};
+}
+
+// Records the batch's last command on the client for CLIENT LIST: `c` (null: unknown) run with `args`.
+void noteLastCommand(Client& client, const Command* c, const std::vector<std::string_view>& args) noexcept {
+    client.lastCommand = c;
+    client.lastSubcommand = {};
+    if (c == nullptr || args.size() < 2) { return; }
+    const std::span<const std::string_view> subs = subcommandsOf(*c);
+    if (subs.empty()) { return; }
+    for (const std::string_view sub : subs) {
+        if (std::equal(sub.begin(), sub.end(), args[1].begin(), args[1].end(),
+                       [](char a, char b) { return a == std::tolower(static_cast<unsigned char>(b)); })) {
+            client.lastSubcommand = sub;
+            return;
+        }
+    }
+    client.lastCommand = nullptr;  // an unknown subcommand: Redis's lookup finds no command
+}
+
 void writeCommandInfo(ReplyWriter& w, const Command& c) {
     w.arrayHeader(10);
     w.bulk(c.name);
@@ -2720,7 +2756,7 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
         }
         if (n > 0) {  // CLIENT LIST's cmd and idle, set here on the connection's own carrier
             client.lastMs = batchNow;
-            client.lastCommand = cmds[n - 1];
+            noteLastCommand(client, cmds[n - 1], reqs[n - 1].args);
         }
         in.consume(consumed);  // after the commands: their arguments point into the buffer
         if (!protocolError.empty() && !client.closeAfterReply) {

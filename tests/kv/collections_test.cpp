@@ -423,6 +423,37 @@ TEST_F(KvCollections, RandomkeyClientListAndSave) {
     EXPECT_EQ(c.call({"CLIENT", "LIST", "ID", "999999"}), "$0\r\n\r\n");
     EXPECT_EQ(c.call({"CLIENT", "LIST", "ID", "x"}), "-ERR Invalid client ID\r\n");
     EXPECT_EQ(c.call({"CLIENT", "LIST", "FOO"}), "-ERR syntax error\r\n");
+    // A container command shows its subcommand, as Redis 7.0 does (checked against redis-server 7.0.15),
+    // also when its arguments were wrong; an unknown subcommand shows NULL; one without any, the command.
+    struct Case {
+        std::vector<std::string> call;
+        std::string cmd;
+    };
+    const std::vector<Case> cases = {
+        {{"CLIENT", "SETNAME", "d"}, " cmd=client|setname "},
+        {{"client", "SetName"}, " cmd=client|setname "},
+        {{"CONFIG", "GET", "maxmemory"}, " cmd=config|get "},
+        {{"COMMAND", "COUNT"}, " cmd=command|count "},
+        {{"COMMAND"}, " cmd=command "},
+        {{"CLIENT", "FOO"}, " cmd=NULL "},
+        {{"CONFIG", "nope"}, " cmd=NULL "},
+        {{"GET", "k", "extra"}, " cmd=get "},
+    };
+    for (const Case& k : cases) {
+        (void)d.call(k.call);
+        const std::string l = c.call({"CLIENT", "LIST"});
+        // d's line: the one that is not c's own (cmd=client|list).
+        size_t at = 0;
+        std::string dLine;
+        while (at < l.size()) {
+            const size_t end = l.find('\n', at);
+            const std::string line = l.substr(at, end == std::string::npos ? std::string::npos : end - at);
+            if (line.find("id=") != std::string::npos && line.find(" cmd=client|list ") == std::string::npos) { dLine = line; }
+            if (end == std::string::npos) { break; }
+            at = end + 1;
+        }
+        EXPECT_NE(dLine.find(k.cmd), std::string::npos) << k.call[0] << ": " << dLine;
+    }
     const uint64_t rewrites = server_->stats().rewrites;
     EXPECT_EQ(c.call({"SAVE"}), kOk);
     EXPECT_GE(server_->stats().rewrites, rewrites + 2);  // every shard's log rewritten
