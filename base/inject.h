@@ -9,7 +9,7 @@
 ///
 /// Two kinds of point:
 /// - Call-site points (kRingSetup, kStackMap, kRegisterBuffers, kRegisterFiles, kHwlocLoad, kMembind,
-///   kRegisterBufRing, kMultishotRecv, kRegisterIowqAff)
+///   kRegisterBufRing, kMultishotRecv, kRegisterIowqAff, kThreadAffinity)
 ///   sit at one system call on a cold path; SPINDLE_INJECT there costs one relaxed load when disarmed.
 /// - I/O fault classes (kSubmitFail, kShortIo, kSqFull, kDelayCompletion) are
 ///   applied by uring::Ring to the operations a caller waits on (user_data
@@ -45,6 +45,7 @@
 /// | kSpliceAgain     | a non-blocking try of a splice or tee (spindle::splice/tee on either backend) | ignored: EAGAIN |
 /// | kRewriteEnd      | the end of a spindle-kv log rewrite         | ms the thread sleeps there |
 /// | kRegisterIowqAff | Ring::setWorkerAffinity                     | the errno it fails with  |
+/// | kThreadAffinity  | Runtime::start reading its thread's CPUs (placing the helper threads), or an offload pool thread placing itself | the errno it fails with |
 ///
 /// kSubmitFail turns the SQE into an IORING_OP_NOP before the kernel sees it
 /// (so the operation has no side effect) and rewrites its CQE's res to -param.
@@ -107,6 +108,8 @@ enum class Point : uint8_t {
     kRewriteEnd,       // apps: spindle-kv, a log rewrite's end, between "not active" and "idle": the carrier's
                        // thread sleeps param ms there, as a preempted one would
     kRegisterIowqAff,  // uring::Ring::setWorkerAffinity, before io_uring_register_iowq_aff
+    kThreadAffinity,   // core: Runtime::start's sched_getaffinity (workerCpus), an offload pool thread's
+                       // pthread_setaffinity_np, in place of the call
     kCount,
 };
 

@@ -7,6 +7,7 @@
 #include <cstring>
 #include <system_error>
 
+#include "base/inject.h"
 #include "base/log.h"
 #include "core/internal/offload_pool.h"
 #include "core/internal/runtime_impl.h"
@@ -103,7 +104,10 @@ void OffloadPool::threadMain() noexcept {
     if (CPU_COUNT(&cpus) > 0) {
         // The runtime checked these CPUs at start; one taken away since (a cpuset change) leaves the
         // thread where it was born, which still works.
-        if (const int err = ::pthread_setaffinity_np(::pthread_self(), sizeof cpus, &cpus); err != 0) {
+        int err = 0;
+        SPINDLE_INJECT(inject::Point::kThreadAffinity, { err = injectedErrno; });  // in place of the call
+        if (err == 0) { err = ::pthread_setaffinity_np(::pthread_self(), sizeof cpus, &cpus); }
+        if (err != 0) {
             log::warn("offload pool: a thread could not be placed on its CPUs: {}", std::strerror(err));
         }
     }

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "base/cpu_list.h"
+#include "base/inject.h"
 #include "base/log.h"
 #include "core/internal/carrier.h"
 #include "core/driver/backend.h"
@@ -112,7 +113,13 @@ Result<void> RuntimeImpl::loadTopology() noexcept {
 Result<void> RuntimeImpl::placeWorkers(cpu_set_t& workers) noexcept {
     cpu_set_t mine;
     CPU_ZERO(&mine);
-    if (::sched_getaffinity(0, sizeof mine, &mine) != 0) {
+    int queried = 1;
+    SPINDLE_INJECT(inject::Point::kThreadAffinity, {  // in place of the call
+        errno = injectedErrno;
+        queried = -1;
+    });
+    if (queried == 1) { queried = ::sched_getaffinity(0, sizeof mine, &mine); }
+    if (queried != 0) {
         const int err = errno;
         if (options_.workerCpus.empty()) { return {}; }  // the pool's threads then stay where they are born
         log::error("workerCpus: this thread's CPUs are unknown (sched_getaffinity: {})", std::strerror(err));

@@ -3,7 +3,8 @@
 // the CPUs of the thread that started the runtime, not on the one CPU of the carrier whose offload()
 // started it; with workerCpus, the pool and the kernel's io_uring workers (io-wq) of every carrier run
 // on those CPUs; a CPU the starting thread may not use, and the kernel's refusal, fail start() with a
-// message.
+// message; so does a start() that cannot read its own CPUs when workerCpus are given, and a pool thread
+// that cannot move stays where it was born and still runs the work.
 //
 // Every verdict is read from the kernel (sched_getaffinity of the thread itself, or of the io-wq worker's
 // task), never from what the runtime believes. No verdict depends on timing. The placement tests need
@@ -219,6 +220,62 @@ TEST(WorkerCpus, TheKernelsRefusalFailsStartWithItsError) {
     // Nothing is left armed or broken: the same options start now.
     auto rt = Runtime::start(o);
     EXPECT_TRUE(rt) << rt.error().message();
+}
+
+// start() reads the CPUs of its thread to place the helper threads. When it cannot (kThreadAffinity in
+// place of sched_getaffinity): with workerCpus, start() fails with that errno and says why; without, it
+// starts, and the offload pool's threads stay where they are born.
+TEST(WorkerCpus, StartThatCannotReadItsCpusFailsOnlyWhenWorkerCpusAreGiven) {
+    const std::vector<unsigned> mine = cpusOf(0);
+    ASSERT_FALSE(mine.empty());
+    RuntimeOptions o = withCarriers(1);
+    o.workerCpus = {mine.back()};  // the fault comes before any check of the set
+    std::string logged;
+    {
+        inject::ArmedFault f(inject::Point::kThreadAffinity, ESRCH);
+        testing::internal::CaptureStderr();
+        auto rt = Runtime::start(o);
+        logged = testing::internal::GetCapturedStderr();
+        ASSERT_FALSE(rt);
+        EXPECT_EQ(rt.errorCode(), ESRCH);
+        EXPECT_EQ(inject::remaining(inject::Point::kThreadAffinity), 0u) << "start() did not read its CPUs";
+    }
+    EXPECT_NE(logged.find("workerCpus: this thread's CPUs are unknown (sched_getaffinity: " +
+                          std::string(std::strerror(ESRCH)) + ")"),
+              std::string::npos)
+        << logged;
+
+    // Without workerCpus the same failure costs nothing: the pool runs where its threads are born.
+    inject::ArmedFault f(inject::Point::kThreadAffinity, ESRCH);
+    auto rt = Runtime::start(withCarriers(1));
+    ASSERT_TRUE(rt) << rt.error().message();
+    EXPECT_EQ(inject::remaining(inject::Point::kThreadAffinity), 0u) << "start() did not read its CPUs";
+    auto f2 = rt->spawn([] { return offload([] { return 7; }); });
+    ASSERT_TRUE(f2);
+    auto r = f2->join();
+    ASSERT_TRUE(r);
+    EXPECT_EQ(*r, 7);
+}
+
+// An offload pool thread that cannot move to its CPUs (kThreadAffinity in place of
+// pthread_setaffinity_np: a cpuset changed since start) logs a warning, stays on the CPUs it was born
+// with (its creator's: here a carrier bound to one CPU), and runs the work all the same.
+TEST(WorkerCpus, APoolThreadThatCannotMoveWarnsAndStillRunsTheWork) {
+    const std::vector<unsigned> mine = cpusOf(0);
+    if (mine.size() < 2) { GTEST_SKIP() << "one CPU: born where it should go, a thread's move cannot be told"; }
+    auto rt = Runtime::start(oneCarrierOn(mine.front()));
+    ASSERT_TRUE(rt) << rt.error().message();
+    if (rt->stats()[0].pu < 0) { GTEST_SKIP() << "carrier 0 runs unbound here: its CPUs are the process's"; }
+    // Armed after start() read its CPUs, for every thread the pool starts at once (it starts them all
+    // on the first offload()).
+    inject::ArmedFault f(inject::Point::kThreadAffinity, EINVAL, 1024);
+    testing::internal::CaptureStderr();
+    const std::vector<unsigned> cpus = offloadThreadCpus(*rt, 0);
+    const std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_EQ(cpus, std::vector<unsigned>{mine.front()}) << "not the creator's (carrier 0's) CPU";
+    EXPECT_NE(logged.find("offload pool: a thread could not be placed on its CPUs: " + std::string(std::strerror(EINVAL))),
+              std::string::npos)
+        << logged;
 }
 
 }  // namespace
