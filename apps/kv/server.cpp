@@ -91,6 +91,14 @@ public:
         data_ = std::move(grown);
         cap_ = cap;
     }
+    /// Frees the memory of an empty buffer that grew past `limit` bytes (for a large request), so that
+    /// an idle connection does not keep it.
+    void releaseIfEmptyAbove(size_t limit) noexcept {
+        if (begin_ == end_ && cap_ > limit) {
+            data_.reset();
+            cap_ = begin_ = end_ = 0;
+        }
+    }
     [[nodiscard]] char* tail() noexcept { return data_.get() + end_; }
     [[nodiscard]] size_t room() const noexcept { return cap_ - end_; }
     void commit(size_t n) noexcept { end_ += n; }
@@ -2792,6 +2800,7 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
             return;
         }
         conn.setIdle(in.size() == 0);
+        in.releaseIfEmptyAbove(kRecvChunk);
         if (receiver) {
             // The kernel picked a buffer of the pool; its bytes are copied behind what is buffered
             // (a request is seldom more than one receive), and it goes back to the ring at once.
@@ -2879,6 +2888,18 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
         impl->locks.push_back(std::make_unique<KeyLocks>());
     }
     impl->clientsOn.resize(shards);
+    // Before the logs: options it cannot use fail start() before any log is opened or replayed. (It
+    // registers nothing yet: each carrier's ring is registered there on its first receive.)
+    if (options.providedBuffers) {
+        auto pool = net::ProvidedBufferPool::create(
+            net::ProvidedBufferOptions{.count = options.providedBufferCount, .size = options.providedBufferSize});
+        if (!pool) {
+            log::error("spindle-kv: provided receive buffers ({} of {} bytes): {}", options.providedBufferCount,
+                       options.providedBufferSize, pool.error().message());
+            return Error{pool.errorCode()};
+        }
+        impl->pool = std::move(*pool);
+    }
     if (!options.dir.empty()) {
         if (::mkdir(options.dir.c_str(), 0755) != 0 && errno != EEXIST) {
             const int err = errno;
@@ -3013,16 +3034,6 @@ Result<std::unique_ptr<Server>> Server::start(Runtime& rt, const ServerOptions& 
             SpawnOptions{.name = "kv-expire", .carrier = static_cast<int>(i), .pinned = true});
         if (!f) { return Error{f.errorCode()}; }  // ~Impl cancels and joins the ones started
         impl->expirers.push_back(std::move(*f));
-    }
-    if (options.providedBuffers) {
-        auto pool = net::ProvidedBufferPool::create(
-            net::ProvidedBufferOptions{.count = options.providedBufferCount, .size = options.providedBufferSize});
-        if (!pool) {
-            log::error("spindle-kv: provided receive buffers ({} of {} bytes): {}", options.providedBufferCount,
-                       options.providedBufferSize, pool.error().message());
-            return Error{pool.errorCode()};
-        }
-        impl->pool = std::move(*pool);
     }
     net::TcpServerOptions tcp;
     tcp.address = options.address;

@@ -82,8 +82,11 @@ struct ServerOptions {
                                                     // (ShardLog::start); 0: none
     // Receives: one multishot receive per connection into a net::ProvidedBufferPool of this many
     // buffers per carrier (a power of two) of this size, where the kernel allows; a connection that
-    // waits then holds no receive buffer. Off (or refused): one receive per batch into the
-    // connection's own buffer.
+    // waits then holds none of the ring's buffers (its own parse buffer keeps up to 16 KiB; a larger
+    // one, grown for a large request, is freed once empty). Off (or refused): one receive per batch
+    // into the connection's own buffer. A ring that runs dry (many connections each holding received
+    // bytes; before Linux 6.12 each receive takes a whole buffer) costs speed, not data: the receive
+    // falls back to a heap buffer and arms again (ServerStats::receiveRingExhausted counts it).
     bool providedBuffers = true;
     unsigned providedBufferCount = 512;
     size_t providedBufferSize = 8192;

@@ -155,7 +155,7 @@ TEST(AppFlags, KvRefusesBadNumbers) {
     expectRefused(SPINDLE_KV_BIN, {}, "--provided-buffers", "3");
     expectRefused(SPINDLE_KV_BIN, {}, "--provided-buffers", "65536");
     expectRefused(SPINDLE_KV_BIN, {}, "--provided-buffer-size", "255");
-    expectRefused(SPINDLE_KV_BIN, {}, "--provided-buffer-size", "2mb");
+    expectRefused(SPINDLE_KV_BIN, {}, "--provided-buffer-size", "1048577");
 #else
     GTEST_SKIP() << "spindle-kv is not built";
 #endif

@@ -326,13 +326,14 @@ TEST_F(KvServer, ReceivesThroughProvidedBuffersOrTheConnectionsOwn) {
 }
 
 // A pool the options cannot make (a count that is not a power of two, buffers of no bytes) fails
-// start() with EINVAL, before anything listens.
+// start() with EINVAL, before any log is opened or replayed.
 TEST_F(KvServer, BadProvidedBufferOptionsFailStart) {
-    ServerOptions o = defaults();
+    ServerOptions o = defaults(true);
     o.providedBufferCount = 3;
     auto s = Server::start(rt(), o);
     ASSERT_FALSE(s);
     EXPECT_EQ(s.errorCode(), EINVAL);
+    EXPECT_TRUE(std::filesystem::is_empty(dir_)) << "a log was opened before the options were checked";
     o.providedBufferCount = 4;
     o.providedBufferSize = 0;
     s = Server::start(rt(), o);
