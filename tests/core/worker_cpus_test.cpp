@@ -200,21 +200,26 @@ TEST(WorkerCpus, ASetHoldingABoundCarriersCpuIsRefused) {
         << logged;
 }
 
+// Runtime::start(o) with `point` armed to fail once with `err`: expects start() to fail with err and the
+// fault to have been taken; returns what start() logged.
+std::string startFailingAt(inject::Point point, int err, const RuntimeOptions& o) {
+    inject::ArmedFault f(point, err);
+    testing::internal::CaptureStderr();
+    auto rt = Runtime::start(o);
+    std::string logged = testing::internal::GetCapturedStderr();
+    EXPECT_FALSE(rt);
+    if (!rt) { EXPECT_EQ(rt.errorCode(), err); }
+    EXPECT_EQ(inject::remaining(point), 0u) << "start() never came to the fault point";
+    return logged;
+}
+
 TEST(WorkerCpus, TheKernelsRefusalFailsStartWithItsError) {
     SPINDLE_REQUIRE_URING("IORING_REGISTER_IOWQ_AFF is io_uring's");
     const std::vector<unsigned> mine = cpusOf(0);
     if (mine.size() < 2) { GTEST_SKIP() << "one CPU: no CPU to give the workers beside the carrier's"; }
     RuntimeOptions o = oneCarrierOn(mine.front());
     o.workerCpus = {mine.back()};
-    std::string logged;
-    {
-        inject::ArmedFault f(inject::Point::kRegisterIowqAff, EINVAL);
-        testing::internal::CaptureStderr();
-        auto rt = Runtime::start(o);
-        logged = testing::internal::GetCapturedStderr();
-        ASSERT_FALSE(rt);
-        EXPECT_EQ(rt.errorCode(), EINVAL);
-    }
+    const std::string logged = startFailingAt(inject::Point::kRegisterIowqAff, EINVAL, o);
     EXPECT_NE(logged.find("IORING_REGISTER_IOWQ_AFF"), std::string::npos) << logged;
     EXPECT_NE(logged.find(std::strerror(EINVAL)), std::string::npos) << logged;
     // Nothing is left armed or broken: the same options start now.
@@ -230,16 +235,7 @@ TEST(WorkerCpus, StartThatCannotReadItsCpusFailsOnlyWhenWorkerCpusAreGiven) {
     ASSERT_FALSE(mine.empty());
     RuntimeOptions o = withCarriers(1);
     o.workerCpus = {mine.back()};  // the fault comes before any check of the set
-    std::string logged;
-    {
-        inject::ArmedFault f(inject::Point::kThreadAffinity, ESRCH);
-        testing::internal::CaptureStderr();
-        auto rt = Runtime::start(o);
-        logged = testing::internal::GetCapturedStderr();
-        ASSERT_FALSE(rt);
-        EXPECT_EQ(rt.errorCode(), ESRCH);
-        EXPECT_EQ(inject::remaining(inject::Point::kThreadAffinity), 0u) << "start() did not read its CPUs";
-    }
+    const std::string logged = startFailingAt(inject::Point::kThreadAffinity, ESRCH, o);
     EXPECT_NE(logged.find("workerCpus: this thread's CPUs are unknown (sched_getaffinity: " +
                           std::string(std::strerror(ESRCH)) + ")"),
               std::string::npos)
