@@ -113,14 +113,10 @@ Result<void> RuntimeImpl::loadTopology() noexcept {
 Result<void> RuntimeImpl::placeWorkers(cpu_set_t& workers) noexcept {
     cpu_set_t mine;
     CPU_ZERO(&mine);
-    int queried = 1;
-    SPINDLE_INJECT(inject::Point::kThreadAffinity, {  // in place of the call
-        errno = injectedErrno;
-        queried = -1;
-    });
-    if (queried == 1) { queried = ::sched_getaffinity(0, sizeof mine, &mine); }
-    if (queried != 0) {
-        const int err = errno;
+    int err = 0;
+    SPINDLE_INJECT(inject::Point::kThreadAffinity, { err = injectedErrno; });  // in place of the call
+    if (err == 0 && ::sched_getaffinity(0, sizeof mine, &mine) != 0) { err = errno; }
+    if (err != 0) {
         if (options_.workerCpus.empty()) { return {}; }  // the pool's threads then stay where they are born
         log::error("workerCpus: this thread's CPUs are unknown (sched_getaffinity: {})", std::strerror(err));
         return Error{err};

@@ -425,7 +425,7 @@ Result<ProvidedBuffer> ProvidedBufferPool::recv(int fd, Deadline deadline) noexc
 
 ProvidedBufferStats ProvidedBufferPool::stats() const noexcept {
     ProvidedBufferStats s;
-    s.providedRecvs = impl_->provided.load(std::memory_order_relaxed);  // recv()'s; multishot ones per ring
+    s.providedRecvs = impl_->provided.load(std::memory_order_relaxed);
     s.fallbackRecvs = impl_->fallback.load(std::memory_order_relaxed);
     s.exhausted = impl_->exhausted.load(std::memory_order_relaxed);
     s.registerError = impl_->registerError.load(std::memory_order_relaxed);

@@ -203,23 +203,18 @@ struct Server::Impl {
     };
     std::unique_ptr<CommandCount[]> commandsOn;
     unsigned commandSlots = 0;
-    void countCommand() noexcept {
-        const int c = this_fiber::carrierIndex();
+    /// One more in `field` of carrier `c`'s slot (c < 0 or past the carriers: the shared last slot).
+    void count(std::atomic<uint64_t> CommandCount::*field, int c) noexcept {
         if (c >= 0 && static_cast<unsigned>(c) + 1 < commandSlots) {
             // One writer per slot (that carrier's thread): no read-modify-write needed.
-            ownerAdd(commandsOn[c].n);
+            ownerAdd(commandsOn[c].*field);
         } else {
-            commandsOn[commandSlots - 1].n.fetch_add(1, std::memory_order_relaxed);
+            (commandsOn[commandSlots - 1].*field).fetch_add(1, std::memory_order_relaxed);
         }
     }
+    void countCommand() noexcept { count(&CommandCount::n, this_fiber::carrierIndex()); }
     /// A connection fiber's receive into its own buffer, on its carrier `carrier`.
-    void countOwnReceive(unsigned carrier) noexcept {
-        if (carrier + 1 < commandSlots) {
-            ownerAdd(commandsOn[carrier].ownRecvs);
-        } else {
-            commandsOn[commandSlots - 1].ownRecvs.fetch_add(1, std::memory_order_relaxed);
-        }
-    }
+    void countOwnReceive(unsigned carrier) noexcept { count(&CommandCount::ownRecvs, static_cast<int>(carrier)); }
     template <class Field>
     [[nodiscard]] uint64_t sumCounts(Field field) const noexcept {
         uint64_t total = 0;
@@ -608,8 +603,6 @@ void cmdHello(Ctx& x) {
     writeHello(x);
 }
 
-// CLIENT LIST [TYPE normal] [ID id ...]: one line per client in Redis's field order (the fields it
-// has no counterpart for hold Redis's idle values).
 // CLIENT LIST's cmd for `c`: the command, with its subcommand where it has one; NULL for none.
 std::string lastCommandName(const Client& c) {
     if (c.lastCommand == nullptr) { return "NULL"; }
@@ -617,6 +610,8 @@ std::string lastCommandName(const Client& c) {
     return fmt::format("{}|{}", c.lastCommand->name, c.lastSubcommand);
 }
 
+// CLIENT LIST [TYPE normal] [ID id ...]: one line per client in Redis's field order (the fields it
+// has no counterpart for hold Redis's idle values).
 void cmdClientList(Ctx& x) {
     std::vector<uint64_t> ids;
     for (size_t i = 2; i < x.argc(); ++i) {

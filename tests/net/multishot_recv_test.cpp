@@ -84,6 +84,30 @@ TEST_F(MultishotRecv, OneOperationCarriesEveryByteInOrderThenEndOfStreamStays) {
     }).join();
 }
 
+// Each carrier's ring counts the buffers its receives delivered; the pool's stats() sums every ring's.
+// One connection received on each of two carriers.
+TEST_F(MultishotRecv, ThePoolCountsEveryRingsDeliveries) {
+    auto pool = makePool(256, 512);
+    uint64_t buffers[2] = {0, 0};
+    for (int carrier = 0; carrier < 2; ++carrier) {
+        on(carrier, [&] {
+            LoopbackPair pair = connectLoopbackPair();
+            MultishotReceiver rx(*pool, pair.server.fd());
+            const std::vector<char> data = testing_support::pattern(50000, carrier + 1);
+            ASSERT_TRUE(pair.client.writeAll(data.data(), data.size(), 10s));  // fits the socket's buffer
+            std::vector<char> got;
+            receiveBytes(rx, data.size(), got);
+            EXPECT_EQ(got, data);
+            buffers[carrier] = rx.stats().buffers;
+        }).join();
+    }
+    EXPECT_GT(buffers[0], 0u);
+    EXPECT_GT(buffers[1], 0u);
+    const ProvidedBufferStats st = pool->stats();
+    EXPECT_EQ(st.carriersRegistered, 2u);
+    EXPECT_EQ(st.providedRecvs, buffers[0] + buffers[1]);
+}
+
 TEST_F(MultishotRecv, AConsumerThatLagsPausesTheOperationAndLosesNothing) {
     // 2,000 small sends land in separate buffers while nobody takes them: the queue spills past
     // its inline slots, the operation pauses at the high-water mark, and resumes as it drains.
