@@ -9,8 +9,8 @@
 # usage: scripts/bench/echo.sh [--repetitions N] [--duration S] [--warmup S] [--connections "1 10 100 1000"]
 #                              [--size BYTES] [--port N] [--poll-mode block|spin|hybrid] [--epoll-mode lt|et]
 #                              [--epoll-busy-poll-us N] [--backends "io_uring epoll"]
-#                              [--server-flags "..."] [--server-cpu N] [--client-cpu N] [--nice N] [--no-build]
-#                              [--out DIR]
+#                              [--server-flags "..."] [--server-cpu N] [--client-cpu N] [--nice N] [--floor]
+#                              [--no-build] [--out DIR]
 #   --repetitions N   rounds per connection count, each running every server once; medians are reported
 #                     (default 3)
 #   --duration S      measured seconds per run, after the warm-up (default 5)
@@ -29,6 +29,10 @@
 #   --server-cpu N    CPU the servers are pinned to (default 0)
 #   --client-cpu N    CPU the client is pinned to (default 1)
 #   --nice N          run servers and client under `nice -n N` (e.g. -20 on a shared machine)
+#   --floor           also run raw_echo.c (raw-uring: raw_loop.h's io_uring loop echoing each receive, nothing
+#                     else) in the rotation: the io_uring floor, what the kernel alone charges an io_uring
+#                     server per message here; its ratio lines say how far spindle-echo is above it and where
+#                     it stands to epoll_echo (a spindle target against epoll_echo below that is below the floor)
 #   --no-build        use the existing build/release and build/bench-echo/epoll_echo
 #   --out DIR         also keep the results in DIR: echo.csv, one row per run (server, connections,
 #                     round, msg/s, the client's latency percentiles p50/p99/p99.9/max and mean, the
@@ -42,7 +46,8 @@
 # lines, of medians: for io_uring, spindle / epoll_echo for messages/s (>1: spindle faster) and
 # epoll_echo / spindle for CPU per message (>1: spindle cheaper); for the epoll backend, the same
 # messages/s ratio and spindle epoll CPU/msg ÷ epoll_echo CPU/msg (the loop it should cost no more
-# than: target <= 1.10).
+# than: target <= 1.10). With --floor: raw-uring's CPU per message over epoll_echo's, and spindle io_uring's
+# over raw-uring's.
 # SPDX-License-Identifier: Apache-2.0
 set -euo pipefail
 # shellcheck source-path=SCRIPTDIR source=lib.sh
@@ -58,6 +63,7 @@ poll_mode=block
 epoll_mode=lt
 epoll_busy_poll_us=0
 backends="io_uring epoll"
+floor=0
 server_flags=""
 server_cpu=0
 client_cpu=1
@@ -80,6 +86,7 @@ while (($# > 0)); do
     --server-cpu) server_cpu="$2"; shift ;;
     --client-cpu) client_cpu="$2"; shift ;;
     --nice) nice="$2"; shift ;;
+    --floor) floor=1 ;;
     --no-build) build=0 ;;
     --out) out_dir="$2"; shift ;;
     -h|--help) awk 'NR == 1 { next } !/^#/ { exit } !/SPDX-License-Identifier/ { sub(/^# ?/, ""); print }' "$0"; exit 0 ;;
@@ -96,11 +103,13 @@ bench_parse_backends echo.sh "$backends"
 impls=()
 for b in "${backend_list[@]}"; do impls+=("spindle-$b"); done
 impls+=(epoll_echo)
+if ((floor)); then impls+=(raw-uring); fi
 command -v python3 >/dev/null || { echo "echo.sh: python3 is needed to read the JSON results" >&2; exit 1; }
 
 root="$SPINDLE_REPO_ROOT"
 bin="$root/build/release/apps/spindle-echo"
 epoll_bin="$root/build/bench-echo/epoll_echo"
+raw_bin="$root/build/bench-echo/raw_echo"
 if ((build)); then
   (
     cd "$root" &&
@@ -110,15 +119,19 @@ if ((build)); then
   ) >&2
   mkdir -p "$root/build/bench-echo"
   cc -O2 -o "$epoll_bin" "$root/scripts/bench/epoll_echo.c"
+  if ((floor)); then cc -O2 -o "$raw_bin" "$root/scripts/bench/raw_echo.c" -luring; fi
 fi
 bench_require "$bin" "$epoll_bin"
+if ((floor)); then bench_require "$raw_bin"; fi
 
 # A thousand connections take two descriptors each when both ends live on this machine.
 ulimit -n "$(ulimit -Hn)" 2>/dev/null || true
 echo "machine: $(bench_machine_line)"
 echo "runs: $reps rounds of ${#impls[@]} servers x ${duration}s (+${warmup}s warm-up), ${size}-byte messages; servers on CPU $server_cpu, client on CPU $client_cpu"
 echo "spindle-echo server --carriers 1 --poll-mode $poll_mode${server_flags:+ $server_flags} --backend B, B in: ${backend_list[*]}"
-echo "epoll_echo --mode $epoll_mode --busy-poll-us $epoll_busy_poll_us; client: spindle-echo client --carriers 1 (default backend)"
+floor_line=""
+if ((floor)); then floor_line=" raw_echo (raw-uring, the io_uring floor);"; fi
+echo "epoll_echo --mode $epoll_mode --busy-poll-us $epoll_busy_poll_us;$floor_line client: spindle-echo client --carriers 1 (default backend)"
 echo "nice: $nice; ulimit -n: $(ulimit -n); load average at start: $(cut -d' ' -f1-3 /proc/loadavg)"
 
 read -r -a extra <<<"$server_flags"
@@ -152,6 +165,8 @@ run_one() {  # impl conns tag
   if [[ "$impl" == spindle-* ]]; then
     nice -n "$nice" taskset -c "$server_cpu" "$bin" server --carriers 1 --port "$port" --address 127.0.0.1 \
       --poll-mode "$poll_mode" --backend "${impl#spindle-}" "${extra[@]}" 2>"$out/$tag.server.log" &
+  elif [[ "$impl" == raw-uring ]]; then
+    nice -n "$nice" taskset -c "$server_cpu" "$raw_bin" --port "$port" --address 127.0.0.1 2>"$out/$tag.server.log" &
   else
     nice -n "$nice" taskset -c "$server_cpu" "$epoll_bin" --port "$port" --address 127.0.0.1 --mode "$epoll_mode" \
       --busy-poll-us "$epoll_busy_poll_us" 2>"$out/$tag.server.log" &
@@ -204,7 +219,8 @@ python3 - "$out" "$reps" "$connections" "$(getconf CLK_TCK)" "${impls[*]}" "$ben
 import csv, json, os, statistics, sys
 out, reps, conns, hz = sys.argv[1], int(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4])
 impls, keep = sys.argv[5].split(), sys.argv[6]
-names = {"spindle-io_uring": "spindle io_uring", "spindle-epoll": "spindle epoll", "epoll_echo": "epoll_echo"}
+names = {"spindle-io_uring": "spindle io_uring", "spindle-epoll": "spindle epoll", "epoll_echo": "epoll_echo",
+         "raw-uring": "raw-uring floor"}
 
 def run(impl, c, r):
     tag = os.path.join(out, f"{impl}_c{c}_r{r}")
@@ -259,9 +275,17 @@ for c in conns:
         s = m["spindle-epoll"]
         print(f"{'':>5s} epoll:    msg/s ratio {ratio(s[0][0], raw[0][0])} (spindle / epoll_echo),"
               f" CPU/msg {ratio(s[2][0], raw[2][0])} of epoll_echo's (target <= 1.10)")
+    if "raw-uring" in m:
+        f = m["raw-uring"]
+        line = f"{'':>5s} floor:    raw-uring CPU/msg {ratio(f[2][0], raw[2][0])} of epoll_echo's"
+        if "spindle-io_uring" in m:
+            line += f"; spindle io_uring {ratio(m['spindle-io_uring'][2][0], f[2][0])} of raw-uring's"
+        print(line)
 print()
 print("Ratios of medians. msg/s ratio: >1 spindle faster. io_uring CPU ratio: >1 spindle cheaper.")
 print("epoll backend CPU/msg of epoll_echo's: spindle epoll's CPU per message / epoll_echo's (<= 1.10 wanted).")
+if "raw-uring" in impls:
+    print("floor: raw_echo.c's io_uring loop (nothing but the echo); spindle io_uring above it is spindle's own cost.")
 print("CPU/msg: server utime+stime over the whole client run (warm-up included) / every round trip of it;")
 print("user, sys: its two parts (medians of each). User time is the server's own work and varies far less")
 print("between runs on a VM than system time, which carries the kernel's TCP and scheduling noise.")
