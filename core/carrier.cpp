@@ -309,6 +309,7 @@ Fiber* Carrier::popFifo() noexcept {
             // (that block was fetched by this pop's predecessor, so these loads hit).
             const auto* sp = static_cast<const char*>(next->sp_);
             for (size_t off = 0; off < kResumePrefetchBytes; off += 64) { __builtin_prefetch(sp + off); }
+            for (size_t off = 64; off <= kResumePrefetchBelowBytes; off += 64) { __builtin_prefetch(sp - off, 1); }
             __builtin_prefetch(next->nextLocal_);
         }
         f->nextLocal_ = nullptr;

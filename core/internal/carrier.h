@@ -83,6 +83,12 @@ public:
     /// 1,000 HTTP connections on one carrier (epoll backend), 1.15 against 1.30 µs of user CPU per
     /// request (medians of 7 runs); no change at 100 (docs/PERFORMANCE-HISTORY.md).
     static constexpr size_t kResumePrefetchBytes = 1024;
+    /// ... and below it, for writing: the frames its next calls push (a connection fiber woken by a
+    /// receive goes on to send, through frames deeper than the ones it parked in). With 1,000
+    /// connections on one carrier (io_uring), user CPU per request 1.28 against 1.43 µs for
+    /// spindle-httpd and per message 0.96 against 1.09 µs for spindle-echo (medians of 6 and 8
+    /// alternating runs, 2026-11-27); the same at 10 connections (docs/PERFORMANCE-HISTORY.md).
+    static constexpr size_t kResumePrefetchBelowBytes = 512;
 
     Carrier(RuntimeImpl* runtime, const CarrierConfig& config) noexcept;
     ~Carrier();
