@@ -311,6 +311,10 @@ Fiber* Carrier::popFifo() noexcept {
             for (size_t off = 0; off < kResumePrefetchBytes; off += 64) { __builtin_prefetch(sp + off); }
             for (size_t off = 64; off <= kResumePrefetchBelowBytes; off += 64) { __builtin_prefetch(sp - off, 1); }
             __builtin_prefetch(next->nextLocal_);
+            if (const uintptr_t hint = next->resumeHint_; hint != 0) {  // this_fiber::setResumeHint
+                const char* p = resumeHintAddress(hint);
+                for (unsigned i = 0, n = resumeHintLines(hint); i < n; ++i) { __builtin_prefetch(p + i * 64); }
+            }
         }
         f->nextLocal_ = nullptr;
     }

@@ -371,4 +371,10 @@ int carrierIndex() noexcept {
     return c != nullptr ? static_cast<int>(c->index()) : -1;
 }
 
+void setResumeHint(const void* p, size_t bytes) noexcept {
+    if (detail::Fiber* f = detail::runningFiber(); f != nullptr && !f->proxy_) {
+        f->resumeHint_ = detail::packResumeHint(p, bytes);
+    }
+}
+
 }  // namespace spindle::this_fiber

@@ -73,6 +73,24 @@ struct CancelPoint {
     void* what = nullptr;
 };
 
+/// Fiber::resumeHint_'s packing: [p, p + bytes) as an address and a count of cache lines (bytes capped
+/// at kResumeHintMaxBytes, rounded up to whole lines from p's line). 0 for no hint.
+inline constexpr unsigned kResumeHintLineShift = 56;
+inline constexpr size_t kResumeHintMaxBytes = 1024;
+[[nodiscard]] inline uintptr_t packResumeHint(const void* p, size_t bytes) noexcept {
+    const auto addr = reinterpret_cast<uintptr_t>(p);
+    if (addr == 0 || bytes == 0 || (addr >> kResumeHintLineShift) != 0) { return 0; }
+    const size_t capped = bytes < kResumeHintMaxBytes ? bytes : kResumeHintMaxBytes;
+    const uintptr_t lines = ((addr & 63) + capped + 63) / 64;
+    return addr | (lines << kResumeHintLineShift);
+}
+[[nodiscard]] inline const char* resumeHintAddress(uintptr_t hint) noexcept {
+    return reinterpret_cast<const char*>(hint & ((uintptr_t{1} << kResumeHintLineShift) - 1));
+}
+[[nodiscard]] inline unsigned resumeHintLines(uintptr_t hint) noexcept {
+    return static_cast<unsigned>(hint >> kResumeHintLineShift);
+}
+
 class alignas(64) Fiber {
 public:
     Fiber() noexcept = default;
@@ -97,6 +115,10 @@ public:
     WaitKind waitKind_ = WaitKind::kNone;
     Fiber* nextLocal_ = nullptr;         // hook for the carrier's owner-only FIFO
     Message msg_;                        // hook for the carrier's inbox (kind kRunFiber)
+    // this_fiber::setResumeHint's memory, read by the pop before this fiber's (it shares the line
+    // that pop prefetched): the address in the low 56 bits, the cache lines to prefetch in the top 8.
+    // 0: none.
+    uintptr_t resumeHint_ = 0;
 
     // --- life cycle ---
     RuntimeImpl* runtime_ = nullptr;
