@@ -319,6 +319,8 @@ public:
             log::warn("spindle-httpd: no memory for a connection");
             return;  // the server closes the stream
         }
+        // With thousands of connections this object is cold each time the fiber wakes for it.
+        this_fiber::setResumeHint(c, sizeof(Connection));
         if (!conn.resumed()) { (void)c->stream_.setNoDelay(); }
         if (server.accessLog) { c->notePeer(); }
         // Header slots: in the scratch block for the usual limit, on the heap for a larger one.
@@ -326,6 +328,7 @@ public:
             c->heapHeaders_.reset(new (std::nothrow) Header[c->options_.limits.maxHeaders]);
         }
         c->serve(conn.resumed());
+        this_fiber::setResumeHint(nullptr, 0);  // the fiber may go on to serve another connection
         delete c;  // the reader lets go of the socket (its receive ends) before the server closes it
     }
 
