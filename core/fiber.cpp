@@ -372,7 +372,7 @@ int carrierIndex() noexcept {
 }
 
 void setResumeHint(const void* p, size_t bytes) noexcept {
-    if (detail::Fiber* f = detail::runningFiber(); f != nullptr && !f->proxy_) {
+    if (detail::Fiber* f = detail::runningFiber()) {  // never a thread's proxy: those run on no carrier
         f->resumeHint_ = detail::packResumeHint(p, bytes);
     }
 }

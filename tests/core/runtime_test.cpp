@@ -272,8 +272,10 @@ TEST_F(RuntimeTest, AResumeHintIsTheRunningFibersUntilItIsClearedOrTheFiberEnds)
     const auto [kept, cleared] = h.join();
     EXPECT_TRUE(kept);
     EXPECT_TRUE(cleared);
-    // A fresh fiber starts without one.
-    EXPECT_EQ(onFiber([] { return detail::runningFiber()->resumeHint_; }), 0u);
+    // A fiber that ends with its hint set takes it along: the next one on its carrier (likely on the
+    // same stack, whose top holds the fiber's block) starts without one.
+    on(0, [&] { this_fiber::setResumeHint(&object, sizeof(object)); }).join();
+    EXPECT_EQ(on(0, [] { return detail::runningFiber()->resumeHint_; }).join(), 0u);
     // A plain thread: no effect, and nothing kept for its stand-in fiber.
     this_fiber::setResumeHint(&object, sizeof(object));
     EXPECT_EQ(detail::currentFiber()->resumeHint_, 0u);
