@@ -146,6 +146,30 @@ Result<unsigned> armMultishot(const op::Op& o, MultishotCompletion* completion) 
     return c->index();
 }
 
+std::optional<int32_t> startDetached(const op::Op& o, MultishotCompletion* completion) noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (c == nullptr) { return -EPERM; }
+    if (c->stopping()) { return -ECANCELED; }
+    completion->opStorage = o;
+    completion->op = &completion->opStorage;
+    completion->deadlineNs = 0;
+    completion->complete = [](op::IoRequest* req, int32_t res, uint32_t flags) noexcept {
+        auto* m = static_cast<MultishotCompletion*>(req);
+        m->fn(m, res, flags);
+    };
+    completion->owner = c;
+    const int32_t res = c->startIo(completion);
+    if (res == detail::kPending) { return std::nullopt; }
+    if (res == detail::kBlocking) {
+        // The epoll driver could not wait for it (no readiness for this descriptor): the blocking
+        // call on the offload pool, waited for here.
+        auto r = offload([&] { return detail::EpollDriver::runBlocking(completion->opStorage); });
+        return r ? *r : -r.errorCode();
+    }
+    c->afterInlineCompletion();
+    return res;
+}
+
 Result<void> cancelMultishot(MultishotCompletion* completion) noexcept {
     auto* owner = static_cast<detail::Carrier*>(completion->owner);
     SPINDLE_CHECK_MSG(owner != nullptr, "cancelMultishot before armMultishot");

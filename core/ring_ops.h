@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <optional>
 
 #include "base/result.h"
 #include "core/deadline.h"
@@ -62,6 +63,16 @@ struct MultishotCompletion : op::IoRequest {
 /// driver that refused it at once (EINVAL for an op it cannot run multishot; ENOBUFS on epoll for a
 /// buffer group not registered there).
 [[nodiscard]] Result<unsigned> armMultishot(const op::Op& op, MultishotCompletion* completion) noexcept;
+
+/// Starts a one-shot operation that the calling fiber does not wait for: its completion calls
+/// `completion->fn` on the carrier whose thread calls, as a multishot operation's last completion
+/// would (flags without op::kMore), and cancelMultishot() and settleMultishot() apply to it alike.
+/// Returns std::nullopt when that completion will follow, or the result of an operation that
+/// finished at once (a readiness driver's first try, an operation the epoll driver runs on the
+/// offload pool, which this call then waits for): `fn` is not called for it.
+/// The op, copied into the completion, and the buffers it names must stay valid until the completion.
+/// Errors (as a result): -EPERM off-carrier (a plain thread); -ECANCELED once shutdown has begun.
+[[nodiscard]] std::optional<int32_t> startDetached(const op::Op& op, MultishotCompletion* completion) noexcept;
 
 /// Asks the carrier holding `completion`'s operation to cancel it (through that carrier's driver,
 /// sent as the completion's own message when the caller is elsewhere, a plain thread included);
