@@ -17,6 +17,7 @@
 #include "base/log.h"
 #include "core/fiber.h"
 #include "core/io.h"
+#include "net/posted_send.h"
 
 namespace spindle::echo {
 
@@ -116,14 +117,40 @@ void EchoServer::serve(net::TcpConnection& connection) noexcept {
         // What the fiber reads first each time a receive wakes it, further up its stack than the
         // carrier's prefetch of the frames it parked in reaches.
         this_fiber::setResumeHint(&receiver, sizeof(receiver));
-        for (;;) {
-            auto got = receiver.next();
-            if (!got) {
-                err = got.errorCode();
-                break;
+        if (options_.postedSend && !options_.inlineSend) {
+            net::PostedSend sender(stream.fd());
+            net::ProvidedBuffer sending;  // the buffer the send in flight reads, leased until it ends
+            size_t sendingBytes = 0;      // counted as echoed once the next call says the send ended well
+            for (;;) {
+                auto got = receiver.next();
+                if (!got) {
+                    err = got.errorCode();
+                    break;
+                }
+                if (got->empty()) { break; }  // the client closed its side
+                // post() first waits for the previous send, whose buffer may go back only then.
+                if (auto r = sender.post(got->data(), got->size()); !r) {
+                    err = r.errorCode();
+                    break;
+                }
+                echoed += std::exchange(sendingBytes, got->size());
+                sending = std::move(*got);
             }
-            if (got->empty()) { break; }  // the client closed its side
-            if ((err = echo(got->data(), got->size())) != 0) { break; }
+            if (auto r = sender.flush(); !r) {
+                if (err == 0) { err = r.errorCode(); }
+            } else {
+                echoed += sendingBytes;
+            }
+        } else {
+            for (;;) {
+                auto got = receiver.next();
+                if (!got) {
+                    err = got.errorCode();
+                    break;
+                }
+                if (got->empty()) { break; }  // the client closed its side
+                if ((err = echo(got->data(), got->size())) != 0) { break; }
+            }
         }
         this_fiber::setResumeHint(nullptr, 0);
     } else {

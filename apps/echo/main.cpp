@@ -691,6 +691,9 @@ int main(int argc, char** argv) {
     server->add_flag("--inline-send", inlineSend,
                      "echo with send(2) MSG_DONTWAIT first, through the ring only when the socket is full");
     spindle::echo::ServerOptions serverOptions;
+    server->add_flag("--posted-send,!--wait-send", serverOptions.postedSend,
+                     "echo a multishot receive without waiting for the send's completion (default), or wait for "
+                     "every send");
     bool noMultishotRecv = false;
     server->add_flag("--no-multishot-recv", noMultishotRecv,
                      "one receive per message into the connection's own buffer, instead of one multishot receive "

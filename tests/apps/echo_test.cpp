@@ -46,8 +46,10 @@ protected:
     }
 
     std::unique_ptr<EchoServer> startServer(bool reusePort = true, size_t bufferSize = 16 * 1024, bool inlineSend = false,
-                                            bool multishotRecv = true, unsigned providedBuffers = 1024) {
+                                            bool multishotRecv = true, unsigned providedBuffers = 1024,
+                                            bool postedSend = true) {
         ServerOptions options;
+        options.postedSend = postedSend;
         options.inlineSend = inlineSend;
         options.multishotRecv = multishotRecv;
         options.providedBuffers = providedBuffers;
@@ -134,6 +136,15 @@ TEST_F(EchoTest, EchoesEveryByteOverSeveralConnections) {
 // through a 4 KiB buffer, and small ones), both halves of the path run.
 TEST_F(EchoTest, InlineSendEchoesEveryByte) {
     auto server = startServer(/*reusePort=*/true, /*bufferSize=*/4096, /*inlineSend=*/true);
+    ASSERT_NE(server, nullptr);
+    expectSmallAndLargeEchoed(*server);
+}
+
+// Every send waited for (--wait-send) rather than posted, small messages and ones larger than a
+// provided buffer.
+TEST_F(EchoTest, WaitedSendsEchoEveryByte) {
+    auto server = startServer(/*reusePort=*/true, /*bufferSize=*/4096, /*inlineSend=*/false, /*multishotRecv=*/true,
+                              /*providedBuffers=*/1024, /*postedSend=*/false);
     ASSERT_NE(server, nullptr);
     expectSmallAndLargeEchoed(*server);
 }
