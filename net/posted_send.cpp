@@ -23,7 +23,9 @@ PostedSend::~PostedSend() {
 }
 
 void PostedSend::onComplete(MultishotCompletion* self, int32_t res, uint32_t /*flags*/) noexcept {
-    static_cast<Completion*>(self)->done.set(res);
+    auto* c = static_cast<Completion*>(self);
+    if (c->hook != nullptr) { c->hook(c->hookArg, res); }
+    c->done.set(res);
 }
 
 Result<void> PostedSend::post(const void* buf, size_t len) noexcept {

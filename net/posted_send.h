@@ -59,8 +59,21 @@ public:
     /// ECANCELED for a cancelled fiber, after which the send in flight was cancelled and the stream
     /// is broken (every later call reports the same error).
     [[nodiscard]] Result<void> flush(Deadline deadline = {}) noexcept;
-    /// Whether a send is in flight (its completion may still be to come).
+    /// Whether a send was started and no call has settled it yet (its completion may have come).
     [[nodiscard]] bool inFlight() const noexcept { return inFlight_; }
+    /// Whether the send in flight has completed, so that the next call will not wait for it.
+    /// Precondition: inFlight().
+    [[nodiscard]] bool ended() const noexcept { return completion_.done.isSet(); }
+
+    /// Has `fn(arg, res)` called when a send handed to the driver completes (`res`: the bytes that
+    /// left, or -errno), on the carrier that started it, before a waiter is woken: for an owner that
+    /// gives the buffer back there without resuming anything. Only a result equal to the length
+    /// posted frees the buffer: after a short send the next call still sends the rest from it.
+    /// `fn` must not block. Set it while no send is in flight.
+    void setSentHook(void (*fn)(void* arg, int32_t res) noexcept, void* arg) noexcept {
+        completion_.hook = fn;
+        completion_.hookArg = arg;
+    }
 
     struct Stats {
         uint64_t posted = 0;   // post() calls that sent something
@@ -72,6 +85,8 @@ public:
 private:
     struct Completion : MultishotCompletion {
         FiberFuture done;
+        void (*hook)(void* arg, int32_t res) noexcept = nullptr;
+        void* hookArg = nullptr;
     };
     static void onComplete(MultishotCompletion* self, int32_t res, uint32_t flags) noexcept;
     // Starts sending `rest_[0..restLen_)`: at once where the path says so, then through the driver.

@@ -107,6 +107,9 @@ int main(int argc, char** argv) {
         ->check(spindle::apps::realRange(0.0, 86400.0))->capture_default_str();
     app.add_flag("--no-multishot-recv", noMultishotRecv,
                  "with provided buffers: one receive per read instead of one multishot receive per connection");
+    bool postedSend = true;
+    app.add_flag("--posted-send,!--wait-send", postedSend,
+                 "send responses without waiting for the send's completion (default), or wait for every send");
     spindle::apps::MetricsFlags metricsFlags;
     metricsFlags.addTo(app);
     std::string symlinks = "beneath";
@@ -174,6 +177,7 @@ int main(int argc, char** argv) {
     so.connectionStackSize = stackKib * 1024;
     so.providedBuffers = !noProvidedBuffers;
     so.multishotRecv = !noMultishotRecv;
+    so.postedSend = postedSend;
     so.idleFiberRelease = millis(idleFiberRelease);
     so.providedBufferCount = providedBuffers;
     so.providedBufferSize = providedBufferSize;

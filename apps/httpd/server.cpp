@@ -34,6 +34,7 @@
 #include "core/io.h"
 #include "core/ring_ops.h"
 #include "net/buffered.h"
+#include "net/posted_send.h"
 #include "net/provided_buffers.h"
 #include "net/tcp.h"
 #include "net/tcp_server.h"
@@ -304,10 +305,17 @@ public:
     Connection(Server::Impl& server, net::TcpConnection& conn) noexcept
         : worker_(*server.workers[conn.carrier()]), server_(server), options_(server_.options), conn_(conn),
           stream_(conn.stream()),
-          reader_(stream_, std::max<size_t>(options_.limits.maxHeaderBytes, 1024), server_.pool.get(), options_.multishotRecv) {}
+          reader_(stream_, std::max<size_t>(options_.limits.maxHeaderBytes, 1024), server_.pool.get(), options_.multishotRecv),
+          sender_(stream_.fd()) {
+        sender_.setSentHook(&Connection::onSent, this);
+    }
     Connection(const Connection&) = delete;
     Connection& operator=(const Connection&) = delete;
     ~Connection() {
+        // A send still in flight (handle() settles it; this is for an early return) is cancelled and
+        // waited for before its block goes back.
+        if (sender_.inFlight()) { (void)sender_.flush(Deadline(std::chrono::nanoseconds{0})); }
+        reclaimPosted();
         if (scratch_ != nullptr) { worker_.giveScratch(scratch_); }
     }
 
@@ -328,6 +336,7 @@ public:
             c->heapHeaders_.reset(new (std::nothrow) Header[c->options_.limits.maxHeaders]);
         }
         c->serve(conn.resumed());
+        (void)c->settlePosted();  // the last responses leave before the server closes the socket
         this_fiber::setResumeHint(nullptr, 0);  // the fiber may go on to serve another connection
         delete c;  // the reader lets go of the socket (its receive ends) before the server closes it
     }
@@ -417,7 +426,7 @@ private:
                 if (chunkedBody && !discardChunkedBody()) { return; }
                 close = !keepAlive;
             }
-            if (!flush()) { return; }
+            if (!(close ? flush() : post())) { return; }
             if (close) {
                 lingerClose();
                 return;
@@ -484,6 +493,7 @@ private:
         // Only where the receive is a multishot one: a kernel without it keeps the connection's fiber
         // (the sweep then asks once per wait), as before parking.
         if (rx == nullptr || !rx->multishot() || reader_.size() != 0 || scratch_ != nullptr) { return false; }
+        if (sender_.inFlight() && (!sender_.ended() || !settlePosted())) { return false; }
         rx->stop();  // the receive lets go of the socket; what came meanwhile stays queued
         return !rx->hasPending();
     }
@@ -533,11 +543,49 @@ private:
     /// follows at once by another route (spliceBody), so that the kernel holds a partial last
     /// segment back for it instead of sending the head on its own.
     bool flush(int flags = 0) noexcept {
+        if (!settlePosted()) { return false; }  // what was posted leaves first
         if (scratch_ == nullptr || out().size() == 0) { return true; }
         // The send timeout starts only if the socket is full: a response that fits reads no clock.
         const Result<void> r = stream_.writeAllWithin(out().data(), out().size(), options_.sendTimeout, nullptr, flags);
         out().clear();
         return r.ok();
+    }
+
+    /// flush() without waiting for the send (ServerOptions::postedSend): the scratch block goes with
+    /// the send, and back to the worker when it has left (onSent, or settlePosted() after a short one).
+    /// false when the connection is broken (this send, or the one before, failed).
+    bool post() noexcept {
+        if (!options_.postedSend) { return flush(); }
+        if (scratch_ == nullptr || out().size() == 0) { return true; }
+        // post() below waits for the send before, whose block the hook or settlePosted() gives back.
+        if (sender_.inFlight() && !settlePosted()) { return false; }
+        postedScratch_ = std::exchange(scratch_, nullptr);
+        postedLen_ = postedScratch_->out.size();
+        const Result<void> r = sender_.post(postedScratch_->out.data(), postedLen_);
+        if (!sender_.inFlight()) { reclaimPosted(); }  // it left at once, or failed
+        return r.ok();
+    }
+
+    /// Ends the posted send, waiting up to sendTimeout if it has not; false when it failed.
+    bool settlePosted() noexcept {
+        if (sender_.inFlight()) {
+            const Result<void> r = sender_.ended() ? sender_.flush() : sender_.flush(Deadline(options_.sendTimeout));
+            reclaimPosted();
+            return r.ok();
+        }
+        reclaimPosted();
+        return true;
+    }
+
+    /// The posted send's completion, on this connection's carrier (its fiber is pinned there and not
+    /// running): a send that left whole frees its block without waking the fiber.
+    static void onSent(void* arg, int32_t res) noexcept {
+        auto* c = static_cast<Connection*>(arg);
+        if (res >= 0 && static_cast<size_t>(res) == c->postedLen_) { c->reclaimPosted(); }
+    }
+
+    void reclaimPosted() noexcept {
+        if (postedScratch_ != nullptr) { worker_.giveScratch(std::exchange(postedScratch_, nullptr)); }
     }
 
     /// Makes room for `n` bytes, flushing first when needed.
@@ -824,6 +872,9 @@ private:
     net::TcpStream& stream_;      // conn_'s, which outlives the reader
     net::BufferedReader reader_;
     Scratch* scratch_ = nullptr;             // leased while there is something to answer
+    net::PostedSend sender_;                 // the responses, with options_.postedSend
+    Scratch* postedScratch_ = nullptr;       // the block sender_'s send in flight reads
+    size_t postedLen_ = 0;                   // its length
     std::unique_ptr<Header[]> heapHeaders_;  // only for maxHeaders > kStackHeaders
     int lastStatus_ = 0;                     // of the last response head, for the access log
     uint64_t lastLength_ = 0;

@@ -83,6 +83,14 @@ struct ServerOptions {
     size_t connectionStackSize = kDefaultConnectionStack;
     bool providedBuffers = true;                  // receive into a ProvidedBufferPool when the kernel allows
     bool multishotRecv = true;                    // with provided buffers: one multishot receive per connection
+    // The responses to a batch of requests leave through a net::PostedSend: the fiber goes back to
+    // waiting for the next request without waiting for the send's completion, and the carrier gives the
+    // scratch block back when it comes (one resume per request instead of two). The wait for a send
+    // that has not ended (rare: a client that does not read) is bounded by sendTimeout from when the
+    // connection next needs it: by its next response or its end. A client that stops both reading and
+    // sending leaves the connection waiting for a request, which idleTimeout ends instead.
+    // false: every send is waited for (--wait-send).
+    bool postedSend = true;
     // A keep-alive connection idle this long gives its fiber (and the fiber's stack) up and waits on its
     // multishot receive alone, which starts a fiber again when the next request arrives; 0: never.
     // Needs multishotRecv. Checked by the idle sweep (every idleTimeout / 8, at most 1 s).

@@ -232,9 +232,9 @@ TEST_F(HttpServer, HelloOverKeepAlive) {
     EXPECT_EQ(server_->stats().requests, 3u);
 }
 
-TEST_F(HttpServer, PipelinedRequestsAnsweredInOrder) {
-    startServer(defaults());
-    Client c(port_);
+// 200 pipelined requests of three kinds, whose answers fill the server's batch buffer several times.
+void expectPipelinedAnswersInOrder(uint16_t port) {
+    Client c(port);
     std::string batch;
     // Enough requests that their answers fill the server's batch buffer several times over.
     constexpr int kRequests = 200;
@@ -258,6 +258,48 @@ TEST_F(HttpServer, PipelinedRequestsAnsweredInOrder) {
     }
     EXPECT_EQ(c.buffered(), "");  // no body after the HEAD answers
 }
+
+TEST_F(HttpServer, PipelinedRequestsAnsweredInOrder) {
+    startServer(defaults());
+    expectPipelinedAnswersInOrder(port_);
+}
+
+TEST_F(HttpServer, PipelinedRequestsAnsweredInOrderWithEverySendWaitedFor) {
+    ServerOptions o = defaults();
+    o.postedSend = false;
+    startServer(o);
+    expectPipelinedAnswersInOrder(port_);
+}
+
+// A client that keeps sending requests and never reads the answers: once its window is full, the
+// server's next send waits sendTimeout (a posted send: the next response waits for it) and the
+// connection is closed, on both send paths.
+class SendTimeout : public HttpServer, public testing::WithParamInterface<bool> {};
+
+TEST_P(SendTimeout, AClientThatNeverReadsIsClosedAfterTheSendTimeout) {
+    ServerOptions o = defaults();
+    o.postedSend = GetParam();
+    o.sendTimeout = 300ms;
+    startServer(o);
+    Client c(port_, /*receiveBuffer=*/4096);
+    std::string batch;
+    for (int i = 0; i < 64; ++i) { batch += get("/hello"); }
+    const auto t0 = std::chrono::steady_clock::now();
+    const auto giveUp = t0 + 20s;
+    bool closed = false;
+    while (!closed && std::chrono::steady_clock::now() < giveUp) {
+        const ssize_t n = ::send(c.fd(), batch.data(), batch.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (n < 0 && errno != EAGAIN) { break; }  // reset by the server
+        closed = server_->stats().active == 0 && server_->stats().accepted == 1;
+        std::this_thread::sleep_for(n < 0 ? 5ms : 0ms);
+    }
+    ASSERT_TRUE(eventually([&] { return server_->stats().active == 0; })) << "the connection was never closed";
+    EXPECT_GE(std::chrono::steady_clock::now() - t0, 300ms);
+    EXPECT_GT(server_->stats().requests, 64u);
+}
+
+INSTANTIATE_TEST_SUITE_P(BothSendPaths, SendTimeout, testing::Values(true, false),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "Posted" : "Waited"; });
 
 TEST_F(HttpServer, HeadHasNoBody) {
     startServer(defaults());
