@@ -110,6 +110,49 @@ TEST_F(PostedSendTest, ALargePostReturnsAtOnceAndFlushWaitsUntilItLeft) {
     on(0, [&] { pair = LoopbackPair{}; }).join();
 }
 
+// The sent hook runs for a send the driver completed, on the carrier that started it, with the
+// length posted, and before anything waits for it; never for bytes that left at once.
+TEST_F(PostedSendTest, TheSentHookSeesEachDriverCompletionOnItsCarrierWithTheLengthPosted) {
+    constexpr size_t kBig = 16 << 20;
+    LoopbackPair pair;
+    on(0, [&] { pair = connectLoopbackPair(); }).join();
+    struct Seen {
+        int calls = 0;
+        int32_t res = 0;
+        int carrier = -1;
+    } seen;
+    std::vector<char> big(kBig, 'h');
+    std::atomic<bool> posted{false};
+    auto writer = on(0, [&] {
+        PostedSend sender(pair.client.fd());
+        sender.setSentHook([](void* arg, int32_t res) noexcept {
+            auto* s = static_cast<Seen*>(arg);
+            ++s->calls;
+            s->res = res;
+            s->carrier = this_fiber::carrierIndex();
+        }, &seen);
+        ASSERT_TRUE(sender.post("small", 5));  // alone on its carrier: sent at once, no completion
+        EXPECT_FALSE(sender.inFlight());
+        ASSERT_TRUE(sender.post(big.data(), big.size()));
+        ASSERT_TRUE(sender.inFlight());
+        EXPECT_FALSE(sender.ended());
+        posted.store(true);
+        ASSERT_TRUE(sender.flush(30s));
+        EXPECT_EQ(seen.calls, 1);
+    });
+    while (!posted.load()) { std::this_thread::sleep_for(1ms); }
+    std::vector<char> got(kBig + 5);
+    on(1, [&] { ASSERT_TRUE(pair.server.readExact(got.data(), got.size(), 30s)); }).join();
+    writer.join();
+    EXPECT_EQ(std::string(got.data(), 5), "small");
+    EXPECT_EQ(seen.calls, 1);
+    EXPECT_EQ(seen.carrier, 0);
+    // What the socket took at once never reached the driver: the completion counts the rest.
+    EXPECT_GT(seen.res, 0);
+    EXPECT_LE(static_cast<size_t>(seen.res), kBig);
+    on(0, [&] { pair = LoopbackPair{}; }).join();
+}
+
 // A flush that times out cancels the send; the stream is broken from then on, and says so.
 TEST_F(PostedSendTest, AFlushThatTimesOutCancelsTheSendAndEveryLaterCallReportsIt) {
     on(0, [&] {
