@@ -128,26 +128,11 @@ OpResult submitOp(const op::Op& o, Deadline deadline) noexcept {
     return r;
 }
 
-Result<unsigned> armMultishot(const op::Op& o, MultishotCompletion* completion) noexcept {
-    detail::Carrier* c = detail::Carrier::current();
-    if (c == nullptr) { return Error{EPERM}; }
-    if (c->stopping()) { return Error{ECANCELED}; }
-    completion->opStorage = o;
-    completion->op = &completion->opStorage;
-    completion->deadlineNs = 0;
-    completion->complete = [](op::IoRequest* req, int32_t res, uint32_t flags) noexcept {
-        auto* m = static_cast<MultishotCompletion*>(req);
-        m->fn(m, res, flags);
-    };
-    completion->owner = c;
-    // In flight until the completion without kMore.
-    const int32_t res = c->startIo(completion);
-    if (res != detail::kPending) { return Error{res < 0 ? -res : EINVAL}; }
-    return c->index();
-}
+namespace {
 
-std::optional<int32_t> startDetached(const op::Op& o, MultishotCompletion* completion) noexcept {
-    detail::Carrier* c = detail::Carrier::current();
+// Points `completion` at its copy of `o` and at `c`, the carrier whose driver will hold it, with a
+// completion that calls its `fn`. 0, or the -errno for a caller off-carrier or during shutdown.
+int prepareCompletion(detail::Carrier* c, const op::Op& o, MultishotCompletion* completion) noexcept {
     if (c == nullptr) { return -EPERM; }
     if (c->stopping()) { return -ECANCELED; }
     completion->opStorage = o;
@@ -158,6 +143,23 @@ std::optional<int32_t> startDetached(const op::Op& o, MultishotCompletion* compl
         m->fn(m, res, flags);
     };
     completion->owner = c;
+    return 0;
+}
+
+}  // namespace
+
+Result<unsigned> armMultishot(const op::Op& o, MultishotCompletion* completion) noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (const int err = prepareCompletion(c, o, completion); err != 0) { return Error{-err}; }
+    // In flight until the completion without kMore.
+    const int32_t res = c->startIo(completion);
+    if (res != detail::kPending) { return Error{res < 0 ? -res : EINVAL}; }
+    return c->index();
+}
+
+std::optional<int32_t> startDetached(const op::Op& o, MultishotCompletion* completion) noexcept {
+    detail::Carrier* c = detail::Carrier::current();
+    if (const int err = prepareCompletion(c, o, completion); err != 0) { return err; }
     const int32_t res = c->startIo(completion);
     if (res == detail::kPending) { return std::nullopt; }
     if (res == detail::kBlocking) {

@@ -117,40 +117,33 @@ void EchoServer::serve(net::TcpConnection& connection) noexcept {
         // What the fiber reads first each time a receive wakes it, further up its stack than the
         // carrier's prefetch of the frames it parked in reaches.
         this_fiber::setResumeHint(&receiver, sizeof(receiver));
-        if (options_.postedSend && !options_.inlineSend) {
-            net::PostedSend sender(stream.fd());
-            net::ProvidedBuffer sending;  // the buffer the send in flight reads, leased until it ends
-            size_t sendingBytes = 0;      // counted as echoed once the next call says the send ended well
-            for (;;) {
-                auto got = receiver.next();
-                if (!got) {
-                    err = got.errorCode();
-                    break;
-                }
-                if (got->empty()) { break; }  // the client closed its side
-                // post() first waits for the previous send, whose buffer may go back only then.
-                if (auto r = sender.post(got->data(), got->size()); !r) {
-                    err = r.errorCode();
-                    break;
-                }
-                echoed += std::exchange(sendingBytes, got->size());
-                sending = std::move(*got);
+        // With posted sends the buffer a send reads stays leased until the next post() has waited for it.
+        const bool posted = options_.postedSend && !options_.inlineSend;
+        net::ProvidedBuffer sending;  // the buffer the posted send in flight reads (outlives the sender)
+        net::PostedSend sender(stream.fd());
+        size_t sendingBytes = 0;      // counted as echoed once the next call says that send ended well
+        for (;;) {
+            auto got = receiver.next();
+            if (!got) {
+                err = got.errorCode();
+                break;
             }
-            if (auto r = sender.flush(); !r) {
-                if (err == 0) { err = r.errorCode(); }
-            } else {
-                echoed += sendingBytes;
-            }
-        } else {
-            for (;;) {
-                auto got = receiver.next();
-                if (!got) {
-                    err = got.errorCode();
-                    break;
-                }
-                if (got->empty()) { break; }  // the client closed its side
+            if (got->empty()) { break; }  // the client closed its side
+            if (!posted) {
                 if ((err = echo(got->data(), got->size())) != 0) { break; }
+                continue;
             }
+            if (auto r = sender.post(got->data(), got->size()); !r) {
+                err = r.errorCode();
+                break;
+            }
+            echoed += std::exchange(sendingBytes, got->size());
+            sending = std::move(*got);
+        }
+        if (auto r = sender.flush(); !r) {
+            if (err == 0) { err = r.errorCode(); }
+        } else {
+            echoed += sendingBytes;
         }
         this_fiber::setResumeHint(nullptr, 0);
     } else {
