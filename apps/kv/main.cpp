@@ -107,6 +107,9 @@ int main(int argc, char** argv) {
     app.add_flag("--no-provided-buffers", noProvidedBuffers,
                  "one receive at a time into each connection's own buffer, instead of one multishot receive per "
                  "connection into provided buffers");
+    bool postedSend = true;
+    app.add_flag("--posted-send,!--wait-send", postedSend,
+                 "send replies without waiting for the send's completion (default), or wait for every send");
     spindle::apps::addBackendFlag(app, backend);
     std::string workerCpus;
     spindle::apps::addWorkerCpusFlag(app, workerCpus);
@@ -165,6 +168,7 @@ int main(int argc, char** argv) {
     (void)spindle::kv::parseMemorySize(preallocate, so.logPreallocate);
     so.shareAddress = sharePort;
     so.providedBuffers = !noProvidedBuffers;
+    so.postedSend = postedSend;
     so.providedBufferCount = providedBuffers;
     so.providedBufferSize = providedBufferSize;
     auto server = spindle::kv::Server::start(*rt, so);

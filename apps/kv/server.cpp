@@ -35,6 +35,7 @@
 #include "core/fiber_event.h"
 #include "core/fiber_mutex.h"
 #include "core/io.h"
+#include "net/posted_send.h"
 #include "net/provided_buffers.h"
 #include "net/tcp_server.h"
 
@@ -2694,13 +2695,27 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
     // fiber is pinned there); destroyed before the stream closes (it cancels and waits for its CQE).
     std::optional<net::MultishotReceiver> receiver;
     if (pool && pool->ringAvailable()) { receiver.emplace(*pool, stream.fd()); }
-    std::string out;
+    // The replies of a batch. With posted sends two buffers take turns: the batch being built in one
+    // while the other's send may be in flight (post() waits for that send before starting the next,
+    // so a buffer is reused only after its send ended). Never swapped: a short std::string keeps its
+    // bytes inside the object, and a swap would move them under the send.
+    std::string outBufs[2];
+    unsigned outIdx = 0;
+    // Every way out of this function sends what was posted first: a client that half-closes after
+    // its last command, QUIT, a drain (the destructor would cancel it).
+    net::PostedSend sender(stream.fd());
+    struct FlushOnExit {
+        net::PostedSend& s;
+        ~FlushOnExit() { (void)s.flush(); }
+    } flushOnExit{sender};
     std::vector<Request> reqs;  // the complete requests of one batch (reused)
     std::vector<Mark> marks;
     std::vector<const Command*> cmds;  // reqs[i]'s command, looked up once per batch
     KeyPrefetch ahead(conn.carrier() < shards.size() ? shards[conn.carrier()].get() : nullptr,
                       static_cast<unsigned>(shards.size()), conn.carrier());
     for (;;) {
+        std::string& out = outBufs[outIdx];
+        out.clear();
         ReplyWriter w(out, client.protocol);
         // Parse every complete request buffered (up to kMaxBatch). Before AUTH only one: the limits of
         // an unauthenticated client must not apply to what follows a pipelined AUTH.
@@ -2785,9 +2800,14 @@ void Server::Impl::serve(net::TcpConnection& conn) noexcept {
             sendable = out.size();
         }
         if (sendable > 0) {
-            if (!stream.writeAll(out.data(), sendable)) { return; }
+            if (options.postedSend) {
+                // post() waits for the previous batch's send first, so `sending` is free to reuse.
+                if (!sender.post(out.data(), sendable)) { return; }
+                outIdx ^= 1;
+            } else if (!stream.writeAll(out.data(), sendable)) {
+                return;
+            }
         }
-        out.clear();
         if (cut || client.closeAfterReply || conn.draining()) { return; }
         if (in.size() > 0 && !incomplete) { continue; }  // whole requests are still buffered (a batch was full)
         if (in.size() > options.queryBufferLimit) {

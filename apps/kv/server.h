@@ -88,6 +88,11 @@ struct ServerOptions {
     // bytes; before Linux 6.12 each receive takes a whole buffer) costs speed, not data: the receive
     // falls back to a heap buffer and arms again (ServerStats::receiveRingExhausted counts it).
     bool providedBuffers = true;
+    // A batch's replies leave through a net::PostedSend: the connection goes back to its receive
+    // without waiting for the send's completion, which the carrier takes (one resume per batch instead
+    // of two); the next batch's replies are built in a second buffer meanwhile. false: every send is
+    // waited for (--wait-send).
+    bool postedSend = true;
     unsigned providedBufferCount = 512;
     size_t providedBufferSize = 8192;
 };

@@ -51,6 +51,11 @@ public:
         fd_ = -1;
     }
 
+    /// Ends the client's sending side (a FIN); replies can still be read.
+    void shutdownWrite() {
+        if (fd_ >= 0) { (void)::shutdown(fd_, SHUT_WR); }
+    }
+
     static std::string encode(const std::vector<std::string>& args) {
         std::string out = "*" + std::to_string(args.size()) + "\r\n";
         for (const std::string& a : args) { out += "$" + std::to_string(a.size()) + "\r\n" + a + "\r\n"; }

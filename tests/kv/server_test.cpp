@@ -247,6 +247,42 @@ TEST_F(KvServer, TenThousandPipelinedCommandsAndInlineOnes) {
     EXPECT_EQ(c.reply().value_or(""), bulk("a b"));
 }
 
+// Replies leave whole and in order whether each batch's send is posted (the default: two reply
+// buffers take turns while a send is in flight) or waited for: one short reply per batch (which a
+// std::string keeps inside itself), a pipeline, QUIT's +OK before the close, and the reply to a command
+// whose client half-closed right after sending it.
+class KvSendModes : public KvServer, public testing::WithParamInterface<bool> {};
+
+TEST_P(KvSendModes, RepliesLeaveWholeAndInOrderBeforeAnyClose) {
+    ServerOptions o = defaults();
+    o.postedSend = GetParam();
+    startServer(o);
+    {
+        RespClient c(port_);
+        for (int i = 0; i < 300; ++i) {
+            const std::string v = std::to_string(i);
+            ASSERT_EQ(c.call({"SET", "k" + std::to_string(i % 7), v}), kOk) << i;
+            ASSERT_EQ(c.call({"GET", "k" + std::to_string(i % 7)}), bulk(v)) << i;
+        }
+        std::string batch;
+        for (int i = 0; i < 2000; ++i) { batch += RespClient::encode({"INCR", "n"}); }
+        ASSERT_TRUE(c.sendRaw(batch));
+        for (int i = 1; i <= 2000; ++i) { ASSERT_EQ(c.reply().value_or(""), ":" + std::to_string(i) + "\r\n") << i; }
+        ASSERT_TRUE(c.sendRaw(RespClient::encode({"QUIT"})));
+        EXPECT_EQ(c.reply().value_or(""), kOk);
+        EXPECT_TRUE(c.closedByPeer());
+    }
+    RespClient h(port_);
+    ASSERT_TRUE(h.sendRaw(RespClient::encode({"SET", "half", "closed"}) + RespClient::encode({"GET", "half"})));
+    h.shutdownWrite();
+    EXPECT_EQ(h.reply().value_or(""), kOk);
+    EXPECT_EQ(h.reply().value_or(""), bulk("closed"));
+    EXPECT_TRUE(h.closedByPeer());
+}
+
+INSTANTIATE_TEST_SUITE_P(BothSendPaths, KvSendModes, testing::Values(true, false),
+                         [](const testing::TestParamInfo<bool>& i) { return i.param ? "Posted" : "Waited"; });
+
 // INFO's total_commands_processed counts every command once, wherever it ran: on the connection's
 // carrier, or on the other shard's, where a pipelined run of commands on its keys is sent (the counts
 // are kept per carrier and summed). Two connections, 500 pipelined SETs each over keys of both shards.
