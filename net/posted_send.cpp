@@ -24,7 +24,9 @@ PostedSend::~PostedSend() {
 
 void PostedSend::onComplete(MultishotCompletion* self, int32_t res, uint32_t /*flags*/) noexcept {
     auto* c = static_cast<Completion*>(self);
-    if (c->hook != nullptr) { c->hook(c->hookArg, res); }
+    if (c->hook != nullptr && c->last && res >= 0 && static_cast<uint32_t>(res) == c->opStorage.len) {
+        c->hook(c->hookArg);
+    }
     c->done.set(res);
 }
 
@@ -72,6 +74,7 @@ void PostedSend::start() noexcept {
         const auto n = static_cast<uint32_t>(std::min(restLen_, detail::kMaxIo));
         // MSG_WAITALL: io_uring goes on after a short send on a stream socket until every byte left
         // or the send failed, so a completion is nearly always the whole buffer.
+        completion_.last = n == restLen_;
         const std::optional<int32_t> r = startDetached(op::send(fd_, rest_, n, MSG_NOSIGNAL | MSG_WAITALL), &completion_);
         if (!r) {
             inFlight_ = true;

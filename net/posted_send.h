@@ -65,12 +65,16 @@ public:
     /// Precondition: inFlight().
     [[nodiscard]] bool ended() const noexcept { return completion_.done.isSet(); }
 
-    /// Has `fn(arg, res)` called when a send handed to the driver completes (`res`: the bytes that
-    /// left, or -errno), on the carrier that started it, before a waiter is woken: for an owner that
-    /// gives the buffer back there without resuming anything. Only a result equal to the length
-    /// posted frees the buffer: after a short send the next call still sends the rest from it.
+    /// Has `fn(arg)` called when the driver's completion says that every byte of the posted buffer
+    /// has left, on the carrier that started the send, before a waiter is woken: for an owner that
+    /// gives the buffer back there without resuming anything (it is free from then on). Not called
+    /// for a post that left at once (post() returns with inFlight() false: the buffer is free), nor
+    /// after a failed or short send (the next call settles it, and only then is the buffer free).
+    /// On io_uring a send completes whole (MSG_WAITALL); the epoll driver completes one with what a
+    /// single send(2) took once the socket had room, so a post larger than the socket's free space
+    /// ends in the next call instead.
     /// `fn` must not block. Set it while no send is in flight.
-    void setSentHook(void (*fn)(void* arg, int32_t res) noexcept, void* arg) noexcept {
+    void setSentHook(void (*fn)(void* arg) noexcept, void* arg) noexcept {
         completion_.hook = fn;
         completion_.hookArg = arg;
     }
@@ -85,8 +89,9 @@ public:
 private:
     struct Completion : MultishotCompletion {
         FiberFuture done;
-        void (*hook)(void* arg, int32_t res) noexcept = nullptr;
+        void (*hook)(void* arg) noexcept = nullptr;
         void* hookArg = nullptr;
+        bool last = false;  // the operation in flight sends all that is left of the post
     };
     static void onComplete(MultishotCompletion* self, int32_t res, uint32_t flags) noexcept;
     // Starts sending `rest_[0..restLen_)`: at once where the path says so, then through the driver.

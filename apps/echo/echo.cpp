@@ -121,6 +121,9 @@ void EchoServer::serve(net::TcpConnection& connection) noexcept {
         const bool posted = options_.postedSend && !options_.inlineSend;
         net::ProvidedBuffer sending;  // the buffer the posted send in flight reads (outlives the sender)
         net::PostedSend sender(stream.fd());
+        // A send that left whole gives its buffer back to the ring from the completion, so that an
+        // idle connection holds none (before Linux 6.12 each receive takes a whole buffer).
+        sender.setSentHook([](void* lease) noexcept { static_cast<net::ProvidedBuffer*>(lease)->release(); }, &sending);
         size_t sendingBytes = 0;      // counted as echoed once the next call says that send ended well
         for (;;) {
             auto got = receiver.next();
@@ -138,7 +141,7 @@ void EchoServer::serve(net::TcpConnection& connection) noexcept {
                 break;
             }
             echoed += std::exchange(sendingBytes, got->size());
-            sending = std::move(*got);
+            if (sender.inFlight()) { sending = std::move(*got); }  // else it left at once: got goes now
         }
         if (auto r = sender.flush(); !r) {
             if (err == 0) { err = r.errorCode(); }

@@ -560,8 +560,7 @@ private:
         // post() below waits for the send before, whose block the hook or settlePosted() gives back.
         if (sender_.inFlight() && !settlePosted()) { return false; }
         postedScratch_ = std::exchange(scratch_, nullptr);
-        postedLen_ = postedScratch_->out.size();
-        const Result<void> r = sender_.post(postedScratch_->out.data(), postedLen_);
+        const Result<void> r = sender_.post(postedScratch_->out.data(), postedScratch_->out.size());
         if (!sender_.inFlight()) { reclaimPosted(); }  // it left at once, or failed
         return r.ok();
     }
@@ -577,12 +576,9 @@ private:
         return true;
     }
 
-    /// The posted send's completion, on this connection's carrier (its fiber is pinned there and not
-    /// running): a send that left whole frees its block without waking the fiber.
-    static void onSent(void* arg, int32_t res) noexcept {
-        auto* c = static_cast<Connection*>(arg);
-        if (res >= 0 && static_cast<size_t>(res) == c->postedLen_) { c->reclaimPosted(); }
-    }
+    /// The posted send has left whole: its block goes back without waking the fiber (this runs on
+    /// the connection's carrier, where its fiber is pinned and not running).
+    static void onSent(void* arg) noexcept { static_cast<Connection*>(arg)->reclaimPosted(); }
 
     void reclaimPosted() noexcept {
         if (postedScratch_ != nullptr) { worker_.giveScratch(std::exchange(postedScratch_, nullptr)); }
@@ -874,7 +870,6 @@ private:
     Scratch* scratch_ = nullptr;             // leased while there is something to answer
     net::PostedSend sender_;                 // the responses, with options_.postedSend
     Scratch* postedScratch_ = nullptr;       // the block sender_'s send in flight reads
-    size_t postedLen_ = 0;                   // its length
     std::unique_ptr<Header[]> heapHeaders_;  // only for maxHeaders > kStackHeaders
     int lastStatus_ = 0;                     // of the last response head, for the access log
     uint64_t lastLength_ = 0;
