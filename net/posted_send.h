@@ -50,8 +50,10 @@ public:
     PostedSend& operator=(const PostedSend&) = delete;
 
     /// Waits for the send posted before (as flush() without a deadline, but not cancellable: the
-    /// previous send nearly always ended already), then starts sending all of `buf[0..len)` and
-    /// returns. `len` 0 only does the wait.
+    /// previous send nearly always ended already; a caller that must bound that wait, for a peer
+    /// that stops reading, calls flush(deadline) first), then starts sending all of `buf[0..len)`
+    /// and returns. `len` 0 only does the wait. It does not look at the fiber's cancellation: it
+    /// starts no wait of its own beyond that one.
     /// Errors: the stream's (see above), in which case nothing of `buf` was sent; EINVAL (nothing started).
     [[nodiscard]] Result<void> post(const void* buf, size_t len) noexcept;
     /// Waits until every byte posted has left (is in the socket's send buffer), resending what a
