@@ -278,13 +278,17 @@ RuntimeOptions stallOptions(unsigned carriers, unsigned thresholdMs) {
 // little CPU a loaded machine gives this thread (a fixed 300 ms spin could end before a starved thread
 // had run 20 ms, and the sample then found it returning: a clang-checked run under ctest -j2 printed
 // no frame of the hog's own). A thread starved past the extra spin takes the pending signal before
-// its next instruction, still in here. At most 10 s.
+// its next instruction, still in here. At most 10 s. The empty asm after the last spin keeps this frame
+// on the stack during it: as the last statement, the call was compiled as a tail call (a jmp at -O2),
+// and a sample taken in the extra spin then showed spinWithoutYielding called from the fiber's lambda,
+// without this function (a release run of scripts/test failed so, once in about fifteen).
 [[gnu::noinline]] void spinUntilStalled(Runtime& rt, unsigned carrier) {
     const auto end = std::chrono::steady_clock::now() + 10s;
     while (rt.stats().at(carrier).stalls == 0 && std::chrono::steady_clock::now() < end) {
         spinWithoutYielding(1ms);
     }
     spinWithoutYielding(300ms);
+    asm volatile("" ::: "memory");
 }
 
 TEST(StallDetector, ReportsAFiberThatRunsWithoutYieldingOnceWithItsBacktrace) {
