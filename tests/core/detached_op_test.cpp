@@ -43,6 +43,12 @@ struct Detached : MultishotCompletion {
     }
     /// The function's result, or -ETIMEDOUT after 5 s (a completion that never came).
     int32_t waitDone() { return FiberFuture::waitWithTimeout(&done, std::chrono::seconds(5)); }
+    /// The result of startDetached's return `r`: checks that it came at once when `atOnce`, else
+    /// through the function, and returns it.
+    int32_t resultOf(std::optional<int32_t> r, bool atOnce) {
+        EXPECT_EQ(r.has_value(), atOnce) << (r ? *r : 0);
+        return r ? *r : waitDone();
+    }
 };
 
 /// A connected AF_UNIX stream pair (pollable on both backends), closed on destruction.
@@ -87,14 +93,7 @@ TEST_F(DetachedOp, AReceiveWithBytesWaitingFinishesAtOnceOnEpollAndThroughTheFun
     char buf[16] = {};
     const bool readiness = testBackend() == Backend::kEpoll;
     on(0, [&] {
-        const std::optional<int32_t> r = startDetached(op::recv(s.fd[0], buf, sizeof(buf), 0), &d);
-        if (readiness) {
-            ASSERT_TRUE(r.has_value());
-            EXPECT_EQ(*r, 5);
-        } else {
-            EXPECT_FALSE(r.has_value()) << *r;
-            EXPECT_EQ(d.waitDone(), 5);
-        }
+        EXPECT_EQ(d.resultOf(startDetached(op::recv(s.fd[0], buf, sizeof(buf), 0), &d), readiness), 5);
         settleMultishot(&d);
     }).join();
     EXPECT_EQ(d.calls.load(), readiness ? 0 : 1);
@@ -109,14 +108,7 @@ TEST_F(DetachedOp, APathOperationRunsOnThePoolOnEpollAndInTheRingOnIoUring) {
     struct statx sx {};
     const bool pool = testBackend() == Backend::kEpoll;
     on(0, [&] {
-        const std::optional<int32_t> r = startDetached(op::statx(AT_FDCWD, "/", 0, STATX_TYPE, &sx), &d);
-        if (pool) {
-            ASSERT_TRUE(r.has_value());
-            EXPECT_EQ(*r, 0);
-        } else {
-            EXPECT_FALSE(r.has_value()) << *r;
-            EXPECT_EQ(d.waitDone(), 0);
-        }
+        EXPECT_EQ(d.resultOf(startDetached(op::statx(AT_FDCWD, "/", 0, STATX_TYPE, &sx), &d), pool), 0);
         settleMultishot(&d);
     }).join();
     EXPECT_EQ(d.calls.load(), pool ? 0 : 1);
@@ -127,12 +119,13 @@ TEST_F(DetachedOp, APathOperationRunsOnThePoolOnEpollAndInTheRingOnIoUring) {
 TEST_F(DetachedOp, APathOperationsErrorIsItsResult) {
     Detached d;
     struct statx sx {};
+    const bool pool = testBackend() == Backend::kEpoll;
     on(0, [&] {
-        const std::optional<int32_t> r =
-            startDetached(op::statx(AT_FDCWD, "/nonexistent/spindle-detached-op", 0, STATX_TYPE, &sx), &d);
-        EXPECT_EQ(r.has_value() ? *r : d.waitDone(), -ENOENT);
+        const op::Op missing = op::statx(AT_FDCWD, "/nonexistent/spindle-detached-op", 0, STATX_TYPE, &sx);
+        EXPECT_EQ(d.resultOf(startDetached(missing, &d), pool), -ENOENT);
         settleMultishot(&d);
     }).join();
+    EXPECT_EQ(d.calls.load(), pool ? 0 : 1);
 }
 
 // cancelMultishot ends a detached operation as it ends a multishot one: the function's one call brings

@@ -38,7 +38,8 @@ using namespace testing_support;
 using Future = FiberSequencer::Future;
 
 // Under qemu-user (one host CPU for both carriers) a round costs a time slice or two, 7 ms: 5,000 rounds
-// took 35 s, and the two sides meet only where the host preempts, the same in 800 rounds as in 5,000.
+// took 35 s. The two sides meet there only where the host preempts, so more rounds buy little; each
+// round keeps its checks.
 constexpr int kCancelRaceRounds = kEmulated ? 800 : kSlowRounds ? 5'000 : 20'000;
 constexpr int kPingPongRounds = kSlowRounds ? 1'000 : 10'000;
 constexpr int kDestroyRounds = kSlowRounds ? 500 : 2'000;
